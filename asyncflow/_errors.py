@@ -1,0 +1,83 @@
+"""The whole asyncflow exception hierarchy.
+
+Exception hierarchy::
+
+    * AsyncflowError
+      x ConfigError(ValueError)          a bad spec or argument, raised when it is given
+      x SourceError                      reading an item failed (names the URL or path)
+        + SourceNotFound(FileNotFoundError)
+        + SourceTimeout(TimeoutError)
+        + SourcePermissionError(PermissionError)
+      x DecodeError(ValueError)          a file or buffer is not a decodable image (names it)
+      x StallError(TimeoutError)         a stage made no progress for longer than allowed
+      x PipelineError(ExceptionGroup)    one or more stages failed; each exception carries a
+                                         note naming the stage and the item
+
+Every class mixes in the built-in exception a caller would naturally catch, so
+``except ValueError`` still catches a :class:`ConfigError`. ``asyncio.CancelledError`` is
+never wrapped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "AsyncflowError",
+    "ConfigError",
+    "DecodeError",
+    "PipelineError",
+    "SourceError",
+    "SourceNotFound",
+    "SourcePermissionError",
+    "SourceTimeout",
+    "StallError",
+]
+
+
+class AsyncflowError(Exception):
+    """Base class of every error asyncflow raises on its own account."""
+
+
+class ConfigError(AsyncflowError, ValueError):
+    """An invalid pipeline spec or option, raised when the method is called."""
+
+
+class SourceError(AsyncflowError):
+    """Reading an item failed; the message names the (redacted) URL or path."""
+
+
+class SourceNotFound(SourceError, FileNotFoundError):
+    """The file, object or URL does not exist (404, ``NoSuchKey``, ``ENOENT``)."""
+
+
+class SourcePermissionError(SourceError, PermissionError):
+    """Access was refused (401, 403, ``AccessDenied``, ``EACCES``)."""
+
+
+class SourceTimeout(SourceError, TimeoutError):
+    """A connect, read or total deadline passed."""
+
+
+class DecodeError(AsyncflowError, ValueError):
+    """The data is not a decodable image; the message names the file or URL."""
+
+
+class StallError(AsyncflowError, TimeoutError):
+    """A stage with work in hand produced nothing for longer than ``stall_timeout``."""
+
+
+class PipelineError(AsyncflowError, ExceptionGroup):  # type: ignore[misc]
+    """One or more stages failed.
+
+    An :class:`ExceptionGroup`: ``except* DecodeError`` picks out the decode failures, and
+    each exception carries a note (``exc.__notes__``) naming the stage and the item. The
+    original exceptions keep their tracebacks.
+    """
+
+    def __new__(cls, message: str, exceptions: Sequence[Exception]) -> PipelineError:
+        return super().__new__(cls, message, exceptions)
+
+    def derive(self, excs: Sequence[Any]) -> PipelineError:  # type: ignore[override]
+        return PipelineError(self.message, excs)

@@ -1,0 +1,102 @@
+"""Async resources that live exactly as long as one pipeline run.
+
+A run of a pipeline creates a :class:`RunScope` on its event loop and makes it current (a
+context variable, so every stage task inherits it). Stage functions such as
+``asyncflow.read_bytes`` ask the current scope for a shared resource (an aiohttp session, an
+S3 client) by key; the scope creates it once, on first use, and closes every resource it
+created when the run stops, whether the run ended, failed or was cancelled.
+
+This module sits below both ``pipeline/`` and ``sources/`` so that neither imports the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+__all__ = ["RunScope", "current_scope", "use_scope"]
+
+T = TypeVar("T")
+
+_current: contextvars.ContextVar[RunScope | None] = contextvars.ContextVar(
+    "asyncflow_run_scope", default=None
+)
+
+
+class RunScope:
+    """Shared async resources of one run, closed together when the run stops.
+
+    Args:
+        settings: Read-only options for the resources (for example ``retry`` and
+            ``timeout`` given to ``Pipeline(...)``); stage functions read them with
+            ``scope.settings.get(name)``.
+    """
+
+    def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
+        self.settings: Mapping[str, Any] = MappingProxyType(dict(settings or {}))
+        self._stack = AsyncExitStack()
+        self._resources: dict[str, Any] = {}
+        self._pending: dict[str, asyncio.Future[Any]] = {}
+        self._closed = False
+
+    async def get(self, key: str, factory: Callable[[], AbstractAsyncContextManager[T]]) -> T:
+        """Return the resource stored under ``key``, entering ``factory()`` on first use.
+
+        Concurrent first calls for one key share a single creation.
+
+        Raises:
+            RuntimeError: The scope is already closed.
+
+        Cancellation:
+            Cancelling a caller that waits for another caller's creation leaves that creation
+            running; cancelling the creating caller cancels the creation and the next caller
+            tries again.
+        """
+        if key in self._resources:
+            return self._resources[key]  # type: ignore[no-any-return]
+        if self._closed:
+            raise RuntimeError("this run has stopped; its resources are closed")
+        pending = self._pending.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)  # type: ignore[no-any-return]
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[key] = fut
+        try:
+            resource = await self._stack.enter_async_context(factory())
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                fut.cancel()
+            elif not fut.done():
+                fut.set_exception(exc)
+                fut.exception()  # marks it retrieved: waiters re-raise it, nobody else must
+            raise
+        finally:
+            del self._pending[key]
+        self._resources[key] = resource
+        fut.set_result(resource)
+        return resource  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        """Close every resource, newest first. Safe to call more than once."""
+        self._closed = True
+        self._resources.clear()
+        await self._stack.aclose()
+
+
+def current_scope() -> RunScope | None:
+    """The scope of the run whose stage is calling, or ``None`` outside any run."""
+    return _current.get()
+
+
+@contextmanager
+def use_scope(scope: RunScope | None) -> Iterator[None]:
+    """Make ``scope`` current for the block (and the tasks created inside it)."""
+    token = _current.set(scope)
+    try:
+        yield
+    finally:
+        _current.reset(token)

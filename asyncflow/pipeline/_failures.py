@@ -1,0 +1,90 @@
+"""The failure policy: fail fast by default; with a budget, skip, count and report."""
+
+from __future__ import annotations
+
+import logging
+import reprlib
+import time
+
+from .._errors import AsyncflowError
+from .._redact import redact
+
+__all__ = ["FailureBudget", "describe_item"]
+
+logger = logging.getLogger("asyncflow")
+
+_repr = reprlib.Repr()
+_repr.maxstring = 120
+_repr.maxother = 120
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = 4
+_repr.maxlevel = 2
+
+
+def describe_item(item: object) -> str:
+    """A short, redacted repr of an item for error notes, logs and failure records."""
+    try:
+        text = _repr.repr(item)
+    except Exception:  # a broken __repr__ must not hide the real error
+        text = f"<{type(item).__name__} with a failing repr>"
+    return redact(text)
+
+
+class FailureBudget:
+    """How many items a stage may fail on before the pipeline fails.
+
+    Args:
+        limit: An int (that many failures allowed) or a float fraction of the items the stage
+            has seen. A fraction is checked with a grace of one failure while few items have
+            been seen, and exactly at the end of the stream.
+        stage: The stage's name, for logs and errors.
+    """
+
+    _LOGGED_IN_FULL = 5
+    _SUMMARY_EVERY = 5.0
+
+    def __init__(self, limit: int | float, stage: str) -> None:
+        self.limit = limit
+        self.stage = stage
+        self._logged = 0
+        self._unlogged = 0
+        self._last_summary = time.monotonic()
+
+    def allows(self, failures: int, seen: int) -> bool:
+        """Whether ``failures`` out of ``seen`` items are still within the budget."""
+        if isinstance(self.limit, float):
+            if self.limit <= 0.0:
+                return failures == 0
+            return failures <= max(1.0, self.limit * seen)
+        return failures <= self.limit
+
+    def check_end(self, failures: int, seen: int) -> None:
+        """At the end of the stream: raise if the budget is exceeded or every item failed."""
+        if seen and failures == seen:
+            raise AsyncflowError(
+                f"stage {self.stage!r}: every one of its {seen} items failed; "
+                "an epoch that yields nothing is treated as an error"
+            )
+        if isinstance(self.limit, float) and failures > self.limit * seen:
+            raise AsyncflowError(
+                f"stage {self.stage!r}: {failures} of {seen} items failed "
+                f"({failures / seen:.1%}), over the budget of {self.limit:.1%}"
+            )
+
+    def log_skip(self, item: str, exc: BaseException) -> None:
+        """Log a skipped item: the first few in full, then a periodic count."""
+        if self._logged < self._LOGGED_IN_FULL:
+            self._logged += 1
+            logger.warning(
+                "stage %r: skipped item %s: %s: %s", self.stage, item, type(exc).__name__,
+                redact(str(exc)),
+            )
+            return
+        self._unlogged += 1
+        now = time.monotonic()
+        if now - self._last_summary >= self._SUMMARY_EVERY:
+            logger.warning(
+                "stage %r: skipped %d more failed items (see pipe.stats().failures)",
+                self.stage, self._unlogged,
+            )
+            self._unlogged = 0
+            self._last_summary = now

@@ -1,0 +1,116 @@
+"""What every stage of a run is given: its counters, its failure budget, and the run's
+thread pool, scope and hooks."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any, Protocol
+
+from .._scope import RunScope
+from ._failures import FailureBudget, describe_item
+from ._offload import WorkerPool, run_in
+from ._stats import StageCounters
+
+__all__ = ["Node", "NodeContext", "ReceiveHook", "Receiver", "Sender"]
+
+
+class Receiver(Protocol):
+    """The input side a node reads (a :class:`Channel`)."""
+
+    async def get_many(self, limit: int) -> list[Any]: ...
+
+
+class Sender(Protocol):
+    """The output side a node writes (a :class:`Channel` or the consumer hand-off)."""
+
+    async def put(self, item: Any) -> None: ...
+
+    async def put_many(self, items: list[Any]) -> None: ...
+
+    def __len__(self) -> int: ...
+
+
+class Node(Protocol):
+    """One stage of one run. ``inp`` is ``None`` for the source."""
+
+    async def run(self, inp: Receiver | None, out: Sender) -> None: ...
+
+
+class ReceiveHook(Protocol):
+    """Runs in the consumer's thread on each item before it is yielded."""
+
+    def __call__(self, item: Any) -> Any: ...
+
+
+class NodeContext:
+    """Everything a node of one run may use.
+
+    Attributes:
+        name: The stage's unique name in this run.
+        index: Its position (the source is 0).
+        counters: Its live statistics.
+        budget: Its failure budget.
+        stop: Set when the run is stopping; long sync work should check it.
+        scope: The run's shared async resources.
+        epoch: How many runs of this pipeline started before this one.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        index: int,
+        counters: StageCounters,
+        budget: FailureBudget,
+        pool: WorkerPool,
+        stop: threading.Event,
+        scope: RunScope,
+        epoch: int,
+        executor: Executor | None = None,
+    ) -> None:
+        self.name = name
+        self.index = index
+        self.counters = counters
+        self.budget = budget
+        self.stop = stop
+        self.scope = scope
+        self.epoch = epoch
+        self.executor = executor
+        self._pool = pool
+        self.receive_hooks: list[ReceiveHook] = []
+        self.stop_callbacks: list[Callable[[], None]] = []
+
+    def run_sync(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Run ``fn(*args)`` on the run's worker threads (or the stage's executor).
+
+        Cancellation:
+            Cancelling abandons the result; a call already running finishes on its thread.
+        """
+        if self.executor is not None:
+            return asyncio.ensure_future(run_in(self.executor, fn, *args))
+        return self._pool.submit(asyncio.get_running_loop(), self.name, fn, *args)
+
+    def add_receive_hook(self, hook: ReceiveHook) -> None:
+        """Apply ``hook`` to each item in the consumer's thread, before it is yielded."""
+        self.receive_hooks.append(hook)
+
+    def add_stop_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once when the run stops (on whichever thread stops it)."""
+        self.stop_callbacks.append(callback)
+
+    def item_failed(self, item: Any, exc: BaseException) -> None:
+        """Count a failed item; raise ``exc`` (with a note) once the budget is exceeded."""
+        counters = self.counters
+        text = describe_item(item)
+        counters.record(text, exc)
+        if self.budget.allows(counters.failures, max(counters.items_in, 1)):
+            self.budget.log_skip(text, exc)
+            return
+        exc.add_note(
+            f"asyncflow: stage {self.name!r} ({counters.kind} #{self.index}) failed on item "
+            f"{text} ({counters.failures} failure(s); max_failures={self.budget.limit})"
+        )
+        raise exc

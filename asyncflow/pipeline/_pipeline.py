@@ -1,0 +1,356 @@
+"""The immutable, fluent description of a pipeline, and its iteration entry points."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any, Self
+
+from .._errors import ConfigError
+from ._handle import ConsumerHook, Run
+from ._run import RunOptions, Runtime
+from ._spec import (
+    BatchSpec,
+    CustomSpec,
+    MapSpec,
+    PrefetchSpec,
+    ShuffleSpec,
+    StageSpec,
+    UnbatchSpec,
+    check_budget,
+)
+from ._stats import PipelineStats
+
+if TYPE_CHECKING:
+    import os
+
+__all__ = ["Pipeline"]
+
+
+class _Source:
+    """The user's source plus what all pipelines derived from it share: the epoch count, and
+    whether a one-shot iterator has been used up."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.is_factory = callable(source) and not (
+            hasattr(source, "__iter__") or hasattr(source, "__aiter__")
+        )
+        self.one_shot = not self.is_factory and (
+            (hasattr(source, "__next__") and iter(source) is source)
+            or (hasattr(source, "__anext__"))
+        )
+        self.runs = 0
+        self.lock = threading.Lock()
+
+    def next_epoch(self) -> int:
+        with self.lock:
+            epoch, self.runs = self.runs, self.runs + 1
+        if self.one_shot and epoch > 0:
+            raise ConfigError(
+                f"the source {type(self.source).__name__} is an iterator, so it can be read "
+                "once, and an earlier run has read it; pass a list, or a zero-argument "
+                "callable that returns a fresh iterable, to iterate more than one epoch"
+            )
+        return epoch
+
+    def open(self) -> Any:
+        if not self.is_factory:
+            return self.source
+        source = self.source()
+        if not (hasattr(source, "__iter__") or hasattr(source, "__aiter__")):
+            raise ConfigError(
+                f"the source callable {getattr(self.source, '__name__', self.source)!r} "
+                f"returned {type(source).__name__}, not an iterable or async iterable"
+            )
+        return source
+
+    def describe(self) -> dict[str, Any]:
+        source = self.source
+        info: dict[str, Any] = {"type": type(source).__name__}
+        if self.is_factory:
+            info["callable"] = getattr(source, "__qualname__", repr(source))
+        try:
+            info["len"] = len(source)
+        except TypeError:
+            pass
+        return info
+
+
+def _check_number(what: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{what} must be a positive number of seconds, got {value!r}")
+
+
+class Pipeline:
+    """An immutable description of a dataflow: a source and stages joined by bounded queues.
+
+    Building runs nothing: each method returns a new pipeline. Every iteration is a new run
+    (an epoch) on a loop thread of its own; ``for`` and ``async for`` both work, in scripts,
+    in async training loops and in Jupyter.
+
+    Args:
+        source: An iterable, an async iterable, or a zero-argument callable returning one
+            (called again for each epoch).
+        name: Names the pipeline in logs and thread names.
+        max_failures: The default failure budget of every stage: ``0`` (default) fails on
+            the first error; an int allows that many failed items per stage; a float in
+            [0, 1] allows that fraction of the items a stage has seen. Skipped items are
+            counted, logged (rate-limited) and listed in :meth:`stats`.
+        retry: The default ``asyncflow.Retry`` policy of reads in this pipeline.
+        timeout: The default ``asyncflow.Timeout`` of reads in this pipeline.
+        stall_timeout: Fail a stage that has had work in hand and produced nothing for this
+            many seconds (``StallError`` naming it). ``None`` (default) never does.
+        report_every: Log the stats table at INFO every this many seconds.
+        stop_timeout: How long stopping waits for a stage function to return before
+            abandoning its thread (it cannot be interrupted) and saying so.
+
+    Raises:
+        ConfigError: An option is invalid.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        name: str | None = None,
+        max_failures: int | float = 0,
+        retry: Any = None,
+        timeout: Any = None,
+        stall_timeout: float | None = None,
+        report_every: float | None = None,
+        stop_timeout: float = 2.0,
+    ) -> None:
+        if source is None or not (
+            callable(source) or hasattr(source, "__iter__") or hasattr(source, "__aiter__")
+        ):
+            raise ConfigError(
+                "Pipeline(source): the source must be an iterable, an async iterable or a "
+                f"zero-argument callable returning one; got {type(source).__name__}"
+            )
+        check_budget(max_failures)
+        _check_number("stall_timeout", stall_timeout)
+        _check_number("report_every", report_every)
+        _check_number("stop_timeout", stop_timeout)
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ConfigError(f"name must be a non-empty string, got {name!r}")
+        settings = tuple((k, v) for k, v in (("retry", retry), ("timeout", timeout)) if v)
+        self._source = _Source(source)
+        self._stages: tuple[StageSpec, ...] = ()
+        self._hooks: tuple[Callable[[Run], ConsumerHook], ...] = ()
+        self._options = RunOptions(
+            name=name or "pipeline",
+            max_failures=max_failures,
+            stall_timeout=stall_timeout,
+            report_every=report_every,
+            stop_timeout=stop_timeout,
+            settings=settings,
+        )
+        self._last: list[Runtime] = []
+
+    # -- building -----------------------------------------------------------------------
+
+    def _then(self, spec: StageSpec) -> Self:
+        """A copy of this pipeline with ``spec`` appended (subclasses keep their type)."""
+        new = copy.copy(self)
+        new._stages = (*self._stages, spec)
+        new._last = []
+        return new
+
+    def _with_hook(self, factory: Callable[[Run], ConsumerHook]) -> Self:
+        """A copy with a consumer-side hook, built per run by ``factory(run)``."""
+        new = copy.copy(self)
+        new._hooks = (*self._hooks, factory)
+        new._last = []
+        return new
+
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        concurrency: int = 1,
+        ordered: bool = True,
+        executor: Executor | None = None,
+        name: str | None = None,
+        max_failures: int | float | None = None,
+        buffer: int | None = None,
+    ) -> Self:
+        """Apply ``fn`` to each item.
+
+        An ``async def`` function runs on the run's event loop, ``concurrency`` calls in
+        flight. A plain function runs on the run's worker threads (``concurrency`` at once),
+        given several queued items per hand-off when it is cheap; with ``executor=`` it runs
+        there instead (a ``ProcessPoolExecutor`` for GIL-bound Python code: ``fn`` and the
+        items must pickle).
+
+        Args:
+            fn: Takes one item, returns the new item.
+            concurrency: Items in ``fn`` at once (>= 1).
+            ordered: Yield in input order (default; a reorder buffer bounded by the
+                concurrency). ``False`` yields in completion order: no head-of-line blocking.
+            executor: A ``concurrent.futures.Executor`` for a sync ``fn``.
+            name: The stage's name in stats and errors (default: ``fn``'s name).
+            max_failures: This stage's failure budget (default: the pipeline's).
+            buffer: Capacity of the stage's output queue, in items.
+
+        Raises:
+            ConfigError: An argument is invalid, or ``fn`` cannot take one argument.
+        """
+        return self._then(MapSpec(
+            mode="map", fn=fn, concurrency=concurrency, ordered=ordered, executor=executor,
+            name=name, max_failures=max_failures, buffer=buffer,
+        ))
+
+    def filter(
+        self,
+        predicate: Callable[[Any], Any],
+        *,
+        concurrency: int = 1,
+        ordered: bool = True,
+        executor: Executor | None = None,
+        name: str | None = None,
+        max_failures: int | float | None = None,
+        buffer: int | None = None,
+    ) -> Self:
+        """Keep the items for which ``predicate`` returns a true value. Runs like :meth:`map`."""
+        return self._then(MapSpec(
+            mode="filter", fn=predicate, concurrency=concurrency, ordered=ordered,
+            executor=executor, name=name, max_failures=max_failures, buffer=buffer,
+        ))
+
+    def flat_map(
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        concurrency: int = 1,
+        ordered: bool = True,
+        name: str | None = None,
+        max_failures: int | float | None = None,
+        buffer: int | None = None,
+    ) -> Self:
+        """Replace each item by the items of the iterable, generator or async iterable that
+        ``fn`` returns (tar shards into samples, files into lines).
+
+        With ``concurrency > 1`` and ``ordered``, each item's expansion is buffered (up to
+        ``buffer`` items) until the earlier items' expansions have been yielded. A failure
+        part-way through an expansion counts as the item's failure; what it yielded before
+        stays yielded.
+        """
+        return self._then(MapSpec(
+            mode="flat_map", fn=fn, concurrency=concurrency, ordered=ordered,
+            name=name, max_failures=max_failures, buffer=buffer,
+        ))
+
+    def batch(self, size: int, *, drop_last: bool = False, name: str | None = None) -> Self:
+        """Group items into lists of ``size``; the last one shorter unless ``drop_last``."""
+        return self._then(BatchSpec(size=size, drop_last=drop_last, name=name))
+
+    def unbatch(self, *, name: str | None = None) -> Self:
+        """Emit the elements of each item (a list, tuple, tensor, or any iterable)."""
+        return self._then(UnbatchSpec(name=name))
+
+    def prefetch(self, size: int, *, name: str | None = None) -> Self:
+        """Keep up to ``size`` items ready ahead of the consumer."""
+        return self._then(PrefetchSpec(size=size, name=name))
+
+    def shuffle(
+        self, *, buffer_size: int = 1024, seed: int | None = None, name: str | None = None
+    ) -> Self:
+        """Shuffle items through a buffer of ``buffer_size``.
+
+        With a ``seed`` the order is reproducible, and differs from epoch to epoch (it
+        depends on the seed and the epoch number).
+        """
+        return self._then(ShuffleSpec(buffer_size=buffer_size, seed=seed, name=name))
+
+    def to_device(self, device: Any, *, non_blocking: bool = True) -> Pipeline:
+        """Copy batches to ``device`` (see :func:`asyncflow.torch.to_device`)."""
+        from ..torch._transfer import to_device
+
+        return to_device(self, device, non_blocking=non_blocking)
+
+    def cache(self, path: str | os.PathLike[str], **options: Any) -> Pipeline:
+        """Store the output on the first pass, replay it afterwards (see :mod:`asyncflow.cache`)."""
+        from ..cache._pipeline import cache
+
+        return cache(self, path, **options)
+
+    def progress(self, **options: Any) -> Self:
+        """Show a progress bar (tqdm: a widget in notebooks, a bar in terminals)."""
+        from .._progress import progress_hook
+
+        return self._with_hook(progress_hook(**options))
+
+    # -- running ------------------------------------------------------------------------
+
+    def _runtime(self) -> Runtime:
+        epoch = self._source.next_epoch()
+        rt = Runtime(self._source.open, self._stages, self._options, epoch)
+        self._last[:] = [rt]
+        return rt
+
+    def open(self, *, timeout: float | None = None) -> Run:
+        """A new run, for ``with pipe.open() as run:`` or ``async with pipe.open() as run:``.
+
+        Args:
+            timeout: Raise ``StallError`` when no item arrives for this many seconds.
+        """
+        _check_number("timeout", timeout)
+        return Run(self._runtime, timeout=timeout, hooks=self._hooks)
+
+    def __iter__(self) -> Run:
+        return self.open()
+
+    def __aiter__(self) -> Run:
+        return self.open()
+
+    # -- introspection ------------------------------------------------------------------
+
+    @property
+    def source(self) -> Any:
+        """The source given to the constructor."""
+        return self._source.source
+
+    @property
+    def stages(self) -> tuple[StageSpec, ...]:
+        """The stage specs after the source, in order."""
+        return self._stages
+
+    @property
+    def options(self) -> RunOptions:
+        return self._options
+
+    def stats(self) -> PipelineStats:
+        """Statistics of the latest run of this pipeline object (during or after it)."""
+        return self._last[0].snapshot() if self._last else PipelineStats()
+
+    def describe(self) -> list[dict[str, Any]]:
+        """A JSON-able description: the source, then each stage's kind, name and settings."""
+        out: list[dict[str, Any]] = [{"kind": "source", "name": "source", **self._source.describe()}]
+        for spec in self._stages:
+            out.append({
+                "kind": spec.kind, "name": spec.name or spec.default_name(), **spec.settings(),
+            })
+        return out
+
+    def __repr__(self) -> str:
+        parts = [f"Pipeline({type(self._source.source).__name__})"]
+        for stage in self.describe()[1:]:
+            settings = ", ".join(
+                f"{k}={v}" for k, v in stage.items() if k not in ("kind", "name") and v is not None
+                and not (k == "fn" and v == stage["name"])
+            )
+            parts.append(f".{stage['kind']}({stage['name']}{', ' if settings else ''}{settings})")
+        return "\n    ".join(parts)
+
+    def _repr_html_(self) -> str:
+        from .._display import pipeline_html
+
+        return pipeline_html(self)
+
+
+CustomStage = CustomSpec  # re-exported for extensions (EXTENDING.md)

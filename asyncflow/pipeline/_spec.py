@@ -1,0 +1,247 @@
+"""Frozen stage specs: what each stage does and with what settings, validated when given."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .._errors import ConfigError
+
+if TYPE_CHECKING:
+    from ._node import Node, NodeContext
+
+__all__ = [
+    "BatchSpec",
+    "CustomSpec",
+    "MapSpec",
+    "PrefetchSpec",
+    "ShuffleSpec",
+    "StageSpec",
+    "UnbatchSpec",
+    "check_budget",
+    "check_positive",
+    "fn_name",
+    "is_async_callable",
+]
+
+
+def check_positive(what: str, value: Any, *, allow_none: bool = False) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is an int >= 1 (or None when allowed)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{what} must be an int >= 1, got {value!r}")
+
+
+def check_budget(value: Any, *, allow_none: bool = False) -> None:
+    """Validate a failure budget: an int >= 0 (a count) or a float in [0, 1] (a fraction)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"max_failures must be an int count or a float fraction, got {value!r}")
+    if isinstance(value, int) and value < 0:
+        raise ConfigError(f"max_failures must be >= 0, got {value!r}")
+    if isinstance(value, float) and not 0.0 <= value <= 1.0:
+        raise ConfigError(f"max_failures as a fraction must lie in [0, 1], got {value!r}")
+
+
+def is_async_callable(fn: Any) -> bool:
+    """True for coroutine functions, partials of them and objects with ``async __call__``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004
+    return call is not None and (
+        inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
+    )
+
+
+def fn_name(fn: Any) -> str:
+    """A readable name for a stage function."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    name = getattr(fn, "__name__", None) or getattr(fn, "__qualname__", None)
+    return str(name) if name else type(fn).__name__
+
+
+def _check_callable(kind: str, fn: Any) -> None:
+    if not callable(fn):
+        raise ConfigError(f"{kind}() needs a callable, got {type(fn).__name__}: {fn!r:.80}")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: checked by the first call
+        return
+    try:
+        sig.bind(object())
+    except TypeError as exc:
+        raise ConfigError(
+            f"{kind}({fn_name(fn)}): the function must accept one positional argument "
+            f"(the item), but its signature is {fn_name(fn)}{sig}: {exc}"
+        ) from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSpec:
+    """Base of every stage spec. ``name`` labels the stage in stats and error notes."""
+
+    kind: ClassVar[str] = "stage"
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            raise ConfigError(f"name must be a non-empty string, got {self.name!r}")
+
+    def default_name(self) -> str:
+        return self.kind
+
+    def settings(self) -> dict[str, Any]:
+        """JSON-able settings, for reprs and for fingerprints of the pipeline."""
+        return {}
+
+    @property
+    def concurrency_(self) -> int:
+        return 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class MapSpec(StageSpec):
+    """Apply ``fn`` to each item (``map``), keep items it accepts (``filter``) or emit the items
+    of the iterable it returns (``flat_map``), ``concurrency`` items at a time."""
+
+    mode: str = "map"
+    fn: Callable[[Any], Any]
+    concurrency: int = 1
+    ordered: bool = True
+    executor: Executor | None = None
+    max_failures: int | float | None = None
+    buffer: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mode not in ("map", "filter", "flat_map"):
+            raise ConfigError(f"unknown mode {self.mode!r}")
+        _check_callable(self.mode, self.fn)
+        check_positive("concurrency", self.concurrency)
+        check_positive("buffer", self.buffer, allow_none=True)
+        check_budget(self.max_failures, allow_none=True)
+        if not isinstance(self.ordered, bool):
+            raise ConfigError(f"ordered must be True or False, got {self.ordered!r}")
+        if self.executor is not None:
+            if not isinstance(self.executor, Executor):
+                raise ConfigError(
+                    f"executor must be a concurrent.futures.Executor, got {self.executor!r}"
+                )
+            if self.is_async:
+                raise ConfigError(
+                    f"{self.mode}({fn_name(self.fn)}): an async function runs on the event "
+                    "loop and cannot take an executor"
+                )
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return self.mode
+
+    @property
+    def is_async(self) -> bool:
+        return is_async_callable(self.fn)
+
+    @property
+    def concurrency_(self) -> int:
+        return self.concurrency
+
+    def default_name(self) -> str:
+        name = fn_name(self.fn)
+        return self.mode if name == "<lambda>" else name
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "fn": fn_name(self.fn),
+            "concurrency": self.concurrency,
+            "ordered": self.ordered,
+            "runs_on": "loop" if self.is_async else (
+                type(self.executor).__name__ if self.executor else "threads"
+            ),
+            "max_failures": self.max_failures,
+            "buffer": self.buffer,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchSpec(StageSpec):
+    """Group items into lists of ``size``."""
+
+    kind: ClassVar[str] = "batch"
+    size: int
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("batch size", self.size)
+
+    def settings(self) -> dict[str, Any]:
+        return {"size": self.size, "drop_last": self.drop_last}
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnbatchSpec(StageSpec):
+    """Emit the elements of each (iterable) item."""
+
+    kind: ClassVar[str] = "unbatch"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefetchSpec(StageSpec):
+    """A bounded buffer of ``size`` items that keeps filling while the consumer is busy."""
+
+    kind: ClassVar[str] = "prefetch"
+    size: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("prefetch size", self.size)
+
+    def settings(self) -> dict[str, Any]:
+        return {"size": self.size}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShuffleSpec(StageSpec):
+    """Shuffle through a buffer of ``buffer_size`` items, seeded per epoch."""
+
+    kind: ClassVar[str] = "shuffle"
+    buffer_size: int
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("buffer_size", self.buffer_size)
+
+    def settings(self) -> dict[str, Any]:
+        return {"buffer_size": self.buffer_size, "seed": self.seed}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CustomSpec(StageSpec):
+    """A stage whose node is built by ``factory(ctx)`` for each run (see EXTENDING.md)."""
+
+    kind: ClassVar[str] = "custom"
+    label: str
+    factory: Callable[[NodeContext], Node]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    concurrency: int = 1
+    buffer: int | None = None
+
+    def default_name(self) -> str:
+        return self.label
+
+    def settings(self) -> dict[str, Any]:
+        return dict(self.options)
+
+    @property
+    def concurrency_(self) -> int:
+        return self.concurrency

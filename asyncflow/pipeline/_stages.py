@@ -1,0 +1,506 @@
+"""The stage coroutines of a run: source, map / filter, flat_map, batch, unbatch, prefetch,
+shuffle. Each reads chunks from its input channel and writes to its output."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import time
+from collections.abc import Callable, Mapping, MappingView, Sequence, Set
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from .._errors import ConfigError
+from ._channel import Channel
+from ._node import NodeContext, Receiver, Sender
+from ._offload import FAILED, next_chunk, run_chunk, run_chunk_remote
+from ._spec import BatchSpec, MapSpec, PrefetchSpec, ShuffleSpec
+
+__all__ = [
+    "BatchNode",
+    "FlatMapNode",
+    "MapNode",
+    "PrefetchNode",
+    "ShuffleNode",
+    "SourceNode",
+    "UnbatchNode",
+]
+
+_SOURCE_CHUNK = 256
+_TARGET_CHUNK_SECONDS = 0.002
+_MAX_CHUNK = 512
+_DRAIN = 4096
+
+
+def _progress(ctx: NodeContext, produced: int) -> None:
+    ctx.counters.items_out += produced
+    ctx.counters.last_progress = time.monotonic()
+
+
+class Turnstile:
+    """Lets ordered workers emit strictly in ticket order."""
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._waiters: dict[int, asyncio.Future[None]] = {}
+
+    async def wait(self, ticket: int) -> None:
+        if ticket == self._next:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters[ticket] = fut
+        try:
+            await fut
+        finally:
+            self._waiters.pop(ticket, None)
+
+    def advance(self) -> None:
+        self._next += 1
+        fut = self._waiters.pop(self._next, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+
+async def _aclose(obj: Any) -> None:
+    aclose = getattr(obj, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+class SourceNode:
+    """Feeds the run from an iterable, an async iterable, or a zero-argument callable."""
+
+    def __init__(self, ctx: NodeContext, open_source: Callable[[], Any]) -> None:
+        self.ctx = ctx
+        self._open = open_source
+
+    async def run(self, inp: Receiver | None, out: Sender) -> None:
+        source = self._open()
+        if hasattr(source, "__aiter__"):
+            await self._run_async(source, out)
+        elif isinstance(source, Sequence):
+            await self._run_sequence(source, out)
+        elif isinstance(source, Set | Mapping | MappingView):
+            await self._run_sequence(list(source), out)
+        elif hasattr(source, "__iter__"):
+            await self._run_iterator(iter(source), out)
+        else:
+            raise ConfigError(
+                f"the source must be an iterable, an async iterable or a zero-argument "
+                f"callable returning one; got {type(source).__name__}"
+            )
+
+    async def _run_async(self, source: Any, out: Sender) -> None:
+        it = source.__aiter__()
+        try:
+            async for item in it:
+                await out.put(item)
+                _progress(self.ctx, 1)
+        finally:
+            await _aclose(it)
+
+    async def _run_sequence(self, seq: Sequence[Any], out: Sender) -> None:
+        for start in range(0, len(seq), _SOURCE_CHUNK):
+            chunk = list(seq[start : start + _SOURCE_CHUNK])
+            await out.put_many(chunk)
+            _progress(self.ctx, len(chunk))
+
+    async def _run_iterator(self, it: Any, out: Sender) -> None:
+        # The iterator may do slow work (listing files, reading a manifest): advance it on a
+        # worker thread, a chunk per hand-off.
+        ctx = self.ctx
+        running = False
+        try:
+            while True:
+                running = True
+                ctx.counters.in_flight = 1
+                items, done, error = await ctx.run_sync(next_chunk, it, _SOURCE_CHUNK)
+                ctx.counters.in_flight = 0
+                running = False
+                if items:
+                    await out.put_many(items)
+                    _progress(ctx, len(items))
+                if error is not None:
+                    raise error
+                if done:
+                    return
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None and not running:
+                close()
+
+
+class MapNode:
+    """``map`` and ``filter``: sync functions on worker threads in adaptive chunks, async
+    functions on the loop, ``concurrency`` at a time, in input order when ``ordered``."""
+
+    def __init__(self, ctx: NodeContext, spec: MapSpec) -> None:
+        self.ctx = ctx
+        # Results in workers' hands stay within half the output queue's capacity, so memory
+        # stays bounded by the queues however cheap the function is.
+        self.max_chunk = max(1, min(_MAX_CHUNK, ctx.counters.capacity // (2 * spec.concurrency)))
+        self.fn = spec.fn
+        self.filter = spec.mode == "filter"
+        self.ordered = spec.ordered
+        self.concurrency = spec.concurrency
+        self.is_async = spec.is_async
+        self.remote = isinstance(spec.executor, ProcessPoolExecutor)
+        self._turn = Turnstile()
+        self._ticket = 0
+        self._chunk = 1
+        self._per_item: float | None = None
+        self._checked = False
+
+    async def run(self, inp: Receiver | None, out: Sender) -> None:
+        assert inp is not None
+        worker = self._async_worker if self.is_async else self._sync_worker
+        if self.concurrency == 1:
+            await worker(inp, out)
+        else:
+            async with asyncio.TaskGroup() as tg:
+                for _ in range(self.concurrency):
+                    tg.create_task(worker(inp, out))
+        counters = self.ctx.counters
+        self.ctx.budget.check_end(counters.failures, counters.items_in)
+
+    def _adapt(self, elapsed: float, count: int) -> None:
+        per = elapsed / count
+        self._per_item = per if self._per_item is None else 0.7 * self._per_item + 0.3 * per
+        target = max(1, min(self.max_chunk, int(_TARGET_CHUNK_SECONDS / max(self._per_item, 1e-8))))
+        self._chunk = min(target, self._chunk * 2)
+
+    def _check_result(self, values: list[Any]) -> None:
+        self._checked = True
+        for value in values:
+            if inspect.iscoroutine(value):
+                for other in values:
+                    if inspect.iscoroutine(other):
+                        other.close()
+                raise ConfigError(
+                    f"stage {self.ctx.name!r}: the function returned a coroutine; declare it "
+                    "with `async def` so that it runs on the event loop"
+                )
+
+    def _outputs(self, items: list[Any], values: list[Any], upto: int, clean: bool) -> list[Any]:
+        if self.filter:
+            return [x for x, keep in zip(items[:upto], values[:upto]) if keep is not FAILED and keep]
+        if clean:
+            return values if upto >= len(values) else values[:upto]
+        return [v for v in values[:upto] if v is not FAILED]
+
+    async def _emit(
+        self, items: list[Any], values: list[Any], failures: list[tuple[int, BaseException]],
+        out: Sender,
+    ) -> None:
+        for index, exc in failures:
+            try:
+                self.ctx.item_failed(items[index], exc)
+            except BaseException:
+                before = self._outputs(items, values, index, clean=False)
+                if before:
+                    await out.put_many(before)
+                    _progress(self.ctx, len(before))
+                raise
+        outs = self._outputs(items, values, len(values), clean=not failures)
+        if outs:
+            await out.put_many(outs)
+        _progress(self.ctx, len(outs))
+
+    async def _sync_worker(self, inp: Receiver, out: Sender) -> None:
+        ctx, counters, fn = self.ctx, self.ctx.counters, self.fn
+        while True:
+            items = await inp.get_many(self._chunk)
+            if not items:
+                return
+            counters.items_in += len(items)
+            ticket = self._ticket
+            self._ticket += 1
+            counters.in_flight += 1
+            try:
+                if self.remote:
+                    job = ctx.run_sync(run_chunk_remote, fn, items)
+                else:
+                    job = ctx.run_sync(run_chunk, fn, items, ctx.stop)
+                values, failures, elapsed = await job
+            finally:
+                counters.in_flight -= 1
+            counters.busy += elapsed
+            self._adapt(elapsed, len(items))
+            if not self._checked:
+                self._check_result(values)
+            if self.ordered:
+                await self._turn.wait(ticket)
+            await self._emit(items, values, failures, out)
+            if self.ordered:
+                self._turn.advance()
+
+    async def _async_worker(self, inp: Receiver, out: Sender) -> None:
+        ctx, counters, fn = self.ctx, self.ctx.counters, self.fn
+        while True:
+            items = await inp.get_many(1)
+            if not items:
+                return
+            item = items[0]
+            counters.items_in += 1
+            ticket = self._ticket
+            self._ticket += 1
+            counters.in_flight += 1
+            start = time.perf_counter()
+            error: Exception | None = None
+            try:
+                value = fn(item)
+                if inspect.isawaitable(value):
+                    value = await value
+            except Exception as exc:
+                error = exc
+            finally:
+                counters.in_flight -= 1
+                counters.busy += time.perf_counter() - start
+            if self.ordered:
+                await self._turn.wait(ticket)
+            if error is not None:
+                ctx.item_failed(item, error)
+            elif not self.filter:
+                await out.put(value)
+                _progress(ctx, 1)
+            elif value:
+                await out.put(item)
+                _progress(ctx, 1)
+            if self.ordered:
+                self._turn.advance()
+            del item, value, error
+
+
+def _expand_start(
+    fn: Callable[[Any], Any], item: Any, limit: int
+) -> tuple[Any, list[Any], bool, Exception | None]:
+    """Call a flat_map function and take the first chunk of its result (on a worker)."""
+    result = fn(item)
+    if hasattr(result, "__aiter__"):
+        return result, [], False, None
+    it = iter(result)
+    return (it, *next_chunk(it, limit))
+
+
+class _Slot:
+    __slots__ = ("channel", "error")
+
+    def __init__(self, capacity: int) -> None:
+        self.channel = Channel(capacity)
+        self.error: BaseException | None = None
+
+
+class FlatMapNode:
+    """``flat_map``: each item becomes the items of the (async) iterable ``fn`` returns."""
+
+    def __init__(self, ctx: NodeContext, spec: MapSpec, capacity: int) -> None:
+        self.ctx = ctx
+        self.fn = spec.fn
+        self.ordered = spec.ordered
+        self.concurrency = spec.concurrency
+        self.is_async = spec.is_async
+        self.capacity = capacity
+        self._ticket = 0
+        self._slots: dict[int, _Slot] = {}
+        self._slot_added: asyncio.Event | None = None
+        self._workers_left = 0
+
+    async def run(self, inp: Receiver | None, out: Sender) -> None:
+        assert inp is not None
+        if self.concurrency == 1 or not self.ordered:
+            async with asyncio.TaskGroup() as tg:
+                for _ in range(self.concurrency):
+                    tg.create_task(self._direct_worker(inp, out))
+        else:
+            self._slot_added = asyncio.Event()
+            self._workers_left = self.concurrency
+            async with asyncio.TaskGroup() as tg:
+                for _ in range(self.concurrency):
+                    tg.create_task(self._slot_worker(inp))
+                tg.create_task(self._emitter(out))
+        counters = self.ctx.counters
+        self.ctx.budget.check_end(counters.failures, counters.items_in)
+
+    async def _expand(self, item: Any, out: Sender) -> None:
+        ctx = self.ctx
+        start = time.perf_counter()
+        ctx.counters.in_flight += 1
+        try:
+            if self.is_async:
+                result = self.fn(item)
+                if inspect.isawaitable(result):
+                    result = await result
+                if hasattr(result, "__aiter__"):
+                    it, chunk, done, error = result, [], False, None
+                else:
+                    it, chunk, done, error = iter(result), [], False, None
+            else:
+                it, chunk, done, error = await ctx.run_sync(
+                    _expand_start, self.fn, item, _SOURCE_CHUNK
+                )
+            if hasattr(it, "__anext__"):
+                try:
+                    async for value in it:
+                        await out.put(value)
+                        _progress(ctx, 1)
+                finally:
+                    await _aclose(it)
+                return
+            while True:
+                if chunk:
+                    await out.put_many(chunk)
+                    _progress(ctx, len(chunk))
+                if error is not None:
+                    raise error
+                if done:
+                    return
+                chunk, done, error = await ctx.run_sync(next_chunk, it, _SOURCE_CHUNK)
+        finally:
+            ctx.counters.in_flight -= 1
+            ctx.counters.busy += time.perf_counter() - start
+
+    async def _expand_or_fail(self, item: Any, out: Sender) -> None:
+        try:
+            await self._expand(item, out)
+        except Exception as exc:
+            self.ctx.item_failed(item, exc)
+
+    async def _direct_worker(self, inp: Receiver, out: Sender) -> None:
+        while True:
+            items = await inp.get_many(1)
+            if not items:
+                return
+            self.ctx.counters.items_in += 1
+            await self._expand_or_fail(items[0], out)
+
+    async def _slot_worker(self, inp: Receiver) -> None:
+        assert self._slot_added is not None
+        try:
+            while True:
+                items = await inp.get_many(1)
+                if not items:
+                    return
+                self.ctx.counters.items_in += 1
+                slot = _Slot(self.capacity)
+                self._slots[self._ticket] = slot
+                self._ticket += 1
+                self._slot_added.set()
+                try:
+                    await self._expand_or_fail(items[0], slot.channel)
+                except Exception as exc:
+                    slot.error = exc  # raised by the emitter once earlier items are out
+                    return
+                finally:
+                    slot.channel.close()
+        finally:
+            self._workers_left -= 1
+            self._slot_added.set()
+
+    async def _emitter(self, out: Sender) -> None:
+        assert self._slot_added is not None
+        ticket = 0
+        while True:
+            slot = self._slots.get(ticket)
+            if slot is None:
+                if self._workers_left == 0 and ticket not in self._slots:
+                    return
+                self._slot_added.clear()
+                await self._slot_added.wait()
+                continue
+            while values := await slot.channel.get_many(_DRAIN):
+                await out.put_many(values)
+            del self._slots[ticket]
+            if slot.error is not None:
+                raise slot.error
+            ticket += 1
+
+
+class BatchNode:
+    """Groups items into lists of ``size``; the last, shorter one unless ``drop_last``."""
+
+    def __init__(self, ctx: NodeContext, spec: BatchSpec) -> None:
+        self.ctx = ctx
+        self.size = spec.size
+        self.drop_last = spec.drop_last
+
+    async def run(self, inp: Receiver | None, out: Sender) -> None:
+        assert inp is not None
+        size, pending = self.size, []
+        counters = self.ctx.counters
+        while items := await inp.get_many(_DRAIN):
+            counters.items_in += len(items)
+            pending.extend(items)
+            if len(pending) >= size:
+                full = len(pending) - len(pending) % size
+                batches = [pending[i : i + size] for i in range(0, full, size)]
+                pending = pending[full:]
+                await out.put_many(batches)
+                _progress(self.ctx, len(batches))
+        if pending and not self.drop_last:
+            await out.put(pending)
+            _progress(self.ctx, 1)
+
+
+class UnbatchNode:
+    """Emits the elements of each item (a list, tuple, tensor or any iterable)."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+
+    async def run(self, inp: Receiver | None, out: Sender) -> None:
+        assert inp is not None
+        while batches := await inp.get_many(64):
+            self.ctx.counters.items_in += len(batches)
+            for batch in batches:
+                try:
+                    items = list(batch)
+                except TypeError as exc:
+                    self.ctx.item_failed(batch, exc)
+                    continue
+                await out.put_many(items)
+                _progress(self.ctx, len(items))
+
+
+class PrefetchNode:
+    """Moves items on as they come; its output buffer keeps filling while the consumer works."""
+
+    def __init__(self, ctx: NodeContext, spec: PrefetchSpec) -> None:
+        self.ctx = ctx
+
+    async def run(self, inp: Receiver | None, out: Sender) -> None:
+        assert inp is not None
+        while items := await inp.get_many(_DRAIN):
+            self.ctx.counters.items_in += len(items)
+            await out.put_many(items)
+            _progress(self.ctx, len(items))
+
+
+class ShuffleNode:
+    """Shuffles through a bounded buffer; the order depends only on (seed, epoch)."""
+
+    def __init__(self, ctx: NodeContext, spec: ShuffleSpec) -> None:
+        self.ctx = ctx
+        self.size = spec.buffer_size
+        seed = spec.seed
+        self.rng = random.Random(f"{seed}:{ctx.epoch}") if seed is not None else random.Random()
+
+    async def run(self, inp: Receiver | None, out: Sender) -> None:
+        assert inp is not None
+        size, rng, pool = self.size, self.rng, []
+        while items := await inp.get_many(_SOURCE_CHUNK):
+            self.ctx.counters.items_in += len(items)
+            ready = []
+            for item in items:
+                if len(pool) < size:
+                    pool.append(item)
+                else:
+                    index = rng.randrange(size)
+                    ready.append(pool[index])
+                    pool[index] = item
+            if ready:
+                await out.put_many(ready)
+                _progress(self.ctx, len(ready))
+        rng.shuffle(pool)
+        await out.put_many(pool)
+        _progress(self.ctx, len(pool))

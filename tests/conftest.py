@@ -1,0 +1,123 @@
+"""Shared fixtures. ``leak_check`` fails a test that leaves anything running behind."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_process_wide_resources() -> None:
+    """Create once what libraries keep for the whole process (libuv's signal pipe, the
+    default selector), so that ``leak_check`` does not count them against the first test."""
+    try:
+        import uvloop
+    except ImportError:
+        pass
+    else:
+        uvloop.new_event_loop().close()
+    asyncio.new_event_loop().close()
+
+
+def _fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+def _children() -> set[int]:
+    pids: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as fh:
+                pids.update(int(p) for p in fh.read().split())
+        except OSError:
+            continue
+    return pids
+
+
+def _threads() -> set[int]:
+    return {t.ident for t in threading.enumerate() if t.ident is not None}
+
+
+def _describe_threads(idents: set[int]) -> list[str]:
+    return [t.name for t in threading.enumerate() if t.ident in idents]
+
+
+@pytest.fixture
+def leak_check() -> Iterator[None]:
+    """Fail the test if it leaves threads, child processes, descriptors or tasks behind.
+
+    Stopping is asynchronous in places (a garbage-collected run stops itself on its own
+    thread), so the check waits up to a few seconds for things to settle before failing.
+    """
+    gc.collect()
+    threads, fds, children = _threads(), _fds(), _children()
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        gc.collect()
+        extra_threads = _threads() - threads
+        extra_fds = _fds() - fds
+        extra_children = _children() - children
+        if not (extra_threads or extra_fds or extra_children) or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    problems = []
+    if extra_threads:
+        problems.append(f"threads left running: {_describe_threads(extra_threads)}")
+    if extra_children:
+        problems.append(f"child processes left: {sorted(extra_children)}")
+    if extra_fds:
+        described = []
+        for fd in sorted(extra_fds):
+            try:
+                described.append(f"{fd}->{os.readlink(f'/proc/self/fd/{fd}')}")
+            except OSError:
+                continue
+        if described:
+            problems.append(f"descriptors left open: {described}")
+    if loop is not None:
+        pending = [t for t in asyncio.all_tasks(loop) if t is not asyncio.current_task(loop)]
+        pending = [t for t in pending if not t.done()]
+        if pending:
+            problems.append(f"asyncio tasks left pending: {pending}")
+    if problems:
+        pytest.fail("; ".join(problems))
+
+
+@pytest.fixture
+async def async_leak_check() -> object:
+    """``leak_check`` for async tests: also fails on tasks left pending on the test's loop."""
+    gc.collect()
+    loop = asyncio.get_running_loop()
+    before = set(asyncio.all_tasks(loop))
+    threads, fds, children = _threads(), _fds(), _children()
+    yield None
+    deadline = time.monotonic() + 5.0
+    while True:
+        gc.collect()
+        pending = [
+            t for t in asyncio.all_tasks(loop)
+            if t not in before and t is not asyncio.current_task() and not t.done()
+        ]
+        extra_threads = _threads() - threads
+        extra_fds = _fds() - fds
+        extra_children = _children() - children
+        if not (pending or extra_threads or extra_fds or extra_children):
+            return
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.02)
+    pytest.fail(
+        f"left behind: tasks={pending} threads={_describe_threads(extra_threads)} "
+        f"children={sorted(extra_children)} fds={sorted(extra_fds)}"
+    )

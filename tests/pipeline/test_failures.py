@@ -1,0 +1,195 @@
+"""The failure policy (RELIABILITY 1-5): visible by default, budgeted skips counted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+
+import pytest
+
+from asyncflow import AsyncflowError, Pipeline, PipelineError
+
+pytestmark = pytest.mark.usefixtures("leak_check")
+
+
+class Boom(Exception):
+    pass
+
+
+def fail_every_100th(x: int) -> int:
+    if x % 100 == 37:
+        raise Boom(f"bad item {x}")
+    return x
+
+
+def test_one_percent_failing_under_five_percent_budget_completes(caplog) -> None:
+    caplog.set_level(logging.WARNING, "asyncflow")
+    pipe = Pipeline(range(10_000)).map(fail_every_100th, concurrency=2, name="flaky",
+                                       max_failures=0.05)
+    out = list(pipe)
+    assert len(out) == 9_900
+    assert out == [x for x in range(10_000) if x % 100 != 37]
+    failures = pipe.stats().failures
+    assert len(failures) == 100
+    assert {f.stage for f in failures} == {"flaky"}
+    assert {f.error_type for f in failures} == {"Boom"}
+    assert sorted(int(f.item) for f in failures) == [x for x in range(10_000) if x % 100 == 37]
+    assert pipe.stats()["flaky"].failures == 100
+    assert 0 < len([r for r in caplog.records if "skipped" in r.getMessage()]) < 20
+
+
+def test_integer_budget_on_the_pipeline_applies_to_every_stage() -> None:
+    pipe = Pipeline(range(1000), max_failures=10).map(fail_every_100th)
+    assert len(list(pipe)) == 990
+
+
+def test_past_the_budget_raises_a_group_with_notes_and_nothing_after() -> None:
+    def fail_from_50(x: int) -> int:
+        if x >= 50:
+            raise Boom(f"item {x}")
+        return x
+
+    pipe = Pipeline(range(1000)).map(fail_from_50, name="strict", max_failures=3)
+    seen = []
+    with pytest.raises(PipelineError) as info:
+        for x in pipe:
+            seen.append(x)
+    assert seen == list(range(50))  # everything before the failure, nothing after
+    group = info.value
+    assert isinstance(group, ExceptionGroup) and isinstance(group, AsyncflowError)
+    boom = group.exceptions[0]
+    assert isinstance(boom, Boom) and str(boom) == "item 53"
+    assert any("stage 'strict'" in n and "53" in n for n in boom.__notes__)
+    assert "strict" in str(group)
+
+
+def test_default_is_fail_fast_on_the_first_error() -> None:
+    seen = []
+    with pytest.raises(PipelineError) as info:
+        for x in Pipeline(range(500)).map(fail_every_100th, concurrency=4):
+            seen.append(x)
+    assert seen == list(range(37))
+    assert str(info.value.exceptions[0]) == "bad item 37"
+
+
+def test_except_star_picks_out_the_original_type() -> None:
+    caught = []
+    try:
+        list(Pipeline(range(100)).map(fail_every_100th))
+    except* Boom as group:
+        caught.extend(group.exceptions)
+    assert len(caught) == 1
+
+
+def _gen_failing_at(n: int):
+    for i in range(n):
+        yield i
+    raise Boom("source broke")
+
+
+def test_source_raising_mid_stream_delivers_earlier_items_then_raises_sync() -> None:
+    seen = []
+    with pytest.raises(PipelineError) as info:
+        for x in Pipeline(lambda: _gen_failing_at(500)).map(lambda x: x):
+            seen.append(x)
+    assert seen == list(range(500))
+    original = info.value.exceptions[0]
+    assert isinstance(original, Boom)
+    frames = [f.name for f in traceback.extract_tb(original.__traceback__)]
+    assert "_gen_failing_at" in frames  # the original traceback survives
+
+
+async def test_source_raising_mid_stream_delivers_earlier_items_then_raises_async() -> None:
+    async def agen():
+        for i in range(300):
+            yield i
+        raise Boom("async source broke")
+
+    seen = []
+    with pytest.raises(PipelineError) as info:
+        async for x in Pipeline(agen).map(lambda x: x, concurrency=2):
+            seen.append(x)
+    assert seen == list(range(300))
+    original = info.value.exceptions[0]
+    assert isinstance(original, Boom)
+    assert "agen" in [f.name for f in traceback.extract_tb(original.__traceback__)]
+
+
+def test_epoch_where_every_item_failed_never_ends_quietly() -> None:
+    def always(x: int) -> int:
+        raise Boom(str(x))
+
+    with pytest.raises(PipelineError, match="every one"):
+        list(Pipeline(range(20), max_failures=1000).map(always))
+
+
+def test_fraction_budget_is_checked_exactly_at_the_end() -> None:
+    def fail_first(x: int) -> int:
+        if x == 0:
+            raise Boom("first")
+        return x
+
+    # 1 of 10 failed = 10% > 5%: within the grace mid-run, over the budget at the end.
+    seen = []
+    with pytest.raises(PipelineError, match="over the budget"):
+        for x in Pipeline(range(10)).map(fail_first, max_failures=0.05):
+            seen.append(x)
+    assert seen == list(range(1, 10))
+
+
+def test_stage_budget_overrides_the_pipeline_default() -> None:
+    pipe = Pipeline(range(300), max_failures=0).map(fail_every_100th, max_failures=5)
+    assert len(list(pipe)) == 297
+
+
+async def test_async_stage_failures_are_counted_the_same() -> None:
+    async def afail(x: int) -> int:
+        await asyncio.sleep(0)
+        return fail_every_100th(x)
+
+    pipe = Pipeline(range(1000)).map(afail, concurrency=8, max_failures=10)
+    out = [x async for x in pipe]
+    assert len(out) == 990
+    assert out == sorted(out)
+
+
+def test_filter_and_flat_map_failures_follow_the_budget() -> None:
+    def pred(x: int) -> bool:
+        return fail_every_100th(x) % 2 == 0
+
+    def expand(x: int) -> list[int]:
+        return [fail_every_100th(x)]
+
+    pipe = Pipeline(range(1000)).filter(pred, max_failures=10)
+    assert len(list(pipe)) == 500  # the failing items are odd: dropped either way
+    assert pipe.stats()["pred"].failures == 10
+    assert len(list(Pipeline(range(1000)).flat_map(expand, max_failures=10))) == 990
+
+
+def test_two_failing_stages_both_reported() -> None:
+    def fail_on_3(x: int) -> int:
+        if x == 3:
+            raise Boom("three")
+        return x
+
+    with pytest.raises(PipelineError) as info:
+        list(Pipeline(range(10)).map(fail_on_3, name="a").batch(2).map(len, name="b")
+             .map(lambda n: 1 // (n - 1), name="c"))
+    types = sorted(type(e).__name__ for e in info.value.exceptions)
+    assert "Boom" in types and "ZeroDivisionError" in types
+
+
+def test_secrets_in_items_are_redacted_in_notes_and_records() -> None:
+    url = "https://user:hunter2@example.com/a.jpg?X-Amz-Signature=abcdef123"
+
+    def fail(x: str) -> str:
+        raise Boom("nope")
+
+    pipe = Pipeline([url]).map(fail)
+    with pytest.raises(PipelineError) as info:
+        list(pipe)
+    text = "\n".join(info.value.exceptions[0].__notes__)
+    assert "hunter2" not in text and "abcdef123" not in text
+    assert "example.com" in text
+    assert "hunter2" not in repr(pipe.stats().stages)

@@ -1,0 +1,263 @@
+"""Stopping (RELIABILITY 6-11): break, del, zip, Ctrl-C, stuck C code, exit, full queues."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import signal
+import threading
+import time
+
+import pytest
+
+from asyncflow import Pipeline
+from tests.doubles import run_child, start_child
+
+pytestmark = pytest.mark.usefixtures("leak_check")
+
+
+def slow(x: int) -> int:
+    time.sleep(0.01)
+    return x
+
+
+async def aslow(x: int) -> int:
+    await asyncio.sleep(0.01)
+    return x
+
+
+def _asyncflow_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("asyncflow")]
+
+
+def _wait_no_threads(limit: float = 1.0) -> None:
+    deadline = time.monotonic() + limit
+    while _asyncflow_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _asyncflow_threads(), _asyncflow_threads()
+
+
+def test_break_out_of_for_stops_everything_within_a_second() -> None:
+    for i, _ in enumerate(Pipeline(range(10_000)).map(slow, concurrency=8)):
+        if i == 2:
+            break
+    _wait_no_threads()
+
+
+async def test_break_out_of_async_for_stops_everything_within_a_second() -> None:
+    i = 0
+    async for _ in Pipeline(range(10_000)).map(aslow, concurrency=64).map(slow, concurrency=4):
+        i += 1
+        if i == 3:
+            break
+    deadline = time.monotonic() + 1.0
+    while _asyncflow_threads() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert not _asyncflow_threads()
+
+
+def test_del_and_gc_of_a_started_iterator_stops_it() -> None:
+    it = iter(Pipeline(range(10_000)).map(slow, concurrency=4))
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    del it
+    gc.collect()
+    _wait_no_threads()
+
+
+def test_partial_consumption_through_zip_stops_the_longer_pipeline() -> None:
+    short = Pipeline(range(3))
+    long = Pipeline(range(10_000)).map(slow, concurrency=4)
+    assert list(zip(short, long)) == [(0, 0), (1, 1), (2, 2)]
+    gc.collect()
+    _wait_no_threads()
+
+
+def test_with_open_stops_on_exit_and_on_exception() -> None:
+    pipe = Pipeline(range(10_000)).map(slow, concurrency=4)
+    with pipe.open() as run:
+        assert next(run) == 0
+    assert run.closed
+    assert not _asyncflow_threads()
+    with pytest.raises(KeyError), pipe.open() as run:
+        next(run)
+        raise KeyError("consumer failed")
+    assert not _asyncflow_threads()
+
+
+async def test_async_with_open_stops_on_exit() -> None:
+    pipe = Pipeline(range(10_000)).map(aslow, concurrency=16)
+    async with pipe.open() as run:
+        assert await run.__anext__() == 0
+    assert not _asyncflow_threads()
+
+
+def test_close_before_start_is_fine() -> None:
+    run = Pipeline(range(10)).open()
+    run.close()
+    assert list(run) == []
+
+
+def test_stopping_while_every_queue_is_full_returns_within_a_second() -> None:
+    pipe = Pipeline(range(100_000)).map(lambda x: x).map(lambda x: x, buffer=4).batch(2)
+    with pipe.open() as run:
+        next(run)
+        time.sleep(0.3)  # every queue fills, every producer blocks
+        stats = run.stats()
+        assert stats.stages[0].queue_fill == stats.stages[0].queue_capacity
+        start = time.monotonic()
+        run.close()
+        assert time.monotonic() - start < 1.0
+
+
+def test_a_stage_stuck_in_c_code_is_abandoned_named_and_does_not_block_exit() -> None:
+    result = run_child(
+        """
+        import time, logging, sys
+        from asyncflow import Pipeline
+        logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+        def stuck(x):
+            time.sleep(60)   # C code: cannot be interrupted
+            return x
+        pipe = Pipeline(range(10), stop_timeout=0.5).map(stuck, name="stuck-stage")
+        with pipe.open() as run:
+            time.sleep(0.3)  # open() started the run: the stage is now stuck in sleep()
+            start = time.monotonic()
+        print("closed after", round(time.monotonic() - start, 2))
+        print("notes:", pipe.stats().notes)
+        print("abandoned:", [s.name for s in pipe.stats().stages if s.abandoned])
+        """,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    closed_after = float(out.split("closed after")[1].split()[0])
+    assert closed_after < 5.0
+    assert "stuck-stage" in out.split("abandoned:")[1]
+    assert "was abandoned" in out
+    assert "Exception ignored" not in result.stderr
+
+
+def test_process_holding_an_unstopped_pipeline_exits_cleanly() -> None:
+    start = time.monotonic()
+    result = run_child(
+        """
+        import time
+        from asyncflow import Pipeline
+        def slow(x):
+            time.sleep(0.01)
+            return x
+        it = iter(Pipeline(range(10**6)).map(slow, concurrency=4))
+        print(next(it), next(it))
+        """,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - start < 10
+    assert result.stdout.split() == ["0", "1"]
+    for noise in ("Exception ignored", "Task was destroyed", "never retrieved", "Traceback"):
+        assert noise not in result.stderr, result.stderr
+
+
+SIGINT_SCRIPT = """
+import asyncio, sys, time
+from asyncflow import Pipeline
+
+async def fetch(x):
+    await asyncio.sleep(0.005)
+    return x
+
+def decode(x):
+    time.sleep(0.005)
+    return x
+
+pipe = Pipeline(range(10**7)).map(fetch, concurrency=32).map(decode, concurrency=2).batch(4)
+
+def sync_main():
+    for i, _ in enumerate(pipe):
+        if i == 2:
+            print("ready", flush=True)
+
+async def async_main():
+    i = 0
+    async for _ in pipe:
+        i += 1
+        if i == 3:
+            print("ready", flush=True)
+
+if sys.argv[-1] == "async":
+    asyncio.run(async_main())
+else:
+    sync_main()
+"""
+
+
+@pytest.mark.parametrize("style", ["sync", "async"])
+@pytest.mark.timeout(60)
+def test_ctrl_c_ends_iteration_within_five_seconds(style: str) -> None:
+    import subprocess
+    import sys
+
+    from tests.doubles import ROOT, child_env
+
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "faulthandler", "-c", SIGINT_SCRIPT, style],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        _, err = proc.communicate(timeout=10)
+        assert time.monotonic() - start < 5.0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0
+    assert "KeyboardInterrupt" in err
+    for noise in ("Exception ignored", "Task was destroyed", "never retrieved"):
+        assert noise not in err, err
+
+
+def test_no_task_or_thread_noise_when_a_stage_fails_while_others_run() -> None:
+    result = run_child(
+        """
+        import asyncio, time, gc
+        from asyncflow import Pipeline, PipelineError
+        async def fetch(x):
+            await asyncio.sleep(0.001 * (x % 7))
+            if x == 50:
+                raise ValueError("bad")
+            return x
+        try:
+            for _ in Pipeline(range(1000)).map(fetch, concurrency=32).map(lambda x: x, concurrency=4):
+                pass
+        except PipelineError as exc:
+            print("raised", type(exc.exceptions[0]).__name__)
+        gc.collect()
+        time.sleep(0.2)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "raised ValueError" in result.stdout
+    for noise in ("Exception ignored", "Task was destroyed", "never retrieved", "Traceback"):
+        assert noise not in result.stderr, result.stderr
+
+
+def test_rerunning_ten_times_adds_no_threads() -> None:
+    pipe = Pipeline(range(100)).map(slow, concurrency=4)
+    before = threading.active_count()
+    for _ in range(10):
+        for i, _ in enumerate(pipe):
+            if i == 5:
+                break
+    gc.collect()
+    _wait_no_threads()
+    assert threading.active_count() == before
+
+
+def test_start_child_helper_is_usable() -> None:
+    proc = start_child("print('hi')")
+    out, _ = proc.communicate(timeout=30)
+    assert out.strip() == "hi"
