@@ -68,7 +68,7 @@ class StallError(AsyncflowError, TimeoutError):
     """A stage with work in hand produced nothing for longer than ``stall_timeout``."""
 
 
-class PipelineError(AsyncflowError, ExceptionGroup):  # type: ignore[misc]
+class PipelineError(AsyncflowError, ExceptionGroup):  # type: ignore[type-arg,unused-ignore]
     """One or more stages failed.
 
     An :class:`ExceptionGroup`: ``except* DecodeError`` picks out the decode failures, and

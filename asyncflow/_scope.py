@@ -62,7 +62,7 @@ class RunScope:
             raise RuntimeError("this run has stopped; its resources are closed")
         pending = self._pending.get(key)
         if pending is not None:
-            return await asyncio.shield(pending)  # type: ignore[no-any-return]
+            return await asyncio.shield(pending)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[key] = fut
         try:
@@ -78,7 +78,7 @@ class RunScope:
             del self._pending[key]
         self._resources[key] = resource
         fut.set_result(resource)
-        return resource  # type: ignore[no-any-return]
+        return resource
 
     async def aclose(self) -> None:
         """Close every resource, newest first. Safe to call more than once."""

@@ -24,9 +24,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import PeakRSS, table  # noqa: E402
+from _common import table
 
-from asyncflow import Pipeline  # noqa: E402
+from asyncflow import Pipeline
 
 
 def noop(x: object) -> object:
@@ -121,7 +121,7 @@ def overhead(quick: bool) -> list[list[str]]:
         f"SPDL PipelineBuilder ({n_spdl:,} items)": spdl_pipeline(n_spdl),
     }
     bare = results["bare asyncio queue chain (uvloop)"]
-    spdl = [v for k, v in results.items() if k.startswith("SPDL")][0]
+    spdl = next(v for k, v in results.items() if k.startswith("SPDL"))
     rows = []
     for name, rate in results.items():
         if rate is None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from typing import Any
 
-__all__ = ["ChunkResult", "FAILED", "WorkerPool", "next_chunk", "run_chunk", "run_chunk_remote"]
+__all__ = ["FAILED", "ChunkResult", "WorkerPool", "next_chunk", "run_chunk", "run_chunk_remote"]
 
 #: Marks a failed item's place in a chunk's results.
 FAILED: Any = type("Failed", (), {"__repr__": lambda self: "<FAILED>"})()
@@ -29,7 +29,9 @@ FAILED: Any = type("Failed", (), {"__repr__": lambda self: "<FAILED>"})()
 ChunkResult = tuple[list[Any], list[tuple[int, BaseException]], float]
 
 
-def run_chunk(fn: Callable[[Any], Any], items: list[Any], stop: threading.Event | None) -> ChunkResult:
+def run_chunk(
+    fn: Callable[[Any], Any], items: list[Any], stop: threading.Event | None
+) -> ChunkResult:
     """Call ``fn`` on each item; exceptions are returned in place, not raised."""
     results: list[Any] = []
     failures: list[tuple[int, BaseException]] = []

@@ -330,7 +330,9 @@ class Pipeline:
 
     def describe(self) -> list[dict[str, Any]]:
         """A JSON-able description: the source, then each stage's kind, name and settings."""
-        out: list[dict[str, Any]] = [{"kind": "source", "name": "source", **self._source.describe()}]
+        out: list[dict[str, Any]] = [
+            {"kind": "source", "name": "source", **self._source.describe()}
+        ]
         for spec in self._stages:
             out.append({
                 "kind": spec.kind, "name": spec.name or spec.default_name(), **spec.settings(),

@@ -75,7 +75,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         except ImportError:
             pass
         else:
-            return uvloop.new_event_loop()  # type: ignore[no-any-return]
+            return uvloop.new_event_loop()
     return asyncio.new_event_loop()
 
 
@@ -147,7 +147,9 @@ class Runtime:
 
     # -- building -----------------------------------------------------------------------
 
-    def _build(self, open_source: Callable[[], Any], specs: Sequence[StageSpec], epoch: int) -> None:
+    def _build(
+        self, open_source: Callable[[], Any], specs: Sequence[StageSpec], epoch: int
+    ) -> None:
         names: set[str] = set()
         stages: list[StageSpec | None] = [None, *specs]
         batched = False
@@ -284,7 +286,7 @@ class Runtime:
         try:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.run_until_complete(loop.shutdown_default_executor())
-        except BaseException:  # noqa: BLE001 - clean-up must go on
+        except BaseException:
             logger.debug("asyncflow: clean-up of the run's loop failed", exc_info=True)
         stuck = self.pool.shutdown(self.options.stop_timeout)
         for label in stuck:
@@ -356,7 +358,7 @@ class Runtime:
                 await self.scope.aclose()
 
     async def _run_node(self, index: int) -> None:
-        node, ctx = self.nodes[index], self.contexts[index]
+        node = self.nodes[index]
         inp = self.outputs[index - 1] if index else None
         out = self.outputs[index]
         try:

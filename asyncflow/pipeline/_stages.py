@@ -82,7 +82,7 @@ class SourceNode:
         elif isinstance(source, Sequence):
             await self._run_sequence(source, out)
         elif isinstance(source, Set | Mapping | MappingView):
-            await self._run_sequence(list(source), out)
+            await self._run_sequence(list(source), out)  # type: ignore[arg-type]
         elif hasattr(source, "__iter__"):
             await self._run_iterator(iter(source), out)
         else:
@@ -184,7 +184,8 @@ class MapNode:
 
     def _outputs(self, items: list[Any], values: list[Any], upto: int, clean: bool) -> list[Any]:
         if self.filter:
-            return [x for x, keep in zip(items[:upto], values[:upto]) if keep is not FAILED and keep]
+            pairs = zip(items[:upto], values[:upto], strict=False)  # values end early on stop
+            return [x for x, keep in pairs if keep is not FAILED and keep]
         if clean:
             return values if upto >= len(values) else values[:upto]
         return [v for v in values[:upto] if v is not FAILED]
@@ -332,7 +333,7 @@ class FlatMapNode:
                 if inspect.isawaitable(result):
                     result = await result
                 if hasattr(result, "__aiter__"):
-                    it, chunk, done, error = result, [], False, None
+                    it, chunk, done, error = result, list[Any](), False, None
                 else:
                     it, chunk, done, error = iter(result), [], False, None
             else:
@@ -487,7 +488,8 @@ class ShuffleNode:
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
-        size, rng, pool = self.size, self.rng, []
+        size, rng = self.size, self.rng
+        pool: list[Any] = []
         while items := await inp.get_many(_SOURCE_CHUNK):
             self.ctx.counters.items_in += len(items)
             ready = []

@@ -156,7 +156,9 @@ class PipelineStats:
         return stats_html(self)
 
 
-def find_bottleneck(stages: tuple[StageStats, ...], output_fill: float, output_cap: int) -> str | None:
+def find_bottleneck(
+    stages: tuple[StageStats, ...], output_fill: float, output_cap: int
+) -> str | None:
     """The consumer if the output stays mostly full; else the most utilized stage."""
     if not stages:
         return None

@@ -83,8 +83,7 @@ def test_except_star_picks_out_the_original_type() -> None:
 
 
 def _gen_failing_at(n: int):
-    for i in range(n):
-        yield i
+    yield from range(n)
     raise Boom("source broke")
 
 
@@ -193,3 +192,41 @@ def test_secrets_in_items_are_redacted_in_notes_and_records() -> None:
     assert "hunter2" not in text and "abcdef123" not in text
     assert "example.com" in text
     assert "hunter2" not in repr(pipe.stats().stages)
+
+
+def _die_on_3(x: int) -> int:
+    import os
+    import signal
+
+    if x == 3:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
+    return x
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_process_pool_worker_is_reported_naming_the_stage() -> None:
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    start = time.monotonic()
+    with ProcessPoolExecutor(2) as pool, pytest.raises(PipelineError) as info:
+        list(Pipeline(range(10)).map(_die_on_3, executor=pool, name="gil-bound"))
+    assert time.monotonic() - start < 20
+    broken = info.value.exceptions[0]
+    assert isinstance(broken, BrokenProcessPool)
+    assert any("'gil-bound'" in note for note in broken.__notes__)
+
+
+def test_report_every_logs_the_stats_table(caplog) -> None:
+    import time
+
+    caplog.set_level(logging.INFO, "asyncflow")
+
+    def slow(x: int) -> int:
+        time.sleep(0.01)
+        return x
+
+    list(Pipeline(range(40), report_every=0.1, name="reported").map(slow, name="slowstage"))
+    reports = [r.getMessage() for r in caplog.records if "reported" in r.getMessage()]
+    assert reports and "slowstage" in reports[0]

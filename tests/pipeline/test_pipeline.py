@@ -193,7 +193,8 @@ def test_import_is_light() -> None:
 
     result = run_child(
         "import sys, asyncflow\n"
-        "heavy = [m for m in ('torch', 'aiohttp', 'aiobotocore', 'PIL', 'numpy') if m in sys.modules]\n"
+        "mods = ('torch', 'aiohttp', 'aiobotocore', 'PIL', 'numpy')\n"
+        "heavy = [m for m in mods if m in sys.modules]\n"
         "print(heavy)\n"
     )
     assert result.returncode == 0, result.stderr

@@ -67,7 +67,7 @@ def test_del_and_gc_of_a_started_iterator_stops_it() -> None:
 def test_partial_consumption_through_zip_stops_the_longer_pipeline() -> None:
     short = Pipeline(range(3))
     long = Pipeline(range(10_000)).map(slow, concurrency=4)
-    assert list(zip(short, long)) == [(0, 0), (1, 1), (2, 2)]
+    assert list(zip(short, long, strict=False)) == [(0, 0), (1, 1), (2, 2)]
     gc.collect()
     _wait_no_threads()
 
@@ -231,7 +231,8 @@ def test_no_task_or_thread_noise_when_a_stage_fails_while_others_run() -> None:
                 raise ValueError("bad")
             return x
         try:
-            for _ in Pipeline(range(1000)).map(fetch, concurrency=32).map(lambda x: x, concurrency=4):
+            pipe = Pipeline(range(1000)).map(fetch, concurrency=32).map(lambda x: x, concurrency=4)
+            for _ in pipe:
                 pass
         except PipelineError as exc:
             print("raised", type(exc.exceptions[0]).__name__)
