@@ -38,7 +38,7 @@ class Run:
         *,
         timeout: float | None = None,
         hooks: tuple[Callable[[Run], ConsumerHook], ...] = (),
-        on_start: Callable[[Runtime], None] | None = None,
+        on_start: Callable[[Runtime, Run], None] | None = None,
     ) -> None:
         self._make_runtime = make_runtime
         self._timeout = timeout
@@ -61,7 +61,7 @@ class Run:
         self._rt = rt
         self._finalizer = weakref.finalize(self, rt.request_stop)
         if self._on_start is not None:
-            self._on_start(rt)
+            self._on_start(rt, self)
         self._hooks = [factory(self) for factory in self._hook_factories]
         functions: list[Callable[[Any], Any]] = [*rt.receive_hooks, *self._hooks]
         if functions:

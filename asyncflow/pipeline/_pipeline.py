@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Self
@@ -43,6 +44,7 @@ class _Source:
             or (hasattr(source, "__anext__"))
         )
         self.runs = 0
+        self.resume_offset = 0
         self.lock = threading.Lock()
 
     def next_epoch(self) -> int:
@@ -156,6 +158,12 @@ class Pipeline:
 
     def _then(self, spec: StageSpec) -> Self:
         """A copy of this pipeline with ``spec`` appended (subclasses keep their type)."""
+        if self._stages and getattr(self._stages[-1], "terminal", False):
+            last = self._stages[-1]
+            raise ConfigError(
+                f"{last.name or last.default_name()}() must be the last stage: the stages "
+                f"after it would receive batches still in flight (move {spec.kind}() before it)"
+            )
         new = copy.copy(self)
         new._stages = (*self._stages, spec)
         new._last = []
@@ -267,11 +275,22 @@ class Pipeline:
         """
         return self._then(ShuffleSpec(buffer_size=buffer_size, seed=seed, name=name))
 
-    def to_device(self, device: Any, *, non_blocking: bool = True) -> Pipeline:
-        """Copy batches to ``device`` (see :func:`asyncflow.torch.to_device`)."""
+    def to_device(
+        self, device: Any, *, non_blocking: bool = True, pool_size: int | None = None
+    ) -> Self:
+        """Copy batches to ``device``: staged in pinned memory, copied on a side CUDA stream,
+        waited for by the consumer's stream (see :func:`asyncflow.torch.to_device`).
+
+        Must be the last stage. ``"cpu"`` returns the pipeline unchanged.
+
+        Raises:
+            ConfigError: ``device`` is CUDA and CUDA is not available.
+        """
         from ..torch._transfer import to_device
 
-        return to_device(self, device, non_blocking=non_blocking)
+        if pool_size is None:
+            return to_device(self, device, non_blocking=non_blocking)
+        return to_device(self, device, non_blocking=non_blocking, pool_size=pool_size)
 
     def cache(self, path: str | os.PathLike[str], **options: Any) -> Pipeline:
         """Store the output on the first pass, replay it afterwards (see :mod:`asyncflow.cache`)."""
@@ -290,8 +309,75 @@ class Pipeline:
     def _runtime(self) -> Runtime:
         epoch = self._source.next_epoch()
         rt = Runtime(self._source.open, self._stages, self._options, epoch)
+        rt.start_offset, self._source.resume_offset = self._source.resume_offset, 0
         self._last[:] = [rt]
         return rt
+
+    def _items_per_output(self) -> int:
+        """Source items behind each output item, when the stages make that a constant."""
+        factor = 1
+        for spec in self._stages:
+            budget = getattr(spec, "max_failures", None)
+            budget = self._options.max_failures if budget is None else budget
+            if isinstance(spec, MapSpec) and spec.mode == "map" and spec.ordered and not budget:
+                continue
+            if isinstance(spec, BatchSpec):
+                factor *= spec.size
+                continue
+            if isinstance(spec, PrefetchSpec):
+                continue
+            if isinstance(spec, CustomSpec) and spec.items_per_output is not None:
+                factor *= spec.items_per_output
+                continue
+            raise ConfigError(
+                f"this pipeline cannot be resumed: stage {spec.name or spec.default_name()!r} "
+                f"({spec.kind}) does not map source items to outputs in a fixed, ordered way "
+                "(resumable pipelines use ordered maps with max_failures=0, batch and prefetch)"
+            )
+        return factor
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the latest run stands, for resuming after a crash.
+
+        For a pipeline whose source is a sampler (it has ``state_dict`` /
+        ``load_state_dict``): the sampler's state, with ``offset`` counting the source items
+        whose outputs the consumer has received. :meth:`load_state_dict` on a new pipeline
+        then makes its next run yield exactly the remaining items, in the same order.
+
+        Raises:
+            ConfigError: The source is not a sampler, or a stage makes the count ambiguous
+                (a filter, flat_map, shuffle, unordered map or failure budget).
+        """
+        source = self._source.source
+        if not callable(getattr(source, "state_dict", None)):
+            raise ConfigError(
+                f"state_dict() needs a sampler source (with state_dict/load_state_dict); "
+                f"this pipeline reads a {type(source).__name__}"
+            )
+        factor = self._items_per_output()
+        state = dict(source.state_dict())
+        if self._last:
+            rt = self._last[0]
+            run = rt.consumer() if rt.consumer is not None else None
+            delivered = run.delivered if run is not None else rt.delivered
+            state["offset"] = min(len(source), rt.start_offset + delivered * factor)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict`: the next run resumes where it stood.
+
+        Raises:
+            ConfigError: The source is not a sampler, or the state does not fit it.
+        """
+        source = self._source.source
+        if not callable(getattr(source, "load_state_dict", None)):
+            raise ConfigError(
+                f"load_state_dict() needs a sampler source; this pipeline reads a "
+                f"{type(source).__name__}"
+            )
+        self._items_per_output()
+        source.load_state_dict(state)
+        self._source.resume_offset = int(state.get("offset", 0))
 
     def open(self, *, timeout: float | None = None) -> Run:
         """A new run, for ``with pipe.open() as run:`` or ``async with pipe.open() as run:``.
@@ -300,7 +386,7 @@ class Pipeline:
             timeout: Raise ``StallError`` when no item arrives for this many seconds.
         """
         _check_number("timeout", timeout)
-        return Run(self._runtime, timeout=timeout, hooks=self._hooks)
+        return Run(self._runtime, timeout=timeout, hooks=self._hooks, on_start=_link)
 
     def __iter__(self) -> Run:
         return self.open()
@@ -355,4 +441,5 @@ class Pipeline:
         return pipeline_html(self)
 
 
-CustomStage = CustomSpec  # re-exported for extensions (EXTENDING.md)
+def _link(rt: Runtime, run: Run) -> None:
+    rt.consumer = weakref.ref(run)

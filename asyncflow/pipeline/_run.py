@@ -119,6 +119,8 @@ class Runtime:
         self.errors: list[BaseException] = []
         self.notes: list[str] = []
         self.delivered = 0
+        self.start_offset = 0  # source items skipped by a resumed run
+        self.consumer: Callable[[], Any] | None = None  # weak reference to the Run
         self.started_at = time.monotonic()
         self.finished_at: float | None = None
         threads = 1 + sum(

@@ -235,6 +235,11 @@ class CustomSpec(StageSpec):
     options: Mapping[str, Any] = field(default_factory=dict)
     concurrency: int = 1
     buffer: int | None = None
+    #: Source items behind each output item when it is fixed (1 for a 1:1 stage), which makes
+    #: a pipeline ending in it resumable; ``None`` when unknown.
+    items_per_output: int | None = None
+    #: Whether stages may follow this one (a device transfer must come last).
+    terminal: bool = False
 
     def default_name(self) -> str:
         return self.label

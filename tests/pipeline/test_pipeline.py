@@ -212,3 +212,12 @@ def test_public_all_is_complete() -> None:
     assert sorted(asyncflow.__all__) == asyncflow.__all__
     assert not [n for n in asyncflow.__all__ if n.startswith("_") and n != "__version__"]
     assert sys.modules["asyncflow"] is asyncflow
+
+
+def test_nothing_may_follow_a_terminal_stage() -> None:
+    from asyncflow.pipeline import CustomSpec
+
+    spec = CustomSpec(label="to_device", factory=lambda ctx: None, terminal=True)  # type: ignore[arg-type,return-value]
+    pipe = Pipeline(range(3))._then(spec)
+    with pytest.raises(ConfigError, match="to_device\\(\\) must be the last stage"):
+        pipe.batch(2)

@@ -1,0 +1,22 @@
+"""PyTorch integration: collate, pinned staging, device transfer, the DataLoader facade.
+
+Importing this package imports torch; ``import asyncflow`` loads it only when one of its names
+(``asyncflow.DataLoader``) is first used.
+"""
+
+from __future__ import annotations
+
+from ._collate import Padded, default_collate, pad_collate
+from ._loader import DataLoader
+from ._pinned import PinnedPool, PoolStats
+from ._transfer import to_device
+
+__all__ = [
+    "DataLoader",
+    "Padded",
+    "PinnedPool",
+    "PoolStats",
+    "default_collate",
+    "pad_collate",
+    "to_device",
+]

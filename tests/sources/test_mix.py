@@ -1,0 +1,93 @@
+"""mix(): weighted draws from several pipelines, reproducible, with every stop rule."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from asyncflow import ConfigError, Pipeline, PipelineError, mix
+
+
+def tagged(tag: str, n: int) -> Pipeline:
+    return Pipeline([(tag, i) for i in range(n)])
+
+
+def test_draws_in_proportion_to_the_weights(leak_check: None) -> None:
+    items = list(mix([tagged("a", 10_000), tagged("b", 10_000)], weights=[0.7, 0.3], seed=1))
+    counts = collections.Counter(tag for tag, _ in items)
+    assert counts["a"] == 10_000  # "first": ends when a runs out
+    assert counts["b"] / len(items) == pytest.approx(0.3, abs=0.02)
+    for tag in "ab":  # each source keeps its own order
+        seq = [i for t, i in items if t == tag]
+        assert seq == sorted(seq) and seq == list(range(len(seq)))
+
+
+def test_reproducible_per_seed_and_new_per_epoch() -> None:
+    def make(seed: int) -> Pipeline:
+        return mix([tagged("a", 50), tagged("b", 50)], seed=seed, stop="all")
+
+    mixed = make(3)
+    first, second = list(mixed), list(mixed)
+    assert first == list(make(3))
+    assert first != second
+    assert first != list(make(4))
+    assert sorted(first) == sorted(second)
+
+
+def test_stop_all_yields_every_item_once() -> None:
+    items = list(mix([tagged("a", 30), tagged("b", 5), tagged("c", 0)], [1, 10, 1], stop="all"))
+    assert sorted(items) == sorted([("a", i) for i in range(30)] + [("b", i) for i in range(5)])
+
+
+def test_stop_cycle_restarts_until_every_source_ran_out() -> None:
+    items = list(mix([tagged("a", 40), tagged("b", 3)], stop="cycle", seed=0))
+    a = [i for t, i in items if t == "a"]
+    b = [i for t, i in items if t == "b"]
+    assert a == list(range(40))  # the mix ended when a ran out, the last to do so
+    assert len(b) > 3 and b[:6] == [0, 1, 2, 0, 1, 2]
+
+
+async def test_stop_never_runs_until_the_consumer_stops(async_leak_check: None) -> None:
+    count = 0
+    async with mix([tagged("a", 3), tagged("empty", 0)], stop="never").open() as run:
+        async for tag, _ in run:
+            assert tag == "a"
+            count += 1
+            if count == 50:
+                break
+    assert count == 50
+
+
+def test_break_stops_every_source(leak_check: None) -> None:
+    for n, _ in enumerate(mix([tagged("a", 10**6), tagged("b", 10**6)])):
+        if n == 10:
+            break
+
+
+def test_a_failing_source_fails_the_mix() -> None:
+    def boom(x: tuple[str, int]) -> tuple[str, int]:
+        if x[1] == 5:
+            raise ValueError("bad item")
+        return x
+
+    with pytest.raises(PipelineError) as info:
+        list(mix([tagged("a", 20).map(boom), tagged("b", 20)], stop="all"))
+    assert info.group_contains(ValueError)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        (([],), {}),
+        (([[1, 2]],), {}),
+        (([Pipeline([1])], [1, 2]), {}),
+        (([Pipeline([1])], [-1]), {}),
+        (([Pipeline([1])], [0]), {}),
+        (([Pipeline([1])],), {"stop": "sometimes"}),
+        (([Pipeline([1])],), {"seed": "x"}),
+    ],
+)
+def test_bad_arguments(args: tuple, kwargs: dict) -> None:
+    with pytest.raises(ConfigError):
+        mix(*args, **kwargs)

@@ -1,0 +1,97 @@
+"""Collate: torch's default_collate as the default, and padding for variable-length fields."""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+import torch
+
+from asyncflow import ConfigError
+from asyncflow.torch import Padded, default_collate, pad_collate
+
+
+def test_default_collate_is_torchs() -> None:
+    assert default_collate is torch.utils.data.default_collate
+
+
+def test_pads_dict_fields_and_reports_lengths_and_mask() -> None:
+    batch = [
+        {"tokens": torch.tensor([1, 2, 3]), "label": 0, "name": "a"},
+        {"tokens": torch.tensor([4]), "label": 1, "name": "b"},
+        {"tokens": torch.tensor([5, 6]), "label": 2, "name": "c"},
+    ]
+    out = pad_collate(batch, pad_value=-1, mask=True)
+    assert out["tokens"].tolist() == [[1, 2, 3], [4, -1, -1], [5, 6, -1]]
+    assert out["tokens"].dtype == torch.int64
+    assert out["tokens_lengths"].tolist() == [3, 1, 2]
+    assert out["tokens_mask"].tolist() == [
+        [True, True, True], [True, False, False], [True, True, False]
+    ]
+    assert out["label"].tolist() == [0, 1, 2]
+    assert out["name"] == ["a", "b", "c"]
+    assert "tokens_mask" not in pad_collate(batch)
+
+
+def test_pads_boxes_along_the_first_dimension_only() -> None:
+    boxes = [np.zeros((2, 4), np.float32), np.ones((0, 4), np.float32), np.ones((3, 4), np.float32)]
+    out = pad_collate([{"boxes": b} for b in boxes])
+    assert out["boxes"].shape == (3, 3, 4)
+    assert out["boxes"].dtype == torch.float32
+    assert out["boxes_lengths"].tolist() == [2, 0, 3]
+    assert out["boxes"][1].sum() == 0 and out["boxes"][2].sum() == 12
+    with pytest.raises(ValueError, match="first dimension"):
+        pad_collate([{"boxes": np.zeros((2, 4))}, {"boxes": np.zeros((2, 5))}])
+
+
+def test_named_fields_pad_lists_and_leave_the_rest_to_default_collate() -> None:
+    batch = [
+        {"ids": [1, 2], "image": torch.zeros(3, 2, 2)},
+        {"ids": [3], "image": torch.ones(3, 2, 2)},
+    ]
+    out = pad_collate(batch, fields=["ids"], multiple_of=4)
+    assert out["ids"].tolist() == [[1, 2, 0, 0], [3, 0, 0, 0]]
+    assert out["image"].shape == (2, 3, 2, 2)
+    assert set(out) == {"ids", "ids_lengths", "image"}
+
+
+def test_tuple_and_namedtuple_samples_give_padded_fields() -> None:
+    class Sample(NamedTuple):
+        seq: torch.Tensor
+        y: int
+
+    out = pad_collate([Sample(torch.ones(2), 1), Sample(torch.ones(1), 0)], mask=True)
+    assert isinstance(out, Sample)
+    assert isinstance(out.seq, Padded)
+    assert out.seq.values.tolist() == [[1.0, 1.0], [1.0, 0.0]]
+    assert out.seq.lengths.tolist() == [2, 1]
+    assert out.seq.mask.tolist() == [[True, True], [True, False]]
+    assert out.y.tolist() == [1, 0]
+    plain = pad_collate([(torch.ones(2), 1), (torch.ones(3), 0)])
+    assert isinstance(plain, list) and plain[0].values.shape == (2, 3)
+
+
+def test_bare_tensor_samples_give_one_padded() -> None:
+    out = pad_collate([torch.arange(3), torch.arange(1)])
+    assert isinstance(out, Padded)
+    assert out.values.tolist() == [[0, 1, 2], [0, 0, 0]]
+    assert out.mask is None
+    assert pad_collate([1, 2]).tolist() == [1, 2]
+
+
+def test_works_as_a_dataloader_collate_fn() -> None:
+    data = [{"x": torch.arange(n)} for n in (1, 4, 2, 3)]
+    collate = functools.partial(pad_collate, mask=True)
+    batches = list(torch.utils.data.DataLoader(data, batch_size=2, collate_fn=collate))
+    assert [b["x"].shape for b in batches] == [(2, 4), (2, 3)]
+
+
+def test_rejects_overwriting_and_bad_options() -> None:
+    with pytest.raises(ValueError, match="overwrite"):
+        pad_collate([{"x": torch.ones(1), "x_lengths": 1}])
+    with pytest.raises(ConfigError):
+        pad_collate([{"x": torch.ones(1)}], multiple_of=0)
+    with pytest.raises(TypeError, match="'x'"):
+        pad_collate([{"x": object()}], fields=["x"])
