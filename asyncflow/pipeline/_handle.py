@@ -112,6 +112,14 @@ class Run:
             rt.join(1.0)
             self._detach()
 
+    def _abandon(self) -> None:
+        """Stop without waiting (for cancellation paths, where awaiting is not possible)."""
+        self._closed = True
+        self._chunk, self._pos = [], 0
+        if self._rt is not None:
+            self._rt.request_stop()
+            self._detach()
+
     def _detach(self) -> None:
         if self._finalizer is not None:
             self._finalizer.detach()
@@ -199,6 +207,11 @@ class Run:
             raise StallError(f"no item arrived within timeout={self._timeout} s") from None
         except Exception:
             await self.aclose()
+            raise
+        except BaseException:
+            # Cancelled (a kernel interrupt, a task torn down) or Ctrl-C: the consumer is going
+            # away. Stop the run now, without awaiting anything more in this task.
+            self._abandon()
             raise
         if not chunk:
             await self.aclose()

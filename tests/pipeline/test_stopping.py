@@ -262,3 +262,23 @@ def test_start_child_helper_is_usable() -> None:
     proc = start_child("print('hi')")
     out, _ = proc.communicate(timeout=30)
     assert out.strip() == "hi"
+
+
+async def test_cancelling_the_consuming_task_stops_the_run() -> None:
+    async def consume(pipe: Pipeline) -> None:
+        async for _ in pipe:
+            pass
+
+    async def never(x: int) -> int:
+        await asyncio.sleep(3600)
+        return x
+
+    task = asyncio.create_task(consume(Pipeline(range(10)).map(never, concurrency=2)))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    deadline = time.monotonic() + 1.0
+    while _asyncflow_threads() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert not _asyncflow_threads()
