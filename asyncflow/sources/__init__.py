@@ -30,16 +30,19 @@ _LAZY = {
 __getattr__ = lazy_getattr(__name__, _LAZY)
 
 if TYPE_CHECKING:
-    from ._list import list_objects
-    from ._read import ObjectInfo, read_bytes, session
-    from ._retry import Retry, Timeout
-    from ._samplers import (
-        DistributedSampler,
-        RandomSampler,
-        SequentialSampler,
-        WeightedRandomSampler,
-    )
-    from ._tar import tar_members, tar_samples
+    # "import X as X" marks an explicit re-export for type checkers (``__all__`` is computed).
+    from ._list import list_objects as list_objects
+    from ._read import ObjectInfo as ObjectInfo
+    from ._read import read_bytes as read_bytes
+    from ._read import session as session
+    from ._retry import Retry as Retry
+    from ._retry import Timeout as Timeout
+    from ._samplers import DistributedSampler as DistributedSampler
+    from ._samplers import RandomSampler as RandomSampler
+    from ._samplers import SequentialSampler as SequentialSampler
+    from ._samplers import WeightedRandomSampler as WeightedRandomSampler
+    from ._tar import tar_members as tar_members
+    from ._tar import tar_samples as tar_samples
 
 __all__ = sorted(_LAZY)
 

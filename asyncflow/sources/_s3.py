@@ -1,0 +1,208 @@
+"""S3 (and S3-compatible stores) through one shared aiobotocore client.
+
+Credentials and region come from the standard AWS chain (environment, shared files, instance
+roles). The endpoint is ``endpoint_url=`` when given, else whatever botocore configures from
+``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` or the config file. botocore's own retries are
+off: :mod:`._retry` retries every call, so that one policy (and one attempt count in the
+final error) covers HTTP and S3 alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import aiohttp
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    HTTPClientError,
+    IncompleteReadError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    ReadTimeoutError,
+    ResponseStreamingError,
+)
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from .._errors import SourceError, SourceNotFound, SourcePermissionError
+from .._scope import current_scope
+from ._http import parse_retry_after
+from ._redact import describe_exception
+from ._retry import Retry, Timeout, Transient, with_retries
+
+__all__ = ["fetch", "list_page", "s3_client", "split_s3_url", "stream"]
+
+DEFAULT_CONNECTIONS = 256
+_CHUNK = 256 * 1024
+_NOT_FOUND = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404"})
+_DENIED = frozenset({
+    "AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+    "ExpiredToken", "InvalidToken", "TokenRefreshRequired", "InvalidClientTokenId",
+    "UnrecognizedClientException", "AccountProblem", "401", "403",
+})
+_THROTTLED = frozenset({
+    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+    "TooManyRequests", "TooManyRequestsException", "RequestThrottled",
+    "ProvisionedThroughputExceededException", "InternalError", "ServiceUnavailable",
+    "RequestTimeout", "RequestTimeoutException", "BandwidthLimitExceeded",
+    "429", "500", "502", "503", "504",
+})
+_TRANSPORT_ERRORS = (
+    BotoConnectionError, HTTPClientError, IncompleteReadError, ResponseStreamingError
+)
+_SDK_ERRORS = (ClientError, BotoCoreError, aiohttp.ClientError, OSError, TimeoutError)
+
+
+def split_s3_url(url: str) -> tuple[str, str]:
+    """``("bucket", "key/of/object")`` from ``"s3://bucket/key/of/object"``.
+
+    The key is taken verbatim: S3 keys may hold ``?``, ``#`` and ``%``, so nothing is
+    unquoted or cut off.
+    """
+    if not url.lower().startswith("s3://"):
+        raise SourceError(f"not an s3:// URL: {url!r}")
+    bucket, _, key = url[5:].partition("/")
+    if not bucket:
+        raise SourceError(f"{url}: no bucket in the URL")
+    return bucket, key
+
+
+def _client_key(endpoint_url: str | None, timeout: Timeout) -> str:
+    return f"asyncflow.s3|{endpoint_url or ''}|{timeout.connect}|{timeout.read}"
+
+
+def _new_client(
+    endpoint_url: str | None, timeout: Timeout, connections: int = DEFAULT_CONNECTIONS
+) -> AbstractAsyncContextManager[Any]:
+    config = AioConfig(
+        max_pool_connections=connections,
+        connect_timeout=timeout.connect,
+        read_timeout=timeout.read,
+        retries={"total_max_attempts": 1, "mode": "standard"},
+    )
+    return get_session().create_client("s3", endpoint_url=endpoint_url, config=config)  # type: ignore[no-any-return]
+
+
+@asynccontextmanager
+async def s3_client(endpoint_url: str | None, timeout: Timeout) -> AsyncIterator[Any]:
+    """The running pipeline's client for this endpoint, or a private one for the block."""
+    scope = current_scope()
+    if scope is not None:
+        key = _client_key(endpoint_url, timeout)
+        connections = scope.settings.get("connections") or DEFAULT_CONNECTIONS
+        yield await scope.get(key, lambda: _new_client(endpoint_url, timeout, connections))
+        return
+    async with _new_client(endpoint_url, timeout) as client:
+        yield client
+
+
+def _error_code(exc: ClientError) -> tuple[str, int | None]:
+    response: Mapping[str, Any] = exc.response or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code, status if isinstance(status, int) else None
+
+
+def _translate(exc: BaseException, what: object, retry: Retry) -> Exception:
+    """The asyncflow error for a botocore / aiohttp failure, free of secrets."""
+    if isinstance(exc, ClientError):
+        code, status = _error_code(exc)
+        label = f"{code} (HTTP {status})" if status else code or "error"
+        if code in _NOT_FOUND or status == 404:
+            return SourceNotFound(f"{what}: {label}")
+        if code in _DENIED or status in (401, 403):
+            return SourcePermissionError(f"{what}: {label}")
+        if code in _THROTTLED or (status is not None and status in retry.statuses):
+            headers = (exc.response or {}).get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            return Transient(label, status=status,
+                             retry_after=parse_retry_after(headers.get("retry-after")))
+        return SourceError(f"{what}: {label}")
+    if isinstance(exc, NoCredentialsError | PartialCredentialsError):
+        return SourcePermissionError(f"{what}: no usable AWS credentials ({type(exc).__name__})")
+    if isinstance(exc, ReadTimeoutError | ConnectTimeoutError | TimeoutError):
+        return Transient(f"timed out ({type(exc).__name__})", timeout=True)
+    if isinstance(exc, BotoCoreError) and not isinstance(exc, _TRANSPORT_ERRORS):
+        return SourceError(f"{what}: {describe_exception(exc)}")
+    return Transient(f"connection failed ({describe_exception(exc)})")
+
+
+async def _get_once(client: Any, url: str, what: object, retry: Retry) -> bytes:
+    bucket, key = split_s3_url(url)
+    try:
+        resp = await client.get_object(Bucket=bucket, Key=key)
+        async with resp["Body"] as body:
+            data: bytes = await body.read()
+    except _SDK_ERRORS as exc:
+        raise _translate(exc, what, retry) from None
+    expected = resp.get("ContentLength")
+    if isinstance(expected, int) and len(data) != expected:
+        raise Transient(f"body truncated: got {len(data)} of {expected} bytes")
+    return data
+
+
+async def fetch(
+    url: str, *, retry: Retry, timeout: Timeout, endpoint_url: str | None = None
+) -> bytes:
+    """The whole object at ``s3://bucket/key``, retrying as ``retry`` says.
+
+    Raises:
+        SourceNotFound: ``NoSuchKey`` / ``NoSuchBucket``.
+        SourcePermissionError: ``AccessDenied``, bad or missing credentials.
+        SourceTimeout: The last try timed out.
+        SourceError: Any other failure, naming the URL, the error code and the attempts.
+    """
+    what = f"GET {url}"
+    async with s3_client(endpoint_url, timeout) as client:
+        return await with_retries(
+            lambda: _get_once(client, url, what, retry),
+            what=what,
+            retry=retry,
+            timeout=timeout,
+        )
+
+
+async def stream(
+    client: Any, url: str, offset: int, *, what: object, retry: Retry
+) -> AsyncGenerator[bytes, None]:
+    """One try at the object's bytes from ``offset`` on, in chunks (raises ``Transient``)."""
+    bucket, key = split_s3_url(url)
+    extra = {"Range": f"bytes={offset}-"} if offset else {}
+    try:
+        resp = await client.get_object(Bucket=bucket, Key=key, **extra)
+    except ClientError as exc:
+        if offset and _error_code(exc)[0] == "InvalidRange":
+            return  # resumed exactly at the end: nothing is left
+        raise _translate(exc, what, retry) from None
+    except _SDK_ERRORS as exc:
+        raise _translate(exc, what, retry) from None
+    expected = resp.get("ContentLength")
+    got = 0
+    async with resp["Body"] as body:
+        try:
+            async for chunk in body.iter_chunks(_CHUNK):
+                got += len(chunk)
+                yield chunk
+        except _SDK_ERRORS as exc:
+            raise _translate(exc, what, retry) from None
+    if isinstance(expected, int) and got != expected:
+        raise Transient(f"body truncated: got {got} of {expected} bytes")
+
+
+async def list_page(
+    client: Any, bucket: str, prefix: str, token: str | None, *, what: object, retry: Retry
+) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of ``ListObjectsV2``: the objects and the next continuation token."""
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    if token:
+        kwargs["ContinuationToken"] = token
+    try:
+        page = await client.list_objects_v2(**kwargs)
+    except _SDK_ERRORS as exc:
+        raise _translate(exc, what, retry) from None
+    token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+    return list(page.get("Contents", [])), token

@@ -1,0 +1,311 @@
+"""HTTP reads against a real fault-injecting server on 127.0.0.1 (RELIABILITY 15-19, 23, 25)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+import traceback
+from typing import Any
+
+import pytest
+
+import asyncflow
+from asyncflow import (
+    ConfigError,
+    Retry,
+    SourceError,
+    SourceNotFound,
+    SourcePermissionError,
+    SourceTimeout,
+    Timeout,
+    sources,
+)
+from asyncflow.sources import _http
+from tests.servers import FaultServer, fault_server_process, generated
+
+pytestmark = pytest.mark.usefixtures("async_leak_check")
+
+FAST = Retry(attempts=4, backoff=0.01, max_backoff=0.05)
+
+
+def everything_about(exc: BaseException) -> str:
+    """Every text a user could see of ``exc``: message, repr, traceback, notes, chain."""
+    return "\n".join([str(exc), repr(exc), *traceback.format_exception(exc),
+                      *getattr(exc, "__notes__", [])])
+
+
+@pytest.fixture
+def count_sessions(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Record each aiohttp session asyncflow opens."""
+    opened: list[Any] = []
+    real = _http.new_session
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        session = real(*args, **kwargs)
+        opened.append(session)
+        return session
+
+    monkeypatch.setattr(_http, "new_session", counting)
+    return opened
+
+
+async def test_reads_the_whole_body(http_server: FaultServer, unique: str) -> None:
+    path = f"/gen/70000/{unique}.bin"
+    assert await asyncflow.read_bytes(http_server.url(path)) == generated(path, 70000)
+
+
+async def test_503_burst_with_retry_after_is_retried(http_server: FaultServer, unique: str) -> None:
+    url = http_server.url(f"/gen/1000/{unique}?fail=3&status=503&retry_after=0")
+    assert len(await asyncflow.read_bytes(url, retry=FAST)) == 1000
+    assert http_server.hits(url) == 4
+
+
+@pytest.mark.parametrize("status", [429, 500, 502, 504])
+async def test_retryable_statuses(http_server: FaultServer, unique: str, status: int) -> None:
+    url = http_server.url(f"/gen/10/{unique}?fail=2&status={status}")
+    assert len(await asyncflow.read_bytes(url, retry=FAST)) == 10
+    assert http_server.hits(url) == 3
+
+
+async def test_retry_after_seconds_is_honoured(http_server: FaultServer, unique: str) -> None:
+    url = http_server.url(f"/gen/10/{unique}?fail=1&status=429&retry_after=1")
+    start = time.monotonic()
+    await asyncflow.read_bytes(url, retry=FAST)
+    assert time.monotonic() - start >= 1.0
+    assert http_server.hits(url) == 2
+
+
+async def test_retry_after_http_date_is_honoured(http_server: FaultServer, unique: str) -> None:
+    url = http_server.url(f"/gen/10/{unique}?fail=1&status=503&retry_after=date%2B2")
+    start = time.monotonic()
+    await asyncflow.read_bytes(url, retry=FAST)
+    assert time.monotonic() - start >= 1.0  # an HTTP date has whole seconds: 1 to 2 s ahead
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [(404, SourceNotFound), (410, SourceNotFound), (403, SourcePermissionError),
+     (401, SourcePermissionError), (400, SourceError)],
+)
+async def test_fails_at_once_without_retry(
+    http_server: FaultServer, unique: str, status: int, error: type[Exception]
+) -> None:
+    url = http_server.url(f"/status/{status}/{unique}?X-Amz-Signature=s3cr3t")
+    with pytest.raises(error) as info:
+        await asyncflow.read_bytes(url, retry=FAST)
+    assert http_server.hits(url) == 1
+    message = str(info.value)
+    assert f"/status/{status}/{unique}?X-Amz-Signature=***" in message
+    assert f"HTTP {status}" in message and "1 attempt" in message
+    assert "s3cr3t" not in everything_about(info.value)
+
+
+async def test_final_error_names_url_status_and_attempts(
+    http_server: FaultServer, unique: str
+) -> None:
+    url = http_server.url(f"/status/503/{unique}?token=abc")
+    with pytest.raises(SourceError) as info:
+        await asyncflow.read_bytes(url, retry=Retry(attempts=3, backoff=0))
+    assert str(info.value) == (
+        f"GET {http_server.base}/status/503/{unique}?token=***: "
+        "HTTP 503 Service Unavailable (gave up after 3 attempts)"
+    )
+    assert http_server.hits(url) == 3
+
+
+async def test_connection_resets_are_retried(http_server: FaultServer, unique: str) -> None:
+    path = f"/gen/5000/{unique}"
+    url = http_server.url(f"{path}?reset=2")
+    body = await asyncflow.read_bytes(url, retry=FAST)
+    assert body == generated(path, 5000)
+    assert http_server.hits(url) == 3
+
+
+async def test_truncated_body_is_retried_never_returned(
+    http_server: FaultServer, unique: str
+) -> None:
+    path = f"/gen/50000/{unique}"
+    url = http_server.url(f"{path}?truncate=2")
+    assert await asyncflow.read_bytes(url, retry=FAST) == generated(path, 50000)
+    assert http_server.hits(url) == 3
+
+
+async def test_always_truncated_body_fails(http_server: FaultServer, unique: str) -> None:
+    url = http_server.url(f"/gen/50000/{unique}?truncate=-1")
+    with pytest.raises(SourceError, match=r"truncated.*gave up after 3 attempts"):
+        await asyncflow.read_bytes(url, retry=Retry(attempts=3, backoff=0))
+
+
+async def test_stalled_read_times_out_per_read(http_server: FaultServer, unique: str) -> None:
+    url = http_server.url(f"/gen/100000/{unique}?stall=5")
+    start = time.monotonic()
+    with pytest.raises(SourceTimeout, match=r"read timed out \(read=0.2s\).*2 attempts"):
+        await asyncflow.read_bytes(url, retry=Retry(attempts=2, backoff=0),
+                                   timeout=Timeout(read=0.2))
+    assert time.monotonic() - start < 3
+
+
+async def test_slow_steady_download_is_not_killed(http_server: FaultServer, unique: str) -> None:
+    # 40 chunks 40 ms apart: 1.6 s in all, far longer than the per-read timeout.
+    path = f"/gen/80000/{unique}"
+    url = http_server.url(f"{path}?drip=2000&interval=0.04")
+    start = time.monotonic()
+    body = await asyncflow.read_bytes(url, retry=Retry(attempts=1), timeout=Timeout(read=0.5))
+    assert body == generated(path, 80000)
+    assert time.monotonic() - start > 1.0
+    assert http_server.hits(url) == 1
+
+
+async def test_total_deadline(http_server: FaultServer, unique: str) -> None:
+    url = http_server.url(f"/gen/10/{unique}?delay=5")
+    with pytest.raises(SourceTimeout, match=r"total=0\.3s"):
+        await asyncflow.read_bytes(url, timeout=Timeout(total=0.3))
+
+
+async def test_redirects_are_followed(http_server: FaultServer, unique: str) -> None:
+    path = f"/gen/300/{unique}"
+    url = http_server.url(f"/redirect/{unique}?to={path}")
+    assert await asyncflow.read_bytes(url) == generated(path, 300)
+
+
+async def test_redirects_are_capped(http_server: FaultServer, unique: str) -> None:
+    url = http_server.url(f"/gen/10/{unique}")
+    for hop in range(_http.MAX_REDIRECTS + 1):
+        url = http_server.url(f"/redirect/{unique}-{hop}?to={url}")
+    with pytest.raises(SourceError, match="more than 5 redirects"):
+        await asyncflow.read_bytes(url)
+
+
+@pytest.mark.parametrize("target", ["https://{host}/gen/10/x", "s3://bucket/key",
+                                    "file:///etc/passwd"])
+async def test_redirects_never_change_scheme(
+    http_server: FaultServer, unique: str, target: str
+) -> None:
+    to = target.format(host=http_server.base.removeprefix("http://"))
+    url = http_server.url(f"/redirect/{unique}?to={to}")
+    with pytest.raises(SourcePermissionError, match="refused"):
+        await asyncflow.read_bytes(url)
+
+
+async def test_only_enabled_schemes_are_read(http_server: FaultServer, unique: str) -> None:
+    url = http_server.url(f"/gen/10/{unique}")
+    with pytest.raises(SourcePermissionError, match="scheme 'http' is not enabled"):
+        await asyncflow.read_bytes(url, schemes={"s3", "file"})
+    assert http_server.hits(url) == 0
+    assert len(await asyncflow.read_bytes(url, schemes=["HTTP"])) == 10
+    with pytest.raises(ConfigError):
+        await asyncflow.read_bytes(url, schemes="http")
+    with pytest.raises(ConfigError):
+        await asyncflow.read_bytes(url, schemes={"http", "ftp"})
+    with pytest.raises(SourceError, match="unsupported scheme 'ftp'"):
+        await asyncflow.read_bytes("ftp://example.invalid/x")
+
+
+async def test_session_scope_limits_schemes(http_server: FaultServer, unique: str) -> None:
+    url = http_server.url(f"/gen/10/{unique}")
+    async with sources.session(schemes={"s3"}):
+        with pytest.raises(SourcePermissionError):
+            await asyncflow.read_bytes(url)
+    assert http_server.hits(url) == 0
+
+
+async def test_secrets_never_reach_errors_or_logs(
+    http_server: FaultServer, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    host = http_server.base.removeprefix("http://")
+    secrets = ("hunter2", "SIGsecret", "TOKsecret")
+    paths = [f"/status/503/{unique}", f"/status/404/{unique}", f"/gen/10/{unique}?reset=9",
+             f"/gen/100000/{unique}?stall=3", f"/gen/5000/{unique}?truncate=-1"]
+    for path in paths:
+        sep = "&" if "?" in path else "?"
+        url = (f"http://alice:hunter2@{host}{path}{sep}X-Amz-Signature=SIGsecret"
+               "&X-Amz-Security-Token=TOKsecret")
+        with pytest.raises(SourceError) as info:
+            await asyncflow.read_bytes(url, retry=Retry(attempts=2, backoff=0),
+                                       timeout=Timeout(read=0.3))
+        seen = everything_about(info.value)
+        assert "X-Amz-Signature=***" in seen
+        for secret in secrets:
+            assert secret not in seen, (path, seen)
+    assert "try 2 of 2" in caplog.text  # the retries were logged ...
+    for secret in secrets:
+        assert secret not in caplog.text  # ... without a secret
+
+
+async def test_basic_auth_in_the_url_is_sent(http_server: FaultServer, unique: str) -> None:
+    host = http_server.base.removeprefix("http://")
+    assert len(await asyncflow.read_bytes(f"http://u:p@{host}/gen/10/{unique}")) == 10
+
+
+async def test_outside_a_run_no_session_is_left_open(
+    http_server: FaultServer, unique: str, count_sessions: list[Any]
+) -> None:
+    loop = asyncio.get_running_loop()
+    reported: list[str] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context["message"]))
+    try:
+        for i in range(3):
+            await asyncflow.read_bytes(http_server.url(f"/gen/10/{unique}-{i}"))
+        with pytest.raises(SourceNotFound):
+            await asyncflow.read_bytes(http_server.url(f"/status/404/{unique}"))
+        gc.collect()
+    finally:
+        loop.set_exception_handler(None)
+    assert len(count_sessions) == 4  # one private session per call ...
+    assert all(s.closed for s in count_sessions)  # ... each closed when the call returned
+    assert not reported, reported
+
+
+async def test_session_block_shares_one_pool(
+    http_server: FaultServer, unique: str, count_sessions: list[Any]
+) -> None:
+    async with sources.session(retry=FAST):
+        bodies = await asyncio.gather(
+            *(asyncflow.read_bytes(http_server.url(f"/gen/100/{unique}-{i}")) for i in range(50))
+        )
+        assert len(count_sessions) == 1 and not count_sessions[0].closed
+    assert [len(b) for b in bodies] == [100] * 50
+    assert count_sessions[0].closed
+
+
+async def test_session_options_are_checked() -> None:
+    with pytest.raises(ConfigError):
+        async with sources.session(connections=0):
+            pass
+    with pytest.raises(ConfigError):
+        async with sources.session(schemes={"gopher"}):
+            pass
+
+
+async def test_thousands_of_requests_above_the_connection_limit(
+    http_server: FaultServer, unique: str
+) -> None:
+    async with asyncio.timeout(60), sources.session(connections=8):
+        bodies = await asyncio.gather(
+            *(asyncflow.read_bytes(http_server.url(f"/gen/64/{unique}-{i}"))
+              for i in range(1500))
+        )
+    assert len(bodies) == 1500 and all(len(b) == 64 for b in bodies)
+
+
+async def test_cancelling_a_download_closes_it(http_server: FaultServer, unique: str) -> None:
+    url = http_server.url(f"/gen/100000/{unique}?drip=1000&interval=0.05")
+    async with sources.session() as scope:
+        task = asyncio.create_task(asyncflow.read_bytes(url))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert scope is not None
+
+
+async def test_fault_server_in_a_child_process(unique: str) -> None:
+    with fault_server_process() as server:
+        url = server.url(f"/gen/100/{unique}?fail=1&status=503")
+        assert await asyncflow.read_bytes(url, retry=FAST) == generated(f"/gen/100/{unique}", 100)
+        assert server.hits(url) == 2
+        stored = server.put(f"{unique}/x.bin", b"payload")
+        assert await asyncflow.read_bytes(stored) == b"payload"

@@ -1,0 +1,147 @@
+"""Retry and Timeout: validation, full-jitter back-off, Retry-After, policy precedence."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+
+import pytest
+
+from asyncflow import ConfigError, Retry, SourceError, SourceNotFound, SourceTimeout, Timeout
+from asyncflow._scope import RunScope, use_scope
+from asyncflow.sources._http import parse_retry_after
+from asyncflow.sources._retry import Transient, resolve_policy, with_retries
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"attempts": 0},
+        {"attempts": 1.5},
+        {"attempts": True},
+        {"backoff": -1},
+        {"max_backoff": float("nan")},
+        {"max_retry_after": "1"},
+        {"statuses": {503, 404}},
+        {"statuses": {403}},
+    ],
+)
+def test_retry_rejects_bad_values(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        Retry(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kwargs", [{"connect": 0}, {"read": -1}, {"total": "5"}, {"read": True}])
+def test_timeout_rejects_bad_values(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        Timeout(**kwargs)  # type: ignore[arg-type]
+
+
+def test_policies_are_frozen_and_hashable() -> None:
+    retry, timeout = Retry(statuses={503}), Timeout(read=5)
+    assert retry.statuses == frozenset({503})
+    assert hash(retry) == hash(Retry(statuses=frozenset({503})))
+    with pytest.raises(AttributeError):
+        retry.attempts = 3  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        timeout.read = 3  # type: ignore[misc]
+    assert Timeout().total is None  # a steady large download is never cut off by default
+
+
+def test_delay_is_full_jitter_within_an_exponential_cap() -> None:
+    retry = Retry(backoff=0.1, max_backoff=1.0)
+    for failures, cap in [(1, 0.1), (2, 0.2), (3, 0.4), (4, 0.8), (5, 1.0), (30, 1.0)]:
+        waits = [retry.delay(failures) for _ in range(300)]
+        assert all(0.0 <= w <= cap for w in waits)
+        assert max(waits) > cap * 0.7  # spread over the whole range, not pinned to one end
+        assert min(waits) < cap * 0.3
+
+
+def test_retry_after_is_a_floor_and_is_capped() -> None:
+    retry = Retry(backoff=0.01, max_backoff=0.01, max_retry_after=5.0)
+    assert all(2.0 <= retry.delay(1, retry_after=2.0) <= 2.01 for _ in range(50))
+    assert retry.delay(1, retry_after=3600) == 5.0
+    assert retry.delay(1, retry_after=-3) <= 0.01
+
+
+def test_parse_retry_after_seconds_and_dates() -> None:
+    now = time.time()
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after(" 0 ") == 0.0
+    assert parse_retry_after("-5") == 0.0
+    date = email.utils.formatdate(now + 10, usegmt=True)
+    assert parse_retry_after(date, now=now) == pytest.approx(10, abs=1.01)
+    past = email.utils.formatdate(now - 100, usegmt=True)
+    assert parse_retry_after(past, now=now) == 0.0
+    for junk in (None, "", "soon", "Mon, 99 Foo 2020"):
+        assert parse_retry_after(junk) is None
+
+
+async def test_policy_precedence_call_then_pipeline_then_default() -> None:
+    assert resolve_policy(None, None) == (Retry(), Timeout())
+    scope = RunScope({"retry": Retry(attempts=2), "timeout": Timeout(read=1)})
+    with use_scope(scope):
+        assert resolve_policy(None, None) == (Retry(attempts=2), Timeout(read=1))
+        assert resolve_policy(Retry(attempts=9), None) == (Retry(attempts=9), Timeout(read=1))
+    await scope.aclose()
+    with pytest.raises(ConfigError):
+        resolve_policy("3", None)  # type: ignore[arg-type]
+
+
+async def test_with_retries_counts_attempts_and_names_the_reason() -> None:
+    calls = 0
+
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        raise Transient("HTTP 503 Service Unavailable", status=503)
+
+    with pytest.raises(SourceError) as info:
+        await with_retries(flaky, what="GET http://h/x", retry=Retry(attempts=3, backoff=0),
+                           timeout=Timeout())
+    assert calls == 3
+    assert str(info.value) == (
+        "GET http://h/x: HTTP 503 Service Unavailable (gave up after 3 attempts)"
+    )
+    assert info.value.__cause__ is None and info.value.__context__ is None
+
+
+async def test_with_retries_stops_at_a_final_error() -> None:
+    calls = 0
+
+    async def gone() -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise Transient("reset")
+        raise SourceNotFound("GET http://h/x: HTTP 404 Not Found")
+
+    with pytest.raises(SourceNotFound, match=r"404 Not Found \(2 attempts; not retryable\)"):
+        await with_retries(gone, what="GET http://h/x", retry=Retry(backoff=0),
+                           timeout=Timeout())
+    assert calls == 2
+
+
+async def test_total_deadline_covers_tries_and_back_off() -> None:
+    async def slow() -> str:
+        raise Transient("HTTP 503", retry_after=10)
+
+    start = time.monotonic()
+    with pytest.raises(SourceTimeout, match=r"total=0\.2s"):
+        await with_retries(slow, what="GET x", retry=Retry(attempts=50),
+                           timeout=Timeout(total=0.2))
+    assert time.monotonic() - start < 2
+
+
+async def test_cancelling_a_back_off_leaves_nothing_running(async_leak_check: None) -> None:
+    async def throttled() -> str:
+        raise Transient("HTTP 429", retry_after=30)
+
+    task = asyncio.create_task(
+        with_retries(throttled, what="GET x", retry=Retry(), timeout=Timeout())
+    )
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
