@@ -140,6 +140,14 @@ class Pipeline:
         _check_number("stop_timeout", stop_timeout)
         if name is not None and (not isinstance(name, str) or not name):
             raise ConfigError(f"name must be a non-empty string, got {name!r}")
+        if retry is not None or timeout is not None:
+            from ..sources._retry import Retry, Timeout  # light: dataclasses, no aiohttp
+
+            for what, value, cls in (("retry", retry, Retry), ("timeout", timeout, Timeout)):
+                if value is not None and not isinstance(value, cls):
+                    raise ConfigError(
+                        f"{what} must be an asyncflow.{cls.__name__}, got {value!r:.80}"
+                    )
         settings = tuple((k, v) for k, v in (("retry", retry), ("timeout", timeout)) if v)
         self._source = _Source(source)
         self._stages: tuple[StageSpec, ...] = ()

@@ -155,6 +155,10 @@ def test_pipeline_options_are_validated() -> None:
         Pipeline(range(3), stall_timeout=0)
     with pytest.raises(ConfigError):
         Pipeline(range(3), report_every=-1)
+    with pytest.raises(ConfigError, match="Retry"):
+        Pipeline(range(3), retry=5)
+    with pytest.raises(ConfigError, match="Timeout"):
+        Pipeline(range(3), timeout=1.5)
 
 
 def test_describe_and_repr_name_every_stage() -> None:
