@@ -68,6 +68,17 @@ async def _aclose(obj: Any) -> None:
         await aclose()
 
 
+def _advance(it: Any, limit: int, stop: Any) -> tuple[list[Any], bool, Exception | None]:
+    """:func:`next_chunk` on a worker; if the run stopped meanwhile, close the iterator here,
+    since the loop cannot close a generator while this thread is running it."""
+    items, done, error = next_chunk(it, limit)
+    if stop.is_set() and not done:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+    return items, done, error
+
+
 class SourceNode:
     """Feeds the run from an iterable, an async iterable, or a zero-argument callable."""
 
@@ -115,7 +126,7 @@ class SourceNode:
             while True:
                 running = True
                 ctx.counters.in_flight = 1
-                items, done, error = await ctx.run_sync(next_chunk, it, _SOURCE_CHUNK)
+                items, done, error = await ctx.run_sync(_advance, it, _SOURCE_CHUNK, ctx.stop)
                 ctx.counters.in_flight = 0
                 running = False
                 if items:

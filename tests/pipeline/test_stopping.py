@@ -282,3 +282,34 @@ async def test_cancelling_the_consuming_task_stops_the_run() -> None:
     while _asyncflow_threads() and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     assert not _asyncflow_threads()
+
+
+def test_a_sync_source_generator_is_closed_when_the_run_stops_mid_read() -> None:
+    closed = threading.Event()
+
+    def source():
+        try:
+            for i in range(10**6):
+                time.sleep(0.001)
+                yield i
+        finally:
+            closed.set()
+
+    with Pipeline(source).map(slow).open() as run:
+        next(run)
+    assert closed.wait(2.0)
+
+
+def test_a_sync_source_generator_is_closed_after_break() -> None:
+    closed = threading.Event()
+
+    def source():
+        try:
+            yield from range(10**6)
+        finally:
+            closed.set()
+
+    for i in Pipeline(source):
+        if i == 5:
+            break
+    assert closed.wait(2.0)
