@@ -1,0 +1,97 @@
+"""One writer per cache across processes: an exclusive ``flock`` on ``<path>.lock``.
+
+The lock belongs to an open file, so the kernel drops it when the writer's process dies, even
+by SIGKILL: a crashed writer never leaves a stale lock behind. The lock file itself stays (it
+holds the writer's pid while locked); removing it would let two writers lock two different
+files of the same name.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+__all__ = ["WriterLock"]
+
+
+class WriterLock:
+    """An exclusive lock that marks the one process writing the cache at ``path``.
+
+    Two ``WriterLock`` objects on one path exclude each other even within one process.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path.with_name(path.name + ".lock")
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """True while this object holds the lock."""
+        return self._fd is not None
+
+    def acquire(self, *, blocking: bool = False, poll: float = 0.2) -> bool:
+        """Take the lock; return whether it was taken.
+
+        Args:
+            blocking: Wait until the current holder releases it (or dies) instead of
+                returning False at once.
+            poll: Longest pause between two tries while waiting.
+
+        Cancellation:
+            Waiting polls with short sleeps rather than blocking in ``flock``, so a
+            ``KeyboardInterrupt`` in the waiting thread ends the wait within ``poll``.
+        """
+        if self._fd is not None:
+            raise RuntimeError(f"{self.path} is already held by this object")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        delay = 0.005
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                if not blocking:
+                    return False
+                time.sleep(delay)
+                delay = min(delay * 2, poll)
+                continue
+            except BaseException:
+                os.close(fd)
+                raise
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            self._fd = fd
+            return True
+
+    def release(self) -> None:
+        """Give the lock up. Safe to call when not held."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.ftruncate(fd, 0)
+            os.close(fd)  # closing drops the flock
+
+    def holder(self) -> int | None:
+        """The pid of the process holding the lock now, or None when nobody holds it."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = os.read(fd, 32).decode(errors="replace").strip()
+                return int(text) if text.isdigit() else -1
+            return None
+        finally:
+            os.close(fd)  # also drops the shared lock taken to test
+
+    def __enter__(self) -> WriterLock:
+        self.acquire(blocking=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,156 @@
+"""``Pipeline.cache(path)``: a pipeline whose source is a cache of another pipeline's output."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Self
+
+from .._errors import ConfigError
+from ..pipeline import Pipeline
+from ._fingerprint import canonical, fingerprint, state_of, summarize
+from ._info import CacheInfo, info
+from ._source import CacheSource
+
+__all__ = ["CachedPipeline", "cache"]
+
+# Stages after a batch stage that keep its items lists of samples.
+_KEEPS_LISTS = {"prefetch", "shuffle", "filter"}
+
+
+class CachedPipeline(Pipeline):
+    """A pipeline replaying a cache of ``upstream``'s output, filling it on the first pass.
+
+    Built by ``upstream.cache(path, ...)``. Each iteration is an epoch that replays a valid
+    cache, or fills it while passing upstream's items through (see :func:`cache`).
+    """
+
+    def __init__(self, source: CacheSource, *, upstream: Pipeline) -> None:
+        super().__init__(source, name=upstream.options.name,
+                         stop_timeout=upstream.options.stop_timeout)
+        self._cache_source = source
+        self._upstream = upstream
+
+    @property
+    def path(self) -> Path:
+        """The cache directory."""
+        return self._cache_source.path
+
+    @property
+    def upstream(self) -> Pipeline:
+        """The pipeline whose output is cached."""
+        return self._upstream
+
+    def info(self) -> CacheInfo:
+        """What the cache holds now (see :func:`asyncflow.cache.info`)."""
+        return info(self.path)
+
+    def shuffle(
+        self, *, buffer_size: int | None = None, seed: int | None = None, name: str | None = None
+    ) -> Self:
+        """Replay the cache in a random order, by sample index, then batch again.
+
+        With a ``seed`` the order is reproducible and depends on the seed and the epoch
+        (``pipe.shuffle(seed=epoch)`` each epoch, or one shuffled pipeline iterated many
+        times). The filling epoch passes upstream's items in upstream's order. With stages
+        after ``.cache()``, or a ``buffer_size``, this is ``Pipeline.shuffle``: a buffer
+        shuffle of those stages' output.
+        """
+        if self.stages or buffer_size is not None:
+            return super().shuffle(buffer_size=1024 if buffer_size is None else buffer_size,
+                                   seed=seed, name=name)
+        new = type(self)(self._cache_source.shuffled(seed), upstream=self._upstream)
+        for hook in self._hooks:
+            new = new._with_hook(hook)
+        return new
+
+    def describe(self) -> list[dict[str, Any]]:
+        source = self._cache_source
+        head = {"kind": "source", "name": "cache", "type": "cache", "path": str(source.path),
+                "shuffle": source.shuffle, "seed": source.seed,
+                "upstream": self._upstream.describe()}
+        return [head, *super().describe()[1:]]
+
+
+def _layout(pipe: Pipeline, batched: bool | None) -> str:
+    if batched is not None:
+        if not isinstance(batched, bool):
+            raise ConfigError(f"batched must be True, False or None, got {batched!r}")
+        return "batches" if batched else "samples"
+    stages = pipe.describe()
+    for i in range(len(stages) - 1, -1, -1):
+        kind = stages[i].get("kind")
+        if kind == "batch":
+            after = {s.get("kind") for s in stages[i + 1:]}
+            return "lists" if after <= _KEEPS_LISTS else "batches"
+        if kind in ("unbatch", "flat_map"):
+            return "samples"
+        if "batch_size" in stages[i]:
+            return "batches"
+    return "samples"
+
+
+def _description(pipe: Pipeline) -> list[dict[str, Any]]:
+    """``pipe.describe()``, each entry with the ``state`` of its source or stage function (see
+    :func:`state_of`): the listing a source holds, the options a decode function carries."""
+    stages = pipe.describe()
+    if not stages:
+        return stages
+    stages[0] = {**stages[0], "state": state_of(pipe.source)}
+    for i, spec in enumerate(pipe.stages, start=1):
+        fn = getattr(spec, "fn", None) or getattr(spec, "factory", None)
+        if fn is not None and i < len(stages):
+            stages[i] = {**stages[i], "state": state_of(fn)}
+    return stages
+
+
+def cache(
+    pipe: Pipeline,
+    path: str | os.PathLike[str],
+    *,
+    batched: bool | None = None,
+    key: Any = None,
+    wait: bool = False,
+    durable: bool = False,
+) -> CachedPipeline:
+    """Store ``pipe``'s output at ``path`` on the first full pass; replay it afterwards.
+
+    Every item must hold tensors, numpy arrays or numbers (in tuples, lists or dicts) of one
+    fixed shape and dtype per field. An epoch stopped early writes nothing; the next one
+    tries again. Random augmentations upstream are frozen into the cache: cache before them.
+
+    Args:
+        pipe: The upstream pipeline.
+        path: The cache directory (created; its parent holds ``<name>.lock`` and, while
+            writing, ``<name>.tmp-*``).
+        batched: Whether items are collated batches (fields with a leading batch dimension),
+            stored per sample and batched again to the same size on replay. ``None``
+            (default) decides from ``pipe.describe()``: a ``batch`` stage or a
+            ``batch_size`` setting means batches (lists of samples straight from
+            ``.batch()`` are replayed as lists).
+        key: Anything JSON-able mixed into the fingerprint: change it to force a rebuild
+            (for example a version of your decode code, which the fingerprint cannot see).
+        wait: While another process writes the cache, wait for it and replay, instead of
+            reading upstream meanwhile (default).
+        durable: fsync the cache when it is committed, so it also survives a power loss.
+
+    Raises:
+        ConfigError: An option is invalid, or ``path`` is something other than a cache.
+    """
+    if not isinstance(pipe, Pipeline):
+        raise ConfigError(f"cache() needs a Pipeline, got {type(pipe).__name__}")
+    try:
+        where = Path(os.fspath(path)).expanduser()
+    except TypeError:
+        raise ConfigError(f"path must be a str or os.PathLike, got {path!r}") from None
+    for what, flag in (("wait", wait), ("durable", durable)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"{what} must be True or False, got {flag!r}")
+    layout = _layout(pipe, batched)
+    description = _description(pipe)
+    source = CacheSource(
+        upstream=lambda: pipe, path=where, layout=layout,
+        fingerprint=fingerprint(description, key), summary=summarize(description),
+        key=canonical(key), wait=wait, durable=durable,
+    )
+    return CachedPipeline(source, upstream=pipe)

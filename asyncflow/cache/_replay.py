@@ -1,0 +1,142 @@
+"""Replay a cache: items rebuilt from the mapped fields, in order or shuffled by index.
+
+A cache of batches is batched again to the upstream batch size; the last batch is short
+exactly when upstream's was (a cache written from ``drop_last=True`` batches holds a whole
+number of batches). In order, each batch is a slice of the mapping, handed out without a copy;
+shuffled, each batch is gathered from its rows into a buffer, one copy (buffers are reused
+once the consumer has let go of them). A cache of lists (``Pipeline.batch()`` output) yields
+lists of samples again.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._schema import Field, unflatten
+from ._store import Reader
+
+__all__ = ["BufferPool", "permutation", "replay"]
+
+
+def permutation(count: int, seed: int | list[int] | None) -> np.ndarray:
+    """The replay order for ``seed`` (a fresh random one when ``seed`` is None)."""
+    return np.random.default_rng(seed).permutation(count)
+
+
+def _leaf_maker(field: Field) -> Callable[[np.ndarray], Any]:
+    if field.kind == "tensor":
+        import torch
+
+        if field.device == "cpu":
+            return torch.from_numpy
+        device = torch.device(field.device)
+        return lambda a: torch.from_numpy(a).to(device)
+    if field.kind == "ndarray":
+        return lambda a: a
+    if field.kind == "scalar":
+        return lambda a: a[()]
+    return lambda a: a.item()  # a Python bool, int or float
+
+
+class BufferPool:
+    """Batch buffers, reused once nobody but the pool holds them.
+
+    A fresh 10 MB buffer per batch costs more in page faults than the copy into it; a buffer
+    whose reference count shows that the consumer let go of every view of it is rewritten
+    instead. The count is exact: an array or tensor made from a buffer holds a reference to
+    it, however it was sliced or wrapped. One pool may serve many epochs (a cached pipeline
+    and its shuffled copies share one), in any threads.
+    """
+
+    def __init__(self, keep: int = 8) -> None:
+        self._keep = keep
+        self._free: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype[Any], rows: int) -> np.ndarray:
+        """A buffer of ``shape`` and ``dtype`` that nobody holds, its first ``rows`` rows."""
+        with self._lock:
+            pool = self._free.setdefault((shape, str(dtype)), [])
+            for buffer in pool:
+                # held by: the pool's list, this loop's variable, getrefcount's argument
+                if sys.getrefcount(buffer) == _FREE:
+                    return buffer[:rows]
+            buffer = np.empty(shape, dtype)
+            if len(pool) < self._keep:
+                pool.append(buffer)
+            return buffer[:rows]
+
+
+_FREE = 3
+
+
+def _gather(array: np.ndarray, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+    # mode="clip" skips the bounds check that makes take() buffer its output
+    np.take(array, rows, axis=0, out=out, mode="clip")
+    return out
+
+
+def replay(
+    reader: Reader, order: np.ndarray | None = None, buffers: BufferPool | None = None
+) -> Iterator[Any]:
+    """Yield the cached items, in stored order or in ``order`` (a permutation of samples).
+
+    The arrays and tensors yielded in stored order share memory with the mapping (pages a
+    consumer writes to become its private copies); shuffled batches are gathered into
+    buffers from ``buffers`` that no earlier batch still in use occupies.
+    """
+    structure = reader.manifest["structure"]
+    if structure is None or reader.count == 0:
+        return iter(())
+    makers = [_leaf_maker(f) for f in reader.fields]
+
+    def build(parts: list[np.ndarray]) -> Any:
+        return unflatten(structure, [make(p) for make, p in zip(makers, parts, strict=True)])
+
+    if reader.layout == "batches":
+        return _batches(reader, order, build, buffers or BufferPool())
+    return _samples(reader, order, build)
+
+
+def _samples(reader: Reader, order: np.ndarray | None,
+             build: Callable[[list[np.ndarray]], Any]) -> Iterator[Any]:
+    def sample(i: Any) -> Any:
+        parts = [a[i] for a in reader.arrays]
+        return build([np.array(p) for p in parts] if reader.copy else parts)
+
+    rows: Sequence[int] | np.ndarray = range(reader.count) if order is None else order
+    batch = reader.batch_size
+    if batch is None:
+        yield from map(sample, rows)
+        return
+    for start in range(0, reader.count, batch):  # lists of samples
+        yield [sample(i) for i in rows[start:start + batch]]
+
+
+def _batches(reader: Reader, order: np.ndarray | None,
+             build: Callable[[list[np.ndarray]], Any], buffers: BufferPool) -> Iterator[Any]:
+    count, batch = reader.count, reader.batch_size or reader.count
+    shapes = [(batch, *a.shape[1:]) for a in reader.arrays]
+    for start in range(0, count, batch):
+        stop = min(start + batch, count)
+        ahead = range(stop, min(stop + batch, count)) if order is None else order[stop:stop + batch]
+        if len(ahead):
+            reader.prefetch(ahead)
+        if order is None and not reader.copy:
+            parts = [a[start:stop] for a in reader.arrays]
+        else:  # shuffled, or a read-only mapping the consumer must not see
+            parts = [buffers.take(shape, a.dtype, stop - start)
+                     for shape, a in zip(shapes, reader.arrays, strict=True)]
+            for out, a in zip(parts, reader.arrays, strict=True):
+                if order is None:
+                    np.copyto(out, a[start:stop])
+                else:
+                    _gather(a, order[start:stop], out)
+        item = build(parts)
+        del parts  # only the consumer's references keep a buffer from reuse
+        yield item

@@ -1,0 +1,212 @@
+"""One epoch of a cached pipeline: replay the cache, or fill it from upstream, or read upstream.
+
+:class:`CacheSource` is a zero-argument callable; each call returns the async iterator of one
+epoch and decides afresh:
+
+1. a valid cache with the upstream's fingerprint exists: replay it (shuffled when asked);
+2. otherwise, when this process takes the writer lock: pass upstream's items through while
+   writing them, and commit when upstream ends (an epoch stopped early writes nothing);
+3. otherwise another process is writing it: read upstream this epoch (``wait=False``), or
+   wait for that writer and replay what it wrote (``wait=True``).
+
+Why a cache is not used (missing, unfinished, truncated, another fingerprint) goes to the
+``asyncflow.cache`` logger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._fingerprint import describe_change
+from ._lock import WriterLock
+from ._replay import BufferPool, permutation, replay
+from ._store import CacheInvalid, Reader, Writer, leftovers, remove_cache, remove_path
+
+__all__ = ["CacheSource"]
+
+log = logging.getLogger("asyncflow.cache")
+
+
+@dataclass(frozen=True)
+class CacheSource:
+    """The source of a cached pipeline; each call is one epoch.
+
+    Args:
+        upstream: Returns a fresh iterable (or async iterable, as a Pipeline is) of upstream's
+            items for one pass.
+        path: The cache directory.
+        layout: What upstream's items are: ``samples``, ``batches`` (collated: fields with a
+            batch dimension) or ``lists`` (of samples); batches are stored per sample and
+            batched again on replay.
+        fingerprint: Identifies the upstream pipeline; a cache with another is rebuilt.
+        summary: A small description of upstream, kept in the manifest to say what changed.
+        key: The user's extra fingerprint input, kept in the manifest likewise.
+        shuffle: Replay in a random order by sample index.
+        seed: The seed of that order (None: a fresh order each epoch).
+        wait: While another process writes the cache, wait for it instead of reading
+            upstream.
+        durable: fsync the cache when committing it.
+    """
+
+    upstream: Callable[[], Iterable[Any] | AsyncIterable[Any]]
+    path: Path
+    layout: str
+    fingerprint: str
+    summary: Any = None
+    key: Any = None
+    shuffle: bool = False
+    seed: int | None = None
+    wait: bool = False
+    durable: bool = False
+    epochs: Iterator[int] = field(default_factory=itertools.count, compare=False, repr=False)
+    buffers: BufferPool = field(default_factory=BufferPool, compare=False, repr=False)
+
+    def shuffled(self, seed: int | None) -> CacheSource:
+        """This source replaying in a random order by index: with a ``seed``, the order
+        depends on the seed and on the epoch (how many times this source has been called)."""
+        return dataclasses.replace(self, shuffle=True, seed=seed, epochs=itertools.count())
+
+    def __call__(self) -> AsyncGenerator[Any, None]:
+        return self._epoch(next(self.epochs))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r})"
+
+    def _order(self, count: int, epoch: int) -> np.ndarray | None:
+        if not self.shuffle:
+            return None
+        if self.seed is None:
+            return permutation(count, None)
+        return permutation(count, [self.seed % 2**64, epoch])
+
+    async def _epoch(self, epoch: int) -> AsyncGenerator[Any, None]:
+        # An async generator: the engine closes it (aclose) however the run ends, which
+        # releases the lock and removes an unfinished write at once.
+        reader = self._open(say_why=True)
+        if reader is None:
+            lock = WriterLock(self.path)
+            if not lock.acquire(blocking=False):
+                holder = lock.holder()
+                if not self.wait:
+                    log.info("cache %s is being written by process %s; this epoch reads "
+                             "upstream", self.path, holder)
+                    async with _Upstream(self.upstream()) as items:
+                        async for item in items:
+                            yield item
+                    return
+                log.info("cache %s is being written by process %s; waiting for it",
+                         self.path, holder)
+                delay = 0.005
+                while not lock.acquire(blocking=False):
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 0.2)
+            try:
+                reader = self._open(say_why=False)  # another writer may have just finished
+                if reader is None:
+                    async with contextlib.aclosing(self._fill()) as items:
+                        async for item in items:
+                            yield item
+                    return
+            finally:
+                lock.release()
+        for item in replay(reader, self._order(reader.count, epoch), self.buffers):
+            yield item
+
+    def _open(self, *, say_why: bool) -> Reader | None:
+        try:
+            reader = Reader.open(self.path)
+            manifest = reader.manifest
+            if manifest.get("fingerprint") != self.fingerprint:
+                old = manifest.get("fingerprint")
+                if manifest.get("key") != self.key:
+                    change = f"key {manifest.get('key')!r} -> {self.key!r}"
+                elif manifest.get("upstream") != self.summary:
+                    change = describe_change(manifest.get("upstream"), self.summary)
+                else:
+                    change = f"fingerprint {str(old)[:12]} -> {self.fingerprint[:12]}"
+                raise CacheInvalid(f"the upstream pipeline changed since it was written: {change}")
+            if manifest.get("layout") != self.layout:
+                raise CacheInvalid(
+                    f"it holds {manifest.get('layout')}, upstream yields {self.layout}"
+                )
+        except FileNotFoundError:
+            if say_why:
+                left = leftovers(self.path)
+                if left and WriterLock(self.path).holder() is None:
+                    log.warning("cache %s: found %s, left by a writer that did not finish; "
+                                "rebuilding", self.path, left[0].name)
+                else:
+                    log.info("cache %s does not exist yet", self.path)
+            return None
+        except CacheInvalid as exc:
+            if say_why:
+                log.warning("cache %s cannot be used: %s; rebuilding it", self.path, exc)
+            return None
+        return reader
+
+    async def _fill(self) -> AsyncGenerator[Any, None]:
+        """Pass upstream's items through, writing each; commit when upstream ends.
+
+        Runs with the writer lock held, so whatever else lies at or beside ``path`` is from
+        a writer that stopped midway or a cache that failed its checks: it is removed first.
+        Each item is written before it is yielded, so a consumer that changes its items in
+        place cannot change the cache.
+        """
+        for stale in leftovers(self.path):
+            remove_path(stale)
+        remove_cache(self.path)
+        meta = {"fingerprint": self.fingerprint, "key": self.key, "upstream": self.summary}
+        writer = Writer(self.path, layout=self.layout, meta=meta)
+        try:
+            async with _Upstream(self.upstream()) as items:
+                async for item in items:
+                    writer.write(item)
+                    yield item
+            writer.commit(durable=self.durable)
+            log.info("cache %s written: %d samples in %d items", self.path, writer.count,
+                     writer.items)
+        finally:
+            writer.abort()  # after a commit the temporary directory is gone: a no-op
+
+
+class _Upstream:
+    """Upstream's items as an async iterator, sync or async underneath, closed on exit."""
+
+    def __init__(self, source: Iterable[Any] | AsyncIterable[Any]) -> None:
+        self._async = isinstance(source, AsyncIterable)
+        self._it: Any = (source.__aiter__() if isinstance(source, AsyncIterable)
+                         else iter(source))
+
+    def __aiter__(self) -> _Upstream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._async:
+            return await self._it.__anext__()
+        try:  # a plain iterable (tests, simple sources): advanced on the loop
+            return next(self._it)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> _Upstream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._async:
+            aclose = getattr(self._it, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        else:
+            close = getattr(self._it, "close", None)
+            if close is not None:
+                close()

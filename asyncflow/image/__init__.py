@@ -1,0 +1,45 @@
+"""Images: decode, resize and crop straight into batch buffers; image-folder pipelines.
+
+The kernels (:func:`decode`, :func:`collate`, :func:`normalize`) are pure, synchronous and
+thread-safe; :func:`folder` assembles them into a :class:`~asyncflow.Pipeline`. Importing this
+package loads PIL and NumPy; torch loads when a batch is first made.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._errors import DecodeError
+from .._lazy import lazy_getattr
+from ._batch import IMAGENET_MEAN, IMAGENET_STD, collate, normalize
+from ._decode import DEFAULT_MAX_PIXELS, decode
+from ._info import backend_info
+
+_LAZY = {
+    "IMG_EXTENSIONS": "asyncflow.image._folder",
+    "ImageFolder": "asyncflow.image._folder",
+    "folder": "asyncflow.image._folder",
+}
+
+__getattr__ = lazy_getattr(__name__, _LAZY)
+
+if TYPE_CHECKING:
+    from ._folder import IMG_EXTENSIONS, ImageFolder, folder
+
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "IMG_EXTENSIONS",
+    "DecodeError",
+    "ImageFolder",
+    "backend_info",
+    "collate",
+    "decode",
+    "folder",
+    "normalize",
+]
+
+
+def __dir__() -> list[str]:
+    return __all__

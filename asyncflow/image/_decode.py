@@ -1,0 +1,302 @@
+"""The decode kernel: bytes or a path in, an RGB uint8 array of the requested size out.
+
+Pure, synchronous and thread-safe: no global state is read or written (PIL's
+``LOAD_TRUNCATED_IMAGES`` stays ``False``), and PIL releases the GIL while it decodes and
+resizes, so a thread pool scales it across cores.
+
+One pass, cheapest first: the header gives the size and the EXIF orientation, from which the
+whole crop is settled; a JPEG is then decoded with DCT-domain downscaling (``Image.draft``)
+when the crop is at least twice the output; one ``resize`` call with a ``box`` crops and
+scales together; the small result is converted to RGB and written once, into ``out`` when
+given (a slot of a batch buffer), mirrored on the way for a training flip.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import random
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from .._errors import ConfigError, DecodeError, SourceError, SourceNotFound, SourcePermissionError
+from ._batch import IMAGENET_MEAN, IMAGENET_STD
+from ._geometry import (
+    Crop,
+    centre_box,
+    draft_request,
+    item_rng,
+    orientation_op,
+    random_resized_box,
+    target_size,
+)
+from ._modes import Affine, Layout, before_resize, write_rgb
+
+__all__ = ["DEFAULT_MAX_PIXELS", "Source", "decode"]
+
+Source = bytes | bytearray | memoryview | str | os.PathLike[str]
+
+#: PIL's own default limit (about 89.5 million pixels, a quarter GiB as RGBA).
+DEFAULT_MAX_PIXELS = 89_478_485
+
+_DRAFTABLE = frozenset({"JPEG", "MPO"})
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_WHITE = (255, 255, 255)
+
+
+def decode(
+    src: Source,
+    *,
+    size: int | tuple[int, int] | None = None,
+    resize: int | None = None,
+    train: bool = False,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    flip: bool = True,
+    seed: int | None = None,
+    epoch: int = 0,
+    index: int = 0,
+    rng: random.Random | None = None,
+    out: np.ndarray | None = None,
+    layout: Layout = "hwc",
+    normalize: bool = False,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    background: tuple[int, int, int] | None = _WHITE,
+    name: str | None = None,
+) -> np.ndarray:
+    """Decode an image to RGB uint8, resized and cropped to ``size``.
+
+    Args:
+        src: The encoded bytes, or a path to read them from.
+        size: Output ``height x width`` (an int: square). ``None`` keeps the full picture.
+        resize: Evaluation only: scale the shorter side to this before the centre crop
+            (the classic 256 for a 224 crop). ``None`` scales just enough to cover ``size``.
+        train: ``False``: resize and centre-crop. ``True``: random-resized-crop (``scale``,
+            ``ratio`` as torchvision's ``RandomResizedCrop``) and, if ``flip``, a horizontal
+            flip with probability 1/2.
+        seed, epoch, index: Fix the training randomness: the same triple always gives the
+            same crop, in any thread and any order. ``seed=None`` draws fresh randomness.
+        rng: A generator to draw from instead of ``seed``/``epoch``/``index``.
+        out: An array to write into (``size`` x 3 for ``"hwc"``, 3 x ``size`` for ``"chw"``;
+            uint8, or float32 with ``normalize``), for example a row of a batch buffer. A new
+            one is made if omitted.
+        layout: ``"hwc"`` (the default, as PIL and NumPy) or ``"chw"`` (as torch models).
+        normalize: Return float32 ``(x / 255 - mean) / std`` instead of uint8, computed on
+            the final write (cheaper than a separate pass over the image).
+        mean, std: Per-channel statistics on a 0-1 scale for ``normalize`` (ImageNet's).
+        max_pixels: Refuse pictures larger than this (decompression bombs), from the header
+            alone, before any pixel is decoded.
+        background: Colour that transparent pixels are composited onto; ``None`` drops the
+            alpha channel as ``PIL.Image.convert("RGB")`` does.
+        name: How errors name the image when ``src`` is bytes (a path names itself).
+
+    Returns:
+        ``out``, or a new array: ``H x W x 3`` (or ``3 x H x W``), RGB, upright; uint8, or
+        float32 with ``normalize``.
+
+    Raises:
+        DecodeError: The data is not a complete, decodable image of at most ``max_pixels``
+            (truncated, empty, a bad PNG checksum, not an image). The message names the
+            image; ``out`` is left untouched, never half written.
+        SourceError: ``src`` is a path that cannot be read (``SourceNotFound`` and
+            ``SourcePermissionError`` for the usual two).
+        ConfigError: An argument is invalid.
+    """
+    dims = None if size is None else target_size(size)
+    if layout not in ("hwc", "chw"):
+        raise ConfigError(f"layout must be 'hwc' or 'chw', got {layout!r}")
+    if train:
+        _check_train(dims, scale, ratio)
+    affine = _affine(tuple(mean), tuple(std)) if normalize else None
+    label, data = _read(src, name)
+    if train and rng is None:
+        rng = random.Random() if seed is None else item_rng(seed, epoch, index)
+    try:
+        return _decode(data, dims, resize, rng if train else None, scale, ratio, flip,
+                       out, layout, affine, max_pixels, background, label)
+    except (DecodeError, ConfigError, MemoryError):
+        raise
+    except Exception as exc:
+        raise DecodeError(f"cannot decode {label}: {_reason(exc)}") from exc
+
+
+def _check_train(
+    dims: tuple[int, int] | None, scale: tuple[float, float], ratio: tuple[float, float]
+) -> None:
+    if dims is None:
+        raise ConfigError("train=True needs a size to crop to")
+    if not (0 < scale[0] <= scale[1] <= 1):
+        raise ConfigError(f"scale must satisfy 0 < low <= high <= 1, got {scale!r}")
+    if not (0 < ratio[0] <= ratio[1]):
+        raise ConfigError(f"ratio must satisfy 0 < low <= high, got {ratio!r}")
+
+
+@functools.lru_cache(maxsize=32)
+def _affine(mean: tuple[float, ...], std: tuple[float, ...]) -> Affine:
+    if len(mean) != 3 or len(std) != 3 or any(s <= 0 for s in std):
+        raise ConfigError(f"mean and std need 3 values (std > 0), got {mean}, {std}")
+    m, s = np.asarray(mean, np.float64), np.asarray(std, np.float64)
+    scale, offset = (1.0 / (255.0 * s)).astype(np.float32), (-m / s).astype(np.float32)
+    scale.flags.writeable = offset.flags.writeable = False
+    return scale, offset
+
+
+def _read(src: Source, name: str | None) -> tuple[str, bytes | memoryview]:
+    if isinstance(src, bytes | bytearray | memoryview):
+        data = src if isinstance(src, bytes) else memoryview(src)
+        return (name or f"<{len(data)} bytes>"), data
+    if not isinstance(src, str | os.PathLike):
+        raise ConfigError(f"expected bytes or a path, got {type(src).__name__}")
+    label = name or os.fspath(src)
+    try:
+        with open(src, "rb") as fh:
+            return label, fh.read()
+    except FileNotFoundError as exc:
+        raise SourceNotFound(f"{label}: no such file") from exc
+    except PermissionError as exc:
+        raise SourcePermissionError(f"{label}: permission denied") from exc
+    except IsADirectoryError as exc:
+        raise SourceError(f"{label}: is a directory") from exc
+    except OSError as exc:
+        raise SourceError(f"{label}: {exc.strerror or exc}") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, UnidentifiedImageError):
+        return "not an image in any format PIL reads"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _decode(
+    data: bytes | memoryview,
+    dims: tuple[int, int] | None,
+    resize: int | None,
+    rng: random.Random | None,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    flip: bool,
+    out: np.ndarray | None,
+    layout: Layout,
+    affine: Affine | None,
+    max_pixels: int,
+    background: tuple[int, int, int] | None,
+    label: str,
+) -> np.ndarray:
+    if len(data) == 0:
+        raise DecodeError(f"cannot decode {label}: the file is empty (0 bytes)")
+    with Image.open(io.BytesIO(data)) as im:
+        width, height = im.size
+        if width * height > max_pixels:
+            raise DecodeError(
+                f"cannot decode {label}: {width}x{height} is {width * height} pixels, over "
+                f"the limit of {max_pixels} (max_pixels; a decompression bomb?)"
+            )
+        if im.format == "PNG":
+            _check_png(data, label)
+        op, swaps = orientation_op(_orientation(im))
+        upright = (height, width) if swaps else (width, height)
+        crop = None if dims is None else _crop(upright, dims, resize, rng, scale, ratio, flip)
+        factor = 1
+        if crop is not None and im.format in _DRAFTABLE:
+            factor = _draft(im, crop.box, dims, swaps)  # type: ignore[arg-type]
+        im.load()
+        pic: Image.Image = im if op is None else im.transpose(op)
+        pic = before_resize(pic)
+        if crop is not None:
+            assert dims is not None
+            box = _scaled_box(crop.box, factor, pic.size)
+            pic = pic.resize((dims[1], dims[0]), Image.Resampling.BILINEAR, box=box)
+        shape = (pic.size[1], pic.size[0])
+        target = _output(out, shape, layout, np.float32 if affine is not None else np.uint8)
+        write_rgb(pic, target, layout=layout, flip=crop is not None and crop.flip,
+                  background=background, affine=affine)
+        return target
+
+
+def _orientation(im: Image.Image) -> int:
+    try:
+        value = im.getexif().get(0x0112, 1)
+    except Exception:  # a damaged EXIF block does not make the picture undecodable
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _crop(
+    upright: tuple[int, int],
+    dims: tuple[int, int],
+    resize: int | None,
+    rng: random.Random | None,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    flip: bool,
+) -> Crop:
+    width, height = upright
+    if rng is None:
+        return Crop(centre_box(width, height, dims[0], dims[1], resize), False)
+    box = random_resized_box(rng, width, height, scale, ratio)
+    return Crop(box, flip and rng.random() < 0.5)
+
+
+def _draft(im: Any, box: Sequence[float], dims: tuple[int, int], swaps: bool) -> int:
+    """Ask for DCT-domain downscaling; return the scale the decoder will apply (1, 2, 4, 8)."""
+    out_h, out_w = dims
+    if swaps:  # the box is upright; the JPEG is stored sideways
+        out_h, out_w = out_w, out_h
+        box = (box[1], box[0], box[3], box[2])
+    request = draft_request(im.size, (box[0], box[1], box[2], box[3]), out_h, out_w)
+    if request is None:
+        return 1
+    if im.draft(im.mode, request) is None:
+        return 1
+    return int(im.decoderconfig[0])
+
+
+def _scaled_box(
+    box: tuple[float, float, float, float], factor: int, size: tuple[int, int]
+) -> tuple[float, float, float, float]:
+    if factor != 1:
+        box = (box[0] / factor, box[1] / factor, box[2] / factor, box[3] / factor)
+    w, h = size
+    return (min(max(0.0, box[0]), w), min(max(0.0, box[1]), h), min(box[2], w), min(box[3], h))
+
+
+def _output(
+    out: np.ndarray | None, shape: tuple[int, int], layout: Layout, dtype: type[np.generic]
+) -> np.ndarray:
+    want = (*shape, 3) if layout == "hwc" else (3, *shape)
+    if out is None:
+        return np.empty(want, dtype)
+    if out.shape != want or out.dtype != dtype:
+        raise ConfigError(
+            f"out must be a {np.dtype(dtype).name} array of shape {want}, got {out.dtype} "
+            f"{out.shape}"
+        )
+    return out
+
+
+def _check_png(data: bytes | memoryview, label: str) -> None:
+    """Verify every chunk's CRC: PIL checks the small chunks but not the image data."""
+    view = memoryview(data)
+    if bytes(view[:8]) != _PNG_SIGNATURE:
+        raise DecodeError(f"cannot decode {label}: not a PNG signature")
+    pos, end = 8, len(view)
+    while pos + 12 <= end:
+        length = int.from_bytes(view[pos : pos + 4], "big")
+        stop = pos + 8 + length
+        if stop + 4 > end:
+            raise DecodeError(f"cannot decode {label}: truncated PNG chunk")
+        ctype = bytes(view[pos + 4 : pos + 8])
+        if zlib.crc32(view[pos + 4 : stop]) != int.from_bytes(view[stop : stop + 4], "big"):
+            raise DecodeError(f"cannot decode {label}: bad PNG checksum in chunk {ctype!r}")
+        if ctype == b"IEND":
+            return
+        pos = stop + 4
+    raise DecodeError(f"cannot decode {label}: truncated PNG (no IEND chunk)")

@@ -1,0 +1,126 @@
+"""Pixel modes: every PIL mode to one the resize handles, and the resized picture to RGB.
+
+The decode kernel resizes in the picture's own mode when PIL can (RGB, RGBA, L, CMYK, YCbCr)
+and converts to RGB only afterwards, on the small output: converting a CMYK or grayscale
+picture at full size would cost more than the decode itself. Grayscale pictures stay one
+channel through the resize and are spread to three channels on the final write.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["Affine", "Layout", "before_resize", "write_rgb"]
+
+Layout = Literal["hwc", "chw"]
+#: Per-channel ``(scale, offset)`` float32 arrays: ``value * scale + offset`` normalizes.
+Affine = tuple[np.ndarray, np.ndarray]
+
+# Modes that PIL resizes directly (RGBA with premultiplied alpha, so no dark fringes).
+_RESIZABLE = frozenset({"RGB", "RGBA", "L", "CMYK", "YCbCr", "RGBX"})
+_ALPHA_TO_RGBA = frozenset({"LA", "La", "PA", "RGBa"})
+
+
+def before_resize(im: Image.Image) -> Image.Image:
+    """``im`` in a mode that PIL resizes well and that :func:`write_rgb` understands."""
+    mode = im.mode
+    if mode in _RESIZABLE:
+        return im
+    if mode == "P":
+        palette = im.palette
+        has_alpha = "transparency" in im.info or (palette is not None and palette.mode == "RGBA")
+        return im.convert("RGBA" if has_alpha else "RGB")
+    if mode in _ALPHA_TO_RGBA:
+        return im.convert("RGBA")
+    if mode == "1":
+        return im.convert("L")
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        return _high_depth_to_l(im)
+    return im.convert("RGB")
+
+
+def _high_depth_to_l(im: Image.Image) -> Image.Image:
+    """16-bit and 32-bit grayscale to 8 bits, keeping the full range (PIL's convert clips)."""
+    arr = np.asarray(im)
+    if im.mode.startswith("I;16") or (im.mode == "I" and im.format == "PNG"):
+        # 16-bit samples: keep the high byte, as PIL does for 16-bit RGB.
+        eight = (arr.astype(np.uint32, copy=False) >> 8).astype(np.uint8)
+    else:
+        eight = np.clip(np.rint(arr), 0, 255).astype(np.uint8)
+    return Image.fromarray(np.ascontiguousarray(eight), mode="L")
+
+
+def write_rgb(
+    im: Image.Image,
+    out: np.ndarray,
+    *,
+    layout: Layout,
+    flip: bool,
+    background: tuple[int, int, int] | None,
+    affine: Affine | None = None,
+) -> None:
+    """Write the resized picture into ``out`` as RGB, mirrored if ``flip``.
+
+    ``out`` is ``H x W x 3`` (``layout="hwc"``) or ``3 x H x W`` (``"chw"``): uint8, or
+    float32 normalized by ``affine``. This is the one copy out of PIL: planar output reads
+    each band straight from PIL's storage, and normalizing happens on that read, while the
+    band is still in cache.
+    """
+    mode = im.mode
+    if mode == "RGBA":
+        _write_array(_composite(im, background), out, layout, flip, affine)
+        return
+    if mode not in ("RGB", "L"):
+        im = im.convert("RGB")
+        mode = "RGB"
+    if layout == "hwc":
+        arr = np.asarray(im)
+        _write_array(arr[:, :, None] if mode == "L" else arr, out, layout, flip, affine)
+        return
+    h, w = im.size[1], im.size[0]
+    step = -1 if flip else 1
+    if mode == "L":
+        gray = np.frombuffer(im.tobytes(), np.uint8).reshape(h, w)[:, ::step]
+        planes: tuple[np.ndarray, ...] = (gray, gray, gray)
+    else:
+        planes = tuple(
+            np.frombuffer(im.tobytes("raw", band), np.uint8).reshape(h, w)[:, ::step]
+            for band in "RGB"
+        )
+    for c, plane in enumerate(planes):
+        if affine is None:
+            out[c] = plane
+        else:
+            np.multiply(plane, affine[0][c], out=out[c], dtype=np.float32)
+            out[c] += affine[1][c]
+
+
+def _composite(im: Image.Image, background: tuple[int, int, int] | None) -> np.ndarray:
+    rgba: np.ndarray = np.asarray(im)
+    if background is None:
+        return rgba[:, :, :3]
+    alpha = rgba[:, :, 3:4].astype(np.float32) * (1.0 / 255.0)
+    bg = np.asarray(background, np.float32)
+    mixed: np.ndarray = rgba[:, :, :3] * alpha + bg * (1.0 - alpha)
+    result: np.ndarray = np.rint(mixed).astype(np.uint8)
+    return result
+
+
+def _write_array(
+    arr: np.ndarray, out: np.ndarray, layout: Layout, flip: bool, affine: Affine | None
+) -> None:
+    """Write an ``H x W x C`` array (C is 1 or 3) into ``out``."""
+    arr = arr[:, ::-1] if flip else arr
+    if layout == "chw":
+        arr = arr.transpose(2, 0, 1)
+        shape = (3, 1, 1)
+    else:
+        shape = (1, 1, 3)
+    if affine is None:
+        out[...] = arr
+        return
+    np.multiply(arr, affine[0].reshape(shape), out=out, dtype=np.float32)
+    out += affine[1].reshape(shape)

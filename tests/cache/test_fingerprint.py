@@ -1,0 +1,127 @@
+"""Fingerprints: stable across processes, sensitive to what changes a pipeline's output."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncflow import Pipeline
+from asyncflow.cache._fingerprint import (
+    canonical,
+    describe_change,
+    fingerprint,
+    state_of,
+    summarize,
+)
+from asyncflow.cache._pipeline import _description
+
+
+def scale(x: Any, factor: float = 2.0) -> Any:
+    return x * factor
+
+
+class Decoder:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._calls = 0  # run-time state: not part of what it is
+
+    def __call__(self, path: str) -> str:
+        return f"{path}@{self.size}"
+
+
+def test_canonical_removes_memory_addresses_and_non_json_values() -> None:
+    obj = object()
+    assert canonical({"a": (1, 2.5), "b": obj, 3: {2, 1}}) == {
+        "a": [1, 2.5], "b": "<object object>", "3": [1, 2]}
+    assert canonical(f"<x at {hex(id(obj))}>") == "<x>"
+    assert canonical(float("nan")) == "nan"
+
+
+def test_the_same_pipeline_has_the_same_fingerprint_in_another_process(tmp_path: Path) -> None:
+    code = (
+        "from asyncflow import Pipeline\n"
+        "from asyncflow.cache._pipeline import _description\n"
+        "from asyncflow.cache._fingerprint import fingerprint\n"
+        "import functools, operator\n"
+        "pipe = Pipeline([f'img/{i}.jpg' for i in range(300)]).map(functools.partial("
+        "operator.add, 'x:')).batch(4)\n"
+        "print(fingerprint(_description(pipe)))\n"
+    )
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True).stdout.strip() for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 64
+
+
+def fp(pipe: Pipeline, key: Any = None) -> str:
+    return fingerprint(_description(pipe), key)
+
+
+def test_what_changes_the_fingerprint() -> None:
+    files = [f"img/{i}.jpg" for i in range(100)]
+    base = Pipeline(files).map(functools.partial(scale, factor=2.0)).batch(4)
+    assert fp(base) == fp(Pipeline(list(files)).map(functools.partial(scale, factor=2.0)).batch(4))
+    assert fp(base) != fp(Pipeline([*files[:-1], "img/x.jpg"]).map(
+        functools.partial(scale, factor=2.0)).batch(4))  # the listing
+    assert fp(base) != fp(Pipeline(files).map(functools.partial(scale, factor=3.0)).batch(4))
+    assert fp(base) != fp(Pipeline(files).map(functools.partial(scale, factor=2.0)).batch(5))
+    assert fp(base) != fp(base, key="v2")
+    assert fp(Pipeline(files).map(Decoder(224))) != fp(Pipeline(files).map(Decoder(256)))
+    assert fp(Pipeline(files).map(lambda x: x + 1)) != fp(Pipeline(files).map(lambda x: x + 2))
+
+
+def test_state_of_looks_inside_functions_objects_and_arrays() -> None:
+    size = 224
+
+    def decode(path: str) -> str:
+        return f"{path}@{size}"
+
+    state = state_of(decode)
+    assert state["function"].endswith("decode") and state["closure"] == [224]
+    decoder = Decoder(5)
+    decoder._calls = 7
+    assert state_of(decoder) == {"object": f"{__name__}.Decoder", "size": 5}
+    small = state_of(np.arange(4, dtype=np.float32))
+    assert small["array"] == "float32" and small["shape"] == [4] and "sha256" in small
+    assert state_of(torch.zeros(2, 3))["shape"] == [2, 3]
+    assert state_of(list(range(1000)))["items"] == 1000
+    assert state_of(range(10**12)) == "range(0, 1000000000000)"
+
+
+def test_objects_with_describe_are_described_by_it() -> None:
+    class Listing:
+        def __init__(self, seed: int) -> None:
+            self.seed = seed
+
+        def describe(self) -> dict[str, Any]:
+            return {"files": 3}  # the seed is unused: left out
+
+    assert state_of(Listing(1)) == state_of(Listing(2))
+
+
+def test_summaries_stay_small_and_changes_are_described() -> None:
+    description = [{"kind": "source", "listing": [f"f{i}" for i in range(5000)]},
+                   {"kind": "map", "size": 224}]
+    summary = summarize(description)
+    assert len(str(summary)) < 400 and summary[1] == {"kind": "map", "size": 224}
+    changed = summarize([description[0], {"kind": "map", "size": 256}])
+    assert describe_change(summary, changed) == "upstream[1]['size']: 224 -> 256"
+    longer = summarize([{"kind": "source", "listing": [f"f{i}" for i in range(5001)]},
+                        description[1]])
+    assert describe_change(summary, longer) == (
+        "upstream[0]['listing'] changed (5000 -> 5001 entries)")
+    assert describe_change([1], [1, 2]) == "upstream went from 1 to 2 entries"
+    assert describe_change({"a": 1}, {"a": 1, "b": 1}) == "upstream gained 'b'"
+    assert describe_change({"a": 1, "b": 1}, {"b": 1}) == "upstream lost 'a'"
+
+
+def test_summaries_mask_secrets() -> None:
+    url = "https://user:pw@bucket.s3.amazonaws.com/a.jpg?X-Amz-Signature=abcdef"
+    summary = summarize([{"kind": "source", "state": [url]}])
+    assert "pw" not in str(summary) and "abcdef" not in str(summary)
+    assert "bucket.s3.amazonaws.com/a.jpg" in str(summary)

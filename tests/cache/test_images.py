@@ -1,0 +1,54 @@
+"""``image.folder(...).cache(path)``: the issue's own example, on a small folder of JPEGs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from asyncflow import image
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    root = tmp_path / "train"
+    for c in range(3):
+        (root / f"class{c}").mkdir(parents=True)
+        for i in range(7):
+            pixels = rng.integers(0, 255, (40 + 3 * i, 50, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / f"class{c}" / f"{i}.jpg", quality=90)
+    return root
+
+
+def test_fill_then_replay_equals_the_decode_pipeline(folder: Path, tmp_path: Path) -> None:
+    def plain() -> Any:
+        return image.folder(folder, batch_size=4, size=32, normalize=False, seed=0)
+
+    pipe = plain().cache(tmp_path / "cache" / "train-32")
+    expected = list(plain())
+    for _ in range(2):  # the filling epoch, then a replay
+        got = list(pipe)
+        assert len(got) == len(expected) == 6
+        for (a, la), (b, lb) in zip(got, expected, strict=True):
+            assert a.dtype == torch.uint8 and a.shape[1:] == (3, 32, 32)
+            assert torch.equal(a, b) and torch.equal(la, lb)
+    info = pipe.info()  # type: ignore[attr-defined]
+    assert info.usable and info.count == 21 and info.batch_size == 4
+    shuffled = [label for _, labels in pipe.shuffle(seed=1) for label in labels.tolist()]
+    assert sorted(shuffled) == sorted(label for _, labels in expected for label in labels.tolist())
+
+
+def test_another_size_rebuilds_and_says_so(folder: Path, tmp_path: Path, caplog: Any) -> None:
+    path = tmp_path / "cache"
+    list(image.folder(folder, batch_size=4, size=32, normalize=False, seed=0).cache(path))
+    caplog.set_level(logging.INFO, "asyncflow.cache")
+    again = image.folder(folder, batch_size=4, size=24, normalize=False, seed=0).cache(path)
+    assert next(iter(again))[0].shape[1:] == (3, 24, 24)
+    assert "upstream pipeline changed" in caplog.text and "size" in caplog.text

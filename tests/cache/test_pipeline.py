@@ -1,0 +1,213 @@
+"""``Pipeline.cache(path)``: filling, replaying and shuffling through the engine."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from asyncflow import ConfigError, Pipeline, PipelineError
+from asyncflow.cache import CachedPipeline
+from asyncflow.cache._pipeline import _layout
+from asyncflow.cache._store import leftovers
+
+
+class Decode:
+    """Stands in for decoding: counts its calls; image i is filled with i."""
+
+    def __init__(self, size: int = 8, delay: float = 0.0) -> None:
+        self.size, self.calls, self.delay = size, 0, delay
+
+    def __call__(self, i: int) -> tuple[torch.Tensor, int]:
+        self.calls += 1
+        if self.delay:
+            time.sleep(self.delay)
+        return torch.full((3, self.size, self.size), i % 256, dtype=torch.uint8), i
+
+
+def collate(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.stack([image for image, _ in batch]), torch.tensor([i for _, i in batch])
+
+
+def images(count: int = 10, batch: int = 4, decode: Decode | None = None,
+           drop_last: bool = False) -> Pipeline:
+    return Pipeline(range(count)).map(decode or Decode()).batch(
+        batch, drop_last=drop_last).map(collate)
+
+
+def labels(batches: Any) -> list[list[int]]:
+    return [b[1].tolist() for b in batches]
+
+
+def flat(batches: Any) -> list[int]:
+    return [label for batch in labels(batches) for label in batch]
+
+
+def test_replay_equals_the_filling_pass_without_decoding(tmp_path: Path) -> None:
+    decode = Decode()
+    pipe = images(decode=decode).cache(tmp_path / "c")
+    assert isinstance(pipe, CachedPipeline)
+    first = list(pipe)
+    assert decode.calls == 10
+    second = list(pipe)
+    assert decode.calls == 10
+    assert labels(first) == labels(second) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    for (a, _), (b, _) in zip(first, second, strict=True):
+        assert torch.equal(a, b) and b.dtype == torch.uint8 and b.shape[1:] == (3, 8, 8)
+
+
+def test_shuffle_with_the_epoch_as_seed(tmp_path: Path) -> None:
+    decode = Decode()
+    pipe = images(count=40, batch=8, decode=decode).cache(tmp_path / "c")
+    orders = []
+    for epoch in range(4):
+        batches = list(pipe.shuffle(seed=epoch))
+        assert [len(b[1]) for b in batches] == [8] * 5
+        for image, label in batches:
+            assert torch.equal(image[:, 0, 0, 0].long(), label)
+        orders.append(flat(batches))
+    assert decode.calls == 40
+    assert orders[0] == list(range(40))  # the filling epoch keeps upstream's order
+    assert all(sorted(order) == list(range(40)) for order in orders)
+    assert len({tuple(order) for order in orders[1:]}) == 3
+    assert flat(pipe.shuffle(seed=2)) == orders[2]
+
+
+def test_drop_last_upstream_replays_whole_batches(tmp_path: Path) -> None:
+    pipe = images(count=10, batch=4, drop_last=True).cache(tmp_path / "c")
+    list(pipe)
+    assert [len(b) for b in labels(pipe)] == [4, 4]
+    assert [len(b) for b in labels(pipe.shuffle(seed=1))] == [4, 4]
+
+
+def test_a_changed_stage_setting_rebuilds(tmp_path: Path, caplog: Any) -> None:
+    list(images(batch=4).cache(tmp_path / "c"))
+    caplog.set_level(logging.INFO, "asyncflow.cache")
+    decode = Decode()
+    assert labels(images(batch=5, decode=decode).cache(tmp_path / "c")) == [
+        [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    assert decode.calls == 10
+    assert "upstream[2]['size']: 4 -> 5" in caplog.text
+
+
+def test_a_changed_source_listing_rebuilds(tmp_path: Path, caplog: Any) -> None:
+    def pipe(files: list[str]) -> Pipeline:
+        return Pipeline(files).map(lambda f: np.frombuffer(f.encode(), np.uint8)[:5])
+
+    list(pipe(["a/1.jpg", "a/2.jpg"]).cache(tmp_path / "c"))
+    caplog.set_level(logging.INFO, "asyncflow.cache")
+    replay = pipe(["a/1.jpg", "a/2.jpg"]).cache(tmp_path / "c")
+    assert [bytes(x).decode() for x in replay] == ["a/1.j", "a/2.j"]
+    assert "rebuilding" not in caplog.text
+    changed = pipe(["a/1.jpg", "b/2.jpg"]).cache(tmp_path / "c")
+    assert [bytes(x).decode() for x in changed] == ["a/1.j", "b/2.j"]
+    assert "listing" in caplog.text and "rebuilding" in caplog.text
+
+
+def test_break_mid_fill_and_mid_replay_leaves_nothing_behind(
+    tmp_path: Path, leak_check: None
+) -> None:
+    decode = Decode(delay=0.005)
+    pipe = images(count=256, batch=4, decode=decode).cache(tmp_path / "c")
+    with pipe.open() as run:
+        for i, _ in enumerate(run):
+            if i == 2:
+                break
+    assert not (tmp_path / "c").exists() and leftovers(tmp_path / "c") == []
+    for i, _ in enumerate(pipe):  # a plain break: the run stops when its iterator is freed
+        if i == 2:
+            break
+    del _
+    deadline = time.monotonic() + 5
+    while leftovers(tmp_path / "c") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not (tmp_path / "c").exists() and leftovers(tmp_path / "c") == []
+    assert decode.calls < 256
+    assert len(list(pipe)) == 64
+    for i, _ in enumerate(pipe.shuffle(seed=0)):
+        if i == 2:
+            break
+
+
+async def test_async_for(tmp_path: Path) -> None:
+    pipe = images().cache(tmp_path / "c")
+    first = [b async for b in pipe]
+    second = [b async for b in pipe.shuffle(seed=3)]
+    assert sorted(flat(second)) == flat(first)
+
+
+def test_variable_shapes_raise_config_error_naming_the_field(tmp_path: Path) -> None:
+    sizes = iter([8, 8, 8, 8, 9, 9, 9, 9, 9, 9])
+    pipe = Pipeline(range(10)).map(lambda i: Decode(next(sizes))(i)).batch(4).map(collate)
+    with pytest.raises(PipelineError) as err:
+        list(pipe.cache(tmp_path / "c"))
+    assert err.group_contains(ConfigError, match=r"(?i)item\[0\] changed shape.*resize")
+    assert not (tmp_path / "c").exists()
+
+
+def test_stages_after_the_cache_and_their_shuffle(tmp_path: Path) -> None:
+    pipe = images(count=12).cache(tmp_path / "c").map(lambda b: (b[0].float(), b[1]))
+    assert [b[0].dtype for b in pipe] == [torch.float32] * 3
+    shuffled = pipe.shuffle(buffer_size=2, seed=0)  # a buffer shuffle of those stages' output
+    assert shuffled.describe()[-1]["kind"] == "shuffle"
+    assert sorted(flat(shuffled)) == list(range(12))
+
+
+def test_describe_and_info(tmp_path: Path) -> None:
+    pipe = images().cache(tmp_path / "c").shuffle(seed=1)
+    head = pipe.describe()[0]
+    assert head["type"] == "cache" and head["seed"] == 1 and head["shuffle"] is True
+    assert head["upstream"][2]["kind"] == "batch"
+    list(pipe)
+    info = pipe.info()  # type: ignore[attr-defined]
+    assert info.usable and info.count == 10 and info.batch_size == 4
+
+
+def test_samples_and_lists_of_samples(tmp_path: Path) -> None:
+    samples = Pipeline(range(5)).map(lambda i: {"x": np.full(2, i), "y": i * 0.5})
+    cached = samples.cache(tmp_path / "s")
+    assert [d["y"] for d in cached] == [d["y"] for d in cached] == [0, 0.5, 1.0, 1.5, 2.0]
+    lists = Pipeline(range(5)).map(lambda i: (np.full(2, i), i)).batch(2).cache(tmp_path / "l")
+    assert [[y for _, y in b] for b in lists] == [[0, 1], [2, 3], [4]]
+    assert [[y for _, y in b] for b in lists] == [[0, 1], [2, 3], [4]]
+
+
+def test_layout_is_read_from_the_description() -> None:
+    base = Pipeline(range(4))
+    assert _layout(base, None) == "samples"
+    assert _layout(base.batch(2), None) == "lists"
+    assert _layout(base.batch(2).prefetch(2), None) == "lists"
+    assert _layout(base.batch(2).map(collate), None) == "batches"
+    assert _layout(base.batch(2).map(collate).unbatch(), None) == "samples"
+    assert _layout(base.batch(2), True) == "batches"
+    assert _layout(base.batch(2), False) == "samples"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"batched": "yes"}, {"wait": 1}, {"durable": None}],
+)
+def test_bad_options_raise_config_error(tmp_path: Path, options: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        images().cache(tmp_path / "c", **options)
+
+
+def test_bad_path_raises_config_error() -> None:
+    with pytest.raises(ConfigError, match="path"):
+        images().cache(None)  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+def test_gpu_tensors_replay_onto_their_device(tmp_path: Path) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    pipe = images().map(lambda b: (b[0].cuda(), b[1].cuda())).cache(tmp_path / "c")
+    first = list(pipe)
+    second = list(pipe.shuffle(seed=0))
+    assert all(b[0].is_cuda for b in second)
+    assert sorted(flat(second)) == flat(first)

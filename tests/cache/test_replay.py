@@ -1,0 +1,86 @@
+"""Replay: batching again, shuffling by index, and the types of replayed leaves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from asyncflow.cache._replay import permutation, replay
+from asyncflow.cache._store import Reader
+
+from .test_store import batches, write
+
+
+def test_batches_come_back_at_the_upstream_size_with_the_short_last(tmp_path: Path) -> None:
+    write(tmp_path / "c", batches(10, 4))
+    out = list(replay(Reader.open(tmp_path / "c")))
+    assert [b[1].tolist() for b in out] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    for images, labels in out:
+        assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+        assert torch.equal(images[:, 0, 0, 0].long(), labels)
+
+
+def test_full_batches_only_when_upstream_dropped_the_last(tmp_path: Path) -> None:
+    write(tmp_path / "c", batches(12, 4))  # what drop_last=True leaves of 14 samples
+    order = permutation(12, 5)
+    out = list(replay(Reader.open(tmp_path / "c"), order))
+    assert [len(b[1]) for b in out] == [4, 4, 4]
+
+
+def test_shuffle_by_index_visits_every_sample_once(tmp_path: Path) -> None:
+    write(tmp_path / "c", batches(10, 4))
+    reader = Reader.open(tmp_path / "c")
+    out = list(replay(reader, permutation(10, 1)))
+    labels = torch.cat([b[1] for b in out]).tolist()
+    assert sorted(labels) == list(range(10)) and labels != list(range(10))
+    assert [len(b[1]) for b in out] == [4, 4, 2]
+    for images, ids in out:  # rows stay together across fields
+        assert torch.equal(images[:, 2, 3, 4].long(), ids)
+        assert not np.shares_memory(images.numpy(), reader.arrays[0])
+
+
+def test_permutation_is_reproducible() -> None:
+    assert permutation(50, 3).tolist() == permutation(50, 3).tolist()
+    assert permutation(50, [3, 0]).tolist() != permutation(50, [3, 1]).tolist()
+
+
+def test_samples_keep_their_python_and_numpy_types(tmp_path: Path) -> None:
+    items = [{"x": np.full(3, i, "f4"), "n": i, "f": i / 2, "b": i % 2 == 0, "s": np.int16(i)}
+             for i in range(5)]
+    write(tmp_path / "c", items, layout="samples")
+    out = list(replay(Reader.open(tmp_path / "c")))
+    assert len(out) == 5
+    for i, item in enumerate(out):
+        assert type(item["n"]) is int and item["n"] == i
+        assert type(item["f"]) is float and item["f"] == i / 2
+        assert type(item["b"]) is bool and item["b"] == (i % 2 == 0)
+        assert isinstance(item["s"], np.int16) and item["s"] == i
+        assert isinstance(item["x"], np.ndarray) and item["x"].tolist() == [i] * 3
+
+
+def test_lists_of_samples_come_back_as_lists(tmp_path: Path) -> None:
+    items = [[(np.full(2, i), i) for i in range(s, min(s + 3, 7))] for s in range(0, 7, 3)]
+    write(tmp_path / "c", items, layout="lists")
+    reader = Reader.open(tmp_path / "c")
+    assert reader.count == 7 and reader.batch_size == 3
+    out = list(replay(reader))
+    assert [[label for _, label in batch] for batch in out] == [[0, 1, 2], [3, 4, 5], [6]]
+    shuffled = list(replay(reader, permutation(7, 0)))
+    assert sorted(label for batch in shuffled for _, label in batch) == list(range(7))
+
+
+def test_shuffled_buffers_are_reused_only_once_the_consumer_lets_go(tmp_path: Path) -> None:
+    write(tmp_path / "c", batches(64, 4))
+    reader = Reader.open(tmp_path / "c")
+    kept, seen = [], set()
+    for i, (images, ids) in enumerate(replay(reader, permutation(64, 2))):
+        seen.add(images.data_ptr())
+        if i % 2 == 0:
+            kept.append((images, ids, ids.clone()))
+        del images, ids
+    assert len(seen) < 16  # the dropped batches' buffers came round again
+    for images, ids, copy in kept:  # the kept ones were never overwritten
+        assert torch.equal(ids, copy)
+        assert torch.equal(images[:, 1, 2, 3].long(), copy)

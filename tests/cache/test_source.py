@@ -1,0 +1,223 @@
+"""One epoch's decision: replay, fill (writing as items pass), or read upstream meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncflow import ConfigError
+from asyncflow.cache._lock import WriterLock
+from asyncflow.cache._source import CacheSource
+from asyncflow.cache._store import Reader, leftovers
+
+from .test_store import write
+
+
+class Upstream:
+    """Counts the passes and items it makes; each item a batch (uint8 [4, 8], int64 [4])."""
+
+    def __init__(self, batches: int = 5, shape: tuple[int, ...] = (8,)) -> None:
+        self.batches, self.shape = batches, shape
+        self.passes = self.made = 0
+
+    def __call__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        self.passes += 1
+        for i in range(self.batches):
+            self.made += 1
+            yield np.full((4, *self.shape), i, np.uint8), np.arange(4 * i, 4 * i + 4)
+
+
+def source(path: Path, upstream: Any, **options: Any) -> CacheSource:
+    options.setdefault("fingerprint", "fp")
+    return CacheSource(upstream=upstream, path=path, layout="batches", **options)
+
+
+def collect(epoch: Any, limit: int | None = None) -> list[Any]:
+    """Run one epoch (an async iterator) to its end, or for ``limit`` items, then close it."""
+
+    async def main() -> list[Any]:
+        out: list[Any] = []
+        try:
+            async for item in epoch:
+                out.append(item)
+                if len(out) == limit:
+                    break
+        finally:
+            await epoch.aclose()
+        return out
+
+    return asyncio.run(main())
+
+
+def labels(items: Any) -> list[int]:
+    if hasattr(items, "__anext__"):
+        items = collect(items)
+    return [int(x) for _, batch in items for x in batch]
+
+
+def test_first_epoch_fills_later_epochs_replay(tmp_path: Path, caplog: Any) -> None:
+    up = Upstream()
+    src = source(tmp_path / "c", up)
+    caplog.set_level(logging.INFO, "asyncflow.cache")
+    assert labels(src()) == list(range(20))
+    assert "does not exist yet" in caplog.text and "written: 20 samples in 5 items" in caplog.text
+    assert labels(src()) == list(range(20))
+    assert labels(src()) == list(range(20))
+    assert up.passes == 1
+
+
+def test_an_epoch_stopped_early_writes_nothing(tmp_path: Path) -> None:
+    up = Upstream()
+    src = source(tmp_path / "c", up)
+    assert len(collect(src(), limit=2)) == 2
+    assert not (tmp_path / "c").exists() and leftovers(tmp_path / "c") == []
+    assert WriterLock(tmp_path / "c").holder() is None
+    assert labels(src()) == list(range(20)) and up.passes == 2
+    labels(src())
+    assert up.passes == 2
+
+
+def test_variable_shapes_fail_and_leave_nothing(tmp_path: Path) -> None:
+    def upstream() -> Iterator[Any]:
+        yield np.zeros((4, 3, 8, 8), np.uint8), np.arange(4)
+        yield np.zeros((4, 3, 8, 9), np.uint8), np.arange(4)
+
+    with pytest.raises(ConfigError, match=r"(?i)item\[0\] changed shape .*resize"):
+        collect(source(tmp_path / "c", upstream)())
+    assert list(tmp_path.iterdir()) == [tmp_path / "c.lock"]
+    assert WriterLock(tmp_path / "c").holder() is None
+
+
+def test_a_changed_fingerprint_rebuilds_and_says_what_changed(
+    tmp_path: Path, caplog: Any
+) -> None:
+    up = Upstream()
+    old = [{"kind": "source", "len": 5}, {"kind": "map", "name": "decode", "size": 224}]
+    new = [{"kind": "source", "len": 5}, {"kind": "map", "name": "decode", "size": 256}]
+    collect(source(tmp_path / "c", up, fingerprint="a", summary=old)())
+    caplog.set_level(logging.INFO, "asyncflow.cache")
+    collect(source(tmp_path / "c", up, fingerprint="b", summary=new)())
+    assert up.passes == 2
+    assert "upstream pipeline changed" in caplog.text
+    assert "upstream[1]['size']: 224 -> 256" in caplog.text
+    assert Reader.open(tmp_path / "c").manifest["fingerprint"] == "b"
+
+
+def test_a_changed_key_rebuilds(tmp_path: Path, caplog: Any) -> None:
+    up = Upstream()
+    collect(source(tmp_path / "c", up, fingerprint="a", key="v1")())
+    caplog.set_level(logging.INFO, "asyncflow.cache")
+    collect(source(tmp_path / "c", up, fingerprint="b", key="v2")())
+    assert up.passes == 2 and "key 'v1' -> 'v2'" in caplog.text
+
+
+def test_a_truncated_cache_is_rebuilt_with_the_reason_logged(
+    tmp_path: Path, caplog: Any
+) -> None:
+    up = Upstream()
+    src = source(tmp_path / "c", up)
+    collect(src())
+    data = tmp_path / "c" / "field0.npy"
+    with open(data, "r+b") as fh:
+        fh.truncate(data.stat().st_size // 2)
+    caplog.set_level(logging.INFO, "asyncflow.cache")
+    assert labels(src()) == list(range(20))
+    assert "field0.npy is truncated" in caplog.text and "rebuilding" in caplog.text
+    assert up.passes == 2
+    caplog.clear()
+    labels(src())
+    assert up.passes == 2 and caplog.text == ""
+
+
+def test_a_cache_of_another_layout_is_rebuilt(tmp_path: Path, caplog: Any) -> None:
+    write(tmp_path / "c", [(np.zeros(2), 1)], layout="samples")
+    caplog.set_level(logging.INFO, "asyncflow.cache")
+    up = Upstream()
+    collect(source(tmp_path / "c", up, fingerprint="test")())
+    assert up.passes == 1 and "holds samples, upstream yields batches" in caplog.text
+
+
+def test_leftovers_of_a_dead_writer_are_removed(tmp_path: Path, caplog: Any) -> None:
+    stale = tmp_path / "c.tmp-999999-0123abcd"
+    stale.mkdir()
+    (stale / "field0.npy").write_bytes(b"partial")
+    caplog.set_level(logging.INFO, "asyncflow.cache")
+    assert labels(source(tmp_path / "c", Upstream())()) == list(range(20))
+    assert "left by a writer that did not finish" in caplog.text
+    assert not stale.exists()
+
+
+def test_while_another_writes_an_epoch_reads_upstream(tmp_path: Path, caplog: Any) -> None:
+    other = WriterLock(tmp_path / "c")
+    assert other.acquire()
+    up = Upstream()
+    caplog.set_level(logging.INFO, "asyncflow.cache")
+    try:
+        assert labels(source(tmp_path / "c", up)()) == list(range(20))
+    finally:
+        other.release()
+    assert "being written by process" in caplog.text and "reads upstream" in caplog.text
+    assert not (tmp_path / "c").exists()  # it only read
+
+
+def test_with_wait_an_epoch_waits_for_the_writer_and_replays(tmp_path: Path) -> None:
+    other = WriterLock(tmp_path / "c")
+    assert other.acquire()
+    up = Upstream()
+    released = threading.Event()
+
+    def finish_writing() -> None:
+        write(tmp_path / "c", list(Upstream()()), layout="batches")
+        released.set()
+        other.release()
+
+    timer = threading.Timer(0.3, finish_writing)
+    timer.start()
+    try:
+        out = labels(source(tmp_path / "c", up, fingerprint="test", wait=True)())
+    finally:
+        timer.join()
+    assert released.is_set() and out == list(range(20)) and up.passes == 0
+
+
+def test_refuses_to_overwrite_a_directory_that_is_not_a_cache(tmp_path: Path) -> None:
+    data = tmp_path / "c"
+    data.mkdir()
+    (data / "train.jpg").write_bytes(b"\xff\xd8")
+    with pytest.raises(ConfigError, match="not an asyncflow cache"):
+        collect(source(data, Upstream())())
+    assert (data / "train.jpg").exists()
+
+
+def test_a_rebuild_does_not_disturb_a_reader_of_the_old_cache(tmp_path: Path) -> None:
+    collect(source(tmp_path / "c", Upstream(), fingerprint="a")())
+    old = source(tmp_path / "c", Upstream(), fingerprint="a")()
+    with asyncio.Runner() as runner:
+        first = runner.run(old.__anext__())  # the old cache is mapped and being replayed
+        collect(source(tmp_path / "c", Upstream(batches=2), fingerprint="b")())
+        rest = runner.run(_rest(old))
+    assert labels([first, *rest]) == list(range(20))  # its files live on until unmapped
+    assert Reader.open(tmp_path / "c").count == 8
+
+
+async def _rest(epoch: Any) -> list[Any]:
+    return [item async for item in epoch]
+
+
+def test_shuffled_order_depends_on_seed_and_epoch(tmp_path: Path) -> None:
+    src = source(tmp_path / "c", Upstream())
+    collect(src())
+    one, two = src.shuffled(0), src.shuffled(0)
+    first, second = labels(one()), labels(one())
+    assert sorted(first) == list(range(20)) and first != list(range(20))
+    assert first != second
+    assert labels(two()) == first and labels(two()) == second
+    assert labels(src.shuffled(1)()) != first
+    assert sorted(labels(src.shuffled(None)())) == list(range(20))

@@ -1,0 +1,184 @@
+"""The on-disk format: writing, committing, checking and mapping a cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from asyncflow import ConfigError
+from asyncflow.cache._replay import replay
+from asyncflow.cache._store import (
+    HEADER_BYTES,
+    CacheInvalid,
+    Reader,
+    Writer,
+    leftovers,
+    remove_cache,
+)
+
+
+def batches(count: int, size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out = []
+    for start in range(0, count, size):
+        ids = torch.arange(start, min(start + size, count))
+        images = ids.view(-1, 1, 1, 1).expand(-1, 3, 4, 5).to(torch.uint8).contiguous()
+        out.append((images, ids))
+    return out
+
+
+def write(path: Path, items: list[Any], layout: str = "batches") -> Writer:
+    writer = Writer(path, layout=layout, meta={"fingerprint": "test"})
+    for item in items:
+        writer.write(item)
+    writer.commit()
+    return writer
+
+
+def test_commit_publishes_a_complete_cache_and_nothing_before(tmp_path: Path) -> None:
+    path = tmp_path / "c"
+    writer = Writer(path, layout="batches", meta={})
+    writer.write(batches(4, 4)[0])
+    assert not path.exists() and leftovers(path) == [writer.tmp]
+    writer.commit()
+    assert path.is_dir() and leftovers(path) == []
+    assert sorted(p.name for p in path.iterdir()) == ["field0.npy", "field1.npy", "manifest.json"]
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["count"] == 4 and manifest["batch_size"] == 4
+    assert manifest["layout"] == "batches"
+
+
+def test_fields_are_standard_npy_files(tmp_path: Path) -> None:
+    write(tmp_path / "c", batches(10, 4))
+    images = np.load(tmp_path / "c" / "field0.npy", mmap_mode="r")
+    labels = np.load(tmp_path / "c" / "field1.npy")
+    assert images.shape == (10, 3, 4, 5) and images.dtype == np.uint8
+    assert labels.tolist() == list(range(10))
+    assert images.offset == HEADER_BYTES  # page-aligned data
+
+
+def test_abort_leaves_nothing(tmp_path: Path) -> None:
+    writer = Writer(tmp_path / "c", layout="batches", meta={})
+    writer.write(batches(4, 4)[0])
+    writer.abort()
+    writer.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_reader_maps_what_was_written(tmp_path: Path) -> None:
+    write(tmp_path / "c", batches(10, 4))
+    reader = Reader.open(tmp_path / "c")
+    assert reader.count == 10 and reader.batch_size == 4 and not reader.copy
+    assert reader.arrays[0].shape == (10, 3, 4, 5)
+    assert reader.arrays[1].tolist() == list(range(10))
+
+
+def test_in_order_replay_is_zero_copy_and_writes_stay_private(tmp_path: Path) -> None:
+    write(tmp_path / "c", batches(8, 4))
+    reader = Reader.open(tmp_path / "c")
+    images, _ = next(replay(reader))
+    assert isinstance(images, torch.Tensor)
+    assert np.shares_memory(images.numpy(), reader.arrays[0])
+    images.fill_(255)  # the consumer scribbles on its batch: copy-on-write, file unchanged
+    assert np.load(tmp_path / "c" / "field0.npy")[:4].max() == 3
+    again = Reader.open(tmp_path / "c")
+    assert next(replay(again))[0].max().item() == 3
+
+
+def test_truncated_file_is_refused_with_its_name(tmp_path: Path) -> None:
+    write(tmp_path / "c", batches(10, 4))
+    data = tmp_path / "c" / "field0.npy"
+    with open(data, "r+b") as fh:
+        fh.truncate(data.stat().st_size - 7)
+    with pytest.raises(CacheInvalid, match=r"field0\.npy is truncated"):
+        Reader.open(tmp_path / "c")
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda p: (p / "field1.npy").unlink(), "field1.npy is missing"),
+        (lambda p: _append(p / "field1.npy"), "longer than"),
+        (lambda p: (p / "manifest.json").write_text("{"), "not valid JSON"),
+        (lambda p: (p / "manifest.json").write_text('{"format": "x"}'), "not an asyncflow"),
+        (lambda p: _edit(p, version=99), "format version 99"),
+        (lambda p: _edit(p, layout="rows"), "garbles"),
+        (lambda p: _edit(p, count=11), "truncated"),
+    ],
+)
+def test_damaged_caches_are_refused(tmp_path: Path, damage: Any, message: str) -> None:
+    write(tmp_path / "c", batches(10, 4))
+    damage(tmp_path / "c")
+    with pytest.raises(CacheInvalid, match=message):
+        Reader.open(tmp_path / "c")
+
+
+def _append(path: Path) -> None:
+    with path.open("ab") as fh:
+        fh.write(b"x")
+
+
+def _edit(path: Path, **changes: Any) -> None:
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest.update(changes)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_missing_cache_is_file_not_found(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        Reader.open(tmp_path / "nothing")
+
+
+def test_an_empty_pass_is_an_empty_cache(tmp_path: Path) -> None:
+    write(tmp_path / "c", [])
+    reader = Reader.open(tmp_path / "c")
+    assert reader.count == 0 and list(replay(reader)) == []
+
+
+def test_remove_cache_refuses_what_is_not_a_cache(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "photo.jpg").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="not an asyncflow cache"):
+        remove_cache(data)
+    assert (data / "photo.jpg").exists()
+    write(tmp_path / "c", batches(4, 4))
+    remove_cache(tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+
+
+def test_durable_commit(tmp_path: Path) -> None:
+    writer = Writer(tmp_path / "c", layout="samples", meta={})
+    writer.write((np.arange(3), 1.5))
+    writer.commit(durable=True)
+    assert Reader.open(tmp_path / "c").count == 1
+
+
+def test_write_accepts_non_contiguous_and_gpu_free_inputs(tmp_path: Path) -> None:
+    base = torch.arange(2 * 3 * 4, dtype=torch.int32).view(2, 3, 4)
+    write(tmp_path / "c", [(base.transpose(1, 2),)])
+    reader = Reader.open(tmp_path / "c")
+    assert torch.equal(next(replay(reader))[0], base.transpose(1, 2))
+
+
+def test_a_failed_write_says_which_cache_and_leaves_nothing(tmp_path: Path) -> None:
+    class Full:
+        def write(self, data: object) -> int:
+            raise OSError(28, "No space left on device")
+
+        def close(self) -> None:
+            pass
+
+    writer = Writer(tmp_path / "c", layout="batches", meta={})
+    writer.write(batches(4, 4)[0])
+    writer._files[0].close()
+    writer._files[0] = Full()
+    with pytest.raises(OSError, match="No space") as err:
+        writer.write(batches(4, 4)[0])
+    assert any(str(tmp_path / "c") in note for note in err.value.__notes__)
+    writer.abort()
+    assert list(tmp_path.iterdir()) == []

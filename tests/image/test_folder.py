@@ -1,0 +1,222 @@
+"""image.folder: an ImageFolder tree as a pipeline of batches."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from asyncflow import ConfigError, DecodeError, Pipeline, PipelineError, SourceNotFound, image
+
+from ._pictures import jpeg, write_tree
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "train"
+    write_tree(root, {"cat": 5, "dog": 4, "ant": 3})
+    return root
+
+
+def _collect(pipe: object) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    xs, ys = [], []
+    for x, y in pipe:  # type: ignore[attr-defined]
+        xs.append(x)
+        ys.append(y)
+    return xs, ys
+
+
+def test_classes_follow_the_sorted_folders(tree: Path) -> None:
+    pipe = image.folder(tree, batch_size=4, size=32)
+    assert pipe.classes == ["ant", "cat", "dog"]
+    assert pipe.class_to_idx == {"ant": 0, "cat": 1, "dog": 2}
+    assert [label for _, label in pipe.samples] == [0] * 3 + [1] * 5 + [2] * 4
+    assert pipe.samples[0][0].endswith("ant/000.jpg")
+    assert isinstance(pipe, Pipeline) and isinstance(pipe, image.ImageFolder)
+    assert len(pipe) == 3
+
+
+def test_normalized_float_batches(tree: Path, leak_check: None) -> None:
+    pipe = image.folder(tree, batch_size=5, size=(32, 40))
+    xs, ys = _collect(pipe)
+    assert [x.shape[0] for x in xs] == [5, 5, 2]
+    for x, y in zip(xs, ys, strict=True):
+        assert x.dtype == torch.float32 and x.shape[1:] == (3, 32, 40) and x.is_contiguous()
+        assert y.dtype == torch.int64
+    assert torch.cat(ys).tolist() == [label for _, label in pipe.samples]
+
+
+def test_uint8_batches_equal_decode_and_normalize(tree: Path) -> None:
+    u8 = image.folder(tree, batch_size=4, size=32, normalize=False)
+    f32 = image.folder(tree, batch_size=4, size=32)
+    xs, _ = _collect(u8)
+    fs, _ = _collect(f32)
+    assert all(x.dtype == torch.uint8 for x in xs)
+    images = torch.cat(xs)
+    for (path, _), got in zip(u8.samples, images, strict=True):
+        np.testing.assert_array_equal(got.numpy(), image.decode(path, size=32, layout="chw"))
+    torch.testing.assert_close(torch.cat(fs), image.normalize(images), atol=1e-5, rtol=0)
+
+
+def test_drop_last(tree: Path) -> None:
+    pipe = image.folder(tree, batch_size=5, size=16, drop_last=True)
+    xs, _ = _collect(pipe)
+    assert [x.shape[0] for x in xs] == [5, 5] and len(pipe) == 2
+
+
+def test_train_is_shuffled_and_reproducible(tree: Path) -> None:
+    a = image.folder(tree, batch_size=4, size=24, train=True, seed=3)
+    b = image.folder(tree, batch_size=4, size=24, train=True, seed=3)
+    xa0, ya0 = _collect(a)
+    xb0, yb0 = _collect(b)
+    assert all(torch.equal(p, q) for p, q in zip(xa0 + ya0, xb0 + yb0, strict=True))
+    labels0 = torch.cat(ya0).tolist()
+    assert sorted(labels0) == sorted(label for _, label in a.samples)
+    xa1, ya1 = _collect(a)  # epoch 1: another order and other crops
+    assert torch.cat(ya1).tolist() != labels0 or not torch.equal(torch.cat(xa1), torch.cat(xa0))
+    a.set_epoch(0)
+    xa2, ya2 = _collect(a)
+    assert torch.equal(torch.cat(xa2), torch.cat(xa0)) and torch.cat(ya2).tolist() == labels0
+
+
+def test_eval_keeps_listing_order_unless_asked(tree: Path) -> None:
+    _, ys = _collect(image.folder(tree, batch_size=4, size=16))
+    assert torch.cat(ys).tolist() == sorted(torch.cat(ys).tolist())
+    _, shuffled = _collect(image.folder(tree, batch_size=12, size=16, shuffle=True, seed=1))
+    assert torch.cat(shuffled).tolist() != torch.cat(ys).tolist()
+
+
+def _add_bad_files(root: Path) -> list[str]:
+    good = jpeg(96, 72, seed=99)
+    bad = {
+        root / "cat" / "truncated.jpg": good[: len(good) // 2],
+        root / "dog" / "empty.jpg": b"",
+        root / "ant" / "notes.jpg": b"not an image at all\n" * 10,
+    }
+    for path, data in bad.items():
+        path.write_bytes(data)
+    return sorted(p.name for p in bad)
+
+
+def test_a_bad_file_fails_the_run_naming_it(tree: Path) -> None:
+    (tree / "cat" / "truncated.jpg").write_bytes(jpeg(96, 72)[:500])
+    pipe = image.folder(tree, batch_size=4, size=16)
+    with pytest.raises(PipelineError) as info:
+        _collect(pipe)
+    errors = info.value.exceptions
+    assert len(errors) == 1 and isinstance(errors[0], DecodeError)
+    assert "truncated.jpg" in str(errors[0])
+
+
+def test_bad_files_are_skipped_and_counted_under_max_failures(
+    tree: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    names = _add_bad_files(tree)
+    pipe = image.folder(tree, batch_size=4, size=16, max_failures=3)
+    with caplog.at_level(logging.WARNING, logger="asyncflow"):
+        xs, ys = _collect(pipe)
+    # 15 files in listing order: ant 000-002, notes (bad); cat 000-004, truncated (bad);
+    # dog 000-003, empty (bad, sorted first): each batch keeps its own images, less the bad
+    assert sum(len(y) for y in ys) == 12
+    assert [x.shape[0] for x in xs] == [3, 4, 3, 2]
+    failures = pipe.stats().failures
+    assert sorted(re.findall(r"[\w.]+\.jpg", f.item)[-1] for f in failures) == names
+    assert {f.error_type for f in failures} == {"DecodeError"}
+    assert all(f.stage == "batch" for f in failures)
+    # the batches hold exactly the good images, in listing order
+    good = [p for p, _ in pipe.samples if Path(p).name not in names]
+    for path, got in zip(good, torch.cat(xs), strict=True):
+        want = image.decode(path, size=16, layout="chw", normalize=True)
+        np.testing.assert_allclose(got.numpy(), want, atol=1e-5)
+
+
+def test_too_many_failures_still_fail(tree: Path) -> None:
+    _add_bad_files(tree)
+    with pytest.raises(PipelineError):
+        _collect(image.folder(tree, batch_size=4, size=16, max_failures=2))
+
+
+def test_break_leaves_nothing_running(tree: Path, leak_check: None) -> None:
+    for _ in image.folder(tree, batch_size=2, size=16):
+        break
+
+
+async def test_async_for(tree: Path) -> None:
+    n = 0
+    async for x, _ in image.folder(tree, batch_size=4, size=16, decode_concurrency=1):
+        n += x.shape[0]
+    assert n == 12
+
+
+def test_chaining_keeps_the_class_mapping(tree: Path) -> None:
+    pipe = image.folder(tree, batch_size=4, size=16).map(lambda b: b[1].sum())
+    assert isinstance(pipe, image.ImageFolder) and pipe.classes == ["ant", "cat", "dog"]
+    assert sum(int(s) for s in pipe) == 0 * 3 + 1 * 5 + 2 * 4
+
+
+def test_device_cpu(tree: Path) -> None:
+    xs, _ = _collect(image.folder(tree, batch_size=6, size=16, device="cpu"))
+    assert xs[0].device.type == "cpu"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_cuda(tree: Path) -> None:
+    xs, ys = _collect(image.folder(tree, batch_size=6, size=16, device="cuda"))
+    assert xs[0].device.type == "cuda" and ys[0].device.type == "cuda"
+
+
+def test_bad_trees_and_arguments(tmp_path: Path, tree: Path) -> None:
+    with pytest.raises(SourceNotFound):
+        image.folder(tmp_path / "nope", batch_size=2, size=16)
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "a.jpg").write_bytes(jpeg(20, 20))
+    with pytest.raises(ConfigError, match="no class folders"):
+        image.folder(tmp_path / "flat", batch_size=2, size=16)
+    (tree / "empty_class").mkdir()
+    with pytest.raises(ConfigError, match="empty_class"):
+        image.folder(tree, batch_size=2, size=16)
+    (tree / "empty_class").rmdir()
+    for bad in ({"batch_size": 0}, {"size": -1}, {"decode_concurrency": 0},
+                {"mean": (0.5, 0.5)}, {"std": (1.0, 1.0, 0.0)}):
+        kwargs = {"batch_size": 2, "size": 16, **bad}
+        with pytest.raises(ConfigError):
+            image.folder(tree, **kwargs)  # type: ignore[arg-type]
+
+
+def test_other_extensions_are_ignored(tree: Path) -> None:
+    (tree / "cat" / "readme.txt").write_text("hello")
+    pipe = image.folder(tree, batch_size=4, size=16)
+    assert not any(p.endswith(".txt") for p, _ in pipe.samples)
+
+
+def test_train_crops_are_those_of_decode_with_seed_epoch_and_index(tree: Path) -> None:
+    pipe = image.folder(tree, batch_size=4, size=24, train=True, seed=5, normalize=False)
+    xs, _ = _collect(pipe)
+    got = {}
+    for x in torch.cat(xs):  # match each output image to its file by content
+        got[x.numpy().tobytes()] = True
+    for index, (path, _) in enumerate(pipe.samples):
+        want = image.decode(path, size=24, train=True, seed=5, epoch=0, index=index,
+                            layout="chw")
+        assert want.tobytes() in got
+
+
+def test_describe_shows_the_batch_stage(tree: Path) -> None:
+    pipe = image.folder(tree, batch_size=4, size=16).map(lambda b: b)
+    kinds = [(s["kind"], s["name"]) for s in pipe.describe()]
+    assert kinds == [("source", "source"), ("map", "decode"), ("unbatch", "rows"),
+                     ("assemble", "batch"), ("map", "map")]
+    assert pipe.describe()[3]["batch_size"] == 4
+
+
+def test_an_epoch_where_every_image_fails_is_an_error(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "x.jpg").write_bytes(b"not a picture")
+    with pytest.raises(Exception, match="every one"):
+        _collect(image.folder(tmp_path, batch_size=2, size=16, max_failures=1.0))
