@@ -7,22 +7,28 @@ the engine: the objects are read by attribute.
 
 from __future__ import annotations
 
-import dataclasses
 import html
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["stages_html", "stages_text", "stats_html", "stats_text", "table_html", "table_text"]
+__all__ = [
+    "pipeline_html",
+    "pipeline_text",
+    "stages_html",
+    "stages_text",
+    "stats_html",
+    "stats_text",
+    "table_html",
+    "table_text",
+]
 
 _MAX_FAILURES_SHOWN = 5
-_HIDDEN_SETTINGS = {"fn", "name", "kind", "pred", "source"}
 
 _CSS = (
     "<style>"
     ".asyncflow-table{border-collapse:collapse;font-family:monospace;font-size:12px}"
     ".asyncflow-table th,.asyncflow-table td{padding:2px 8px;text-align:right;"
     "border-bottom:1px solid #ddd}"
-    ".asyncflow-table th:first-child,.asyncflow-table td:first-child{text-align:left}"
     ".asyncflow-table tr.asyncflow-bottleneck td{background:rgba(255,170,0,.25);font-weight:bold}"
     ".asyncflow-bar{display:inline-block;height:8px;background:#4a7bd0;vertical-align:middle}"
     "</style>"
@@ -32,21 +38,38 @@ _CSS = (
 # -- generic tables -------------------------------------------------------------------------
 
 
-def table_text(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """Align ``rows`` under ``headers``: the first column left-aligned, the others right."""
+def table_text(
+    headers: Sequence[str], rows: Iterable[Sequence[str]], *, align: str | None = None
+) -> str:
+    """Align ``rows`` under ``headers``.
+
+    ``align`` holds one letter per column, ``l`` or ``r``; by default the first column is
+    left-aligned and the others right-aligned.
+    """
     body = [list(map(str, row)) for row in rows]
+    align = _alignment(align, len(headers))
     widths = [len(h) for h in headers]
     for row in body:
         for i, cell in enumerate(row):
             widths[i] = max(widths[i], len(cell))
 
     def line(cells: Sequence[str]) -> str:
-        out = [cells[0].ljust(widths[0])]
-        out += [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+        out = [
+            c.ljust(w) if a == "l" else c.rjust(w)
+            for c, w, a in zip(cells, widths, align, strict=True)
+        ]
         return "  ".join(out).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([line(list(headers)), rule, *(line(r) for r in body)])
+
+
+def _alignment(align: str | None, columns: int) -> str:
+    if align is None:
+        return "l" + "r" * (columns - 1)
+    if len(align) != columns or set(align) - {"l", "r"}:
+        raise ValueError(f"align needs one of 'l' / 'r' per column, got {align!r}")
+    return align
 
 
 def table_html(
@@ -55,14 +78,21 @@ def table_html(
     *,
     highlight: Iterable[int] = (),
     caption: str = "",
+    align: str | None = None,
 ) -> str:
-    """An HTML table; cells are escaped unless wrapped in :class:`_Raw`."""
+    """An HTML table; cells are escaped unless they are :class:`_Raw`.
+
+    ``highlight`` lists row indexes to mark (the bottleneck); ``align`` is as
+    :func:`table_text`'s.
+    """
     marked = set(highlight)
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    align = _alignment(align, len(headers))
+    styles = [" style='text-align:left'" if a == "l" else "" for a in align]
+    head = "".join(f"<th{st}>{html.escape(h)}</th>" for h, st in zip(headers, styles, strict=True))
     lines = []
     for i, row in enumerate(rows):
         cls = ' class="asyncflow-bottleneck"' if i in marked else ""
-        cells = "".join(f"<td>{_cell(c)}</td>" for c in row)
+        cells = "".join(f"<td{st}>{_cell(c)}</td>" for c, st in zip(row, styles, strict=True))
         lines.append(f"<tr{cls}>{cells}</tr>")
     cap = f"<caption style='text-align:left'>{html.escape(caption)}</caption>" if caption else ""
     return (
@@ -135,6 +165,9 @@ _STATS_HEADERS = (
 )
 
 
+_STATS_ALIGN = "llrrrrrrrr"
+
+
 def _stats_rows(stats: Any, *, html_bars: bool) -> tuple[list[list[str]], list[int]]:
     rows: list[list[str]] = []
     marked: list[int] = []
@@ -189,10 +222,15 @@ def _failure_lines(stats: Any) -> list[str]:
     return ["failures:", *lines] if lines else []
 
 
+_NO_RUN = "no run yet: stats() describes the latest run of this pipeline object"
+
+
 def stats_text(stats: Any) -> str:
     """Render a ``PipelineStats`` as a plain-text table; the bottleneck is marked ``*``."""
+    if not stats.stages:
+        return _NO_RUN
     rows, _ = _stats_rows(stats, html_bars=False)
-    parts = [table_text(_STATS_HEADERS, rows), _summary(stats)]
+    parts = [table_text(_STATS_HEADERS, rows, align=_STATS_ALIGN), _summary(stats)]
     parts += _failure_lines(stats)
     parts += [f"note: {note}" for note in getattr(stats, "notes", ())]
     return "\n".join(parts)
@@ -200,8 +238,12 @@ def stats_text(stats: Any) -> str:
 
 def stats_html(stats: Any) -> str:
     """Render a ``PipelineStats`` as an HTML table; the bottleneck row is highlighted."""
+    if not stats.stages:
+        return f"<p>{html.escape(_NO_RUN)}</p>"
     rows, marked = _stats_rows(stats, html_bars=True)
-    out = table_html(_STATS_HEADERS, rows, highlight=marked, caption=_summary(stats))
+    out = table_html(
+        _STATS_HEADERS, rows, highlight=marked, caption=_summary(stats), align=_STATS_ALIGN
+    )
     extra = _failure_lines(stats) + [f"note: {n}" for n in getattr(stats, "notes", ())]
     if extra:
         out += "<pre>" + html.escape("\n".join(extra)) + "</pre>"
@@ -210,48 +252,84 @@ def stats_html(stats: Any) -> str:
 
 # -- description ----------------------------------------------------------------------------
 
-
-def _describe_fn(fn: Any) -> str:
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
-    return str(name) if name else type(fn).__name__
-
-
-def _settings(spec: Any) -> dict[str, Any]:
-    if isinstance(spec, Mapping):
-        items = dict(spec)
-    elif dataclasses.is_dataclass(spec) and not isinstance(spec, type):
-        items = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-    else:
-        items = {k: v for k, v in vars(spec).items() if not k.startswith("_")}
-    return {k: v for k, v in items.items() if k not in _HIDDEN_SETTINGS and v is not None}
+_STAGE_HEADERS = ("#", "stage", "kind", "function", "concurrency", "settings")
+_STAGE_ALIGN = "rlllrl"
+_COLUMNS = ("fn", "concurrency")
 
 
-def _stage_row(index: int, spec: Any) -> list[str]:
-    name = getattr(spec, "name", None) or f"stage {index}"
-    kind = getattr(spec, "kind", None) or type(spec).__name__.removesuffix("Spec").lower()
-    fn = getattr(spec, "fn", None)
-    what = _describe_fn(fn) if fn is not None else ""
-    settings = ", ".join(f"{k}={_short(v)}" for k, v in _settings(spec).items())
-    return [str(name), str(kind), what, settings]
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    if callable(value):
-        return _describe_fn(value)
-    text = repr(value)
+def _short(value: Any, limit: int = 48) -> str:
+    text = value if isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-_STAGE_HEADERS = ("stage", "kind", "function", "settings")
+def _stage_rows(description: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    rows = []
+    for i, stage in enumerate(description):
+        rest = {
+            k: v for k, v in stage.items()
+            if k not in ("kind", "name", *_COLUMNS) and v is not None
+        }
+        if stage.get("kind") == "source":
+            made_by, type_name = rest.pop("callable", None), rest.pop("type", "")
+            readable = isinstance(made_by, str) and not made_by.startswith("<")
+            if readable:
+                what = f"{str(made_by).rpartition('<locals>.')[2]}()"
+            else:
+                what = str(type_name)
+        else:
+            what = str(stage.get("fn", ""))
+        conc = stage.get("concurrency")
+        rows.append([
+            str(i),
+            str(stage.get("name", "")),
+            str(stage.get("kind", "")),
+            _short(what),
+            "" if conc is None else str(conc),
+            ", ".join(f"{k}={_short(v)}" for k, v in rest.items()),
+        ])
+    return rows
 
 
-def stages_text(stages: Sequence[Any], *, title: str = "Pipeline") -> str:
-    """Render a pipeline's stage specs (source first) as a plain-text table."""
-    rows = [_stage_row(i, s) for i, s in enumerate(stages)]
-    return f"{title} with {len(rows)} stages\n" + table_text(_STAGE_HEADERS, rows)
+def _title(pipe: Any, description: Sequence[Mapping[str, Any]]) -> str:
+    name = getattr(getattr(pipe, "options", None), "name", None)
+    label = type(pipe).__name__ if name in (None, "pipeline") else f"{type(pipe).__name__} {name!r}"
+    return f"{label}: a source and {max(len(description) - 1, 0)} stages"
 
 
-def stages_html(stages: Sequence[Any], *, title: str = "Pipeline") -> str:
-    """Render a pipeline's stage specs (source first) as an HTML table."""
-    rows = [_stage_row(i, s) for i, s in enumerate(stages)]
-    return table_html(_STAGE_HEADERS, rows, caption=f"{title} with {len(rows)} stages")
+def stages_text(description: Sequence[Mapping[str, Any]], *, title: str = "") -> str:
+    """Render a pipeline description (``pipe.describe()``) as a plain-text table."""
+    table = table_text(_STAGE_HEADERS, _stage_rows(description), align=_STAGE_ALIGN)
+    return f"{title}\n{table}" if title else table
+
+
+def stages_html(description: Sequence[Mapping[str, Any]], *, title: str = "") -> str:
+    """Render a pipeline description (``pipe.describe()``) as an HTML table."""
+    return table_html(_STAGE_HEADERS, _stage_rows(description), caption=title, align=_STAGE_ALIGN)
+
+
+def _last_stats(pipe: Any) -> Any:
+    stats = getattr(pipe, "stats", None)
+    if stats is None:
+        return None
+    snapshot = stats()
+    return snapshot if getattr(snapshot, "stages", ()) else None
+
+
+def pipeline_text(pipe: Any) -> str:
+    """A pipeline's stages and, once it has run, the statistics of its latest run."""
+    description = pipe.describe()
+    out = stages_text(description, title=_title(pipe, description))
+    stats = _last_stats(pipe)
+    if stats is not None:
+        out += "\n\nlatest run:\n" + stats_text(stats)
+    return out
+
+
+def pipeline_html(pipe: Any) -> str:
+    """HTML for ``Pipeline._repr_html_``: the stage table, plus the latest run's stats."""
+    description = pipe.describe()
+    out = stages_html(description, title=_title(pipe, description))
+    stats = _last_stats(pipe)
+    if stats is not None:
+        out += "<br>" + stats_html(stats)
+    return out

@@ -310,8 +310,13 @@ def folder(
         raise ConfigError(f"decode_concurrency must be an int >= 1, got {decode_concurrency!r}")
     threads = decode_concurrency or _usable_cpus()
     classes, samples = scan(root, extensions)
-    seed = secrets.randbits(63) if seed is None else int(seed)
-    listing = _Listing(samples, train if shuffle is None else bool(shuffle), seed,
+    shuffled = train if shuffle is None else bool(shuffle)
+    if seed is None:
+        # Without shuffling or augmentation the seed changes nothing: keep it fixed, so that
+        # an evaluation pipeline is the same in every process (and its cache is reused).
+        seed = secrets.randbits(63) if (shuffled or train) else 0
+    seed = int(seed)
+    listing = _Listing(samples, shuffled, seed,
                        group=min(8, batch_size))
     assembler = BatchAssembler(
         batch_size, out_h, out_w, len(samples), torch.float32 if normalize else torch.uint8,

@@ -73,7 +73,7 @@ class _Source:
         source = self.source
         info: dict[str, Any] = {"type": type(source).__name__}
         if self.is_factory:
-            info["callable"] = getattr(source, "__qualname__", repr(source))
+            info["callable"] = getattr(source, "__qualname__", None) or type(source).__qualname__
         try:
             info["len"] = len(source)
         except TypeError:

@@ -52,3 +52,33 @@ def test_another_size_rebuilds_and_says_so(folder: Path, tmp_path: Path, caplog:
     again = image.folder(folder, batch_size=4, size=24, normalize=False, seed=0).cache(path)
     assert next(iter(again))[0].shape[1:] == (3, 24, 24)
     assert "upstream pipeline changed" in caplog.text and "size" in caplog.text
+
+
+def test_an_unseeded_evaluation_folder_has_the_same_fingerprint_in_every_process(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.doubles import ROOT, child_env
+
+    from PIL import Image
+
+    root = tmp_path / "data"
+    for cls in ("a", "b"):
+        (root / cls).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (40 + i, 30), (i * 40, 10, 200)).save(root / cls / f"{i}.jpg")
+    code = (
+        "import json, sys\n"
+        "from asyncflow import image\n"
+        "from asyncflow.cache._pipeline import _description\n"
+        f"pipe = image.folder({str(root)!r}, batch_size=2, size=16)\n"
+        "print(json.dumps(_description(pipe), sort_keys=True, default=str))\n"
+    )
+    prints = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=child_env(), cwd=ROOT, check=True).stdout.strip()
+        for _ in range(2)
+    }
+    assert len(prints) == 1, prints
+    assert json.loads(prints.pop())
