@@ -14,7 +14,7 @@ from typing import Any
 from .._errors import ConfigError
 from ._channel import Channel
 from ._node import NodeContext, Receiver, Sender
-from ._offload import FAILED, next_chunk, run_chunk, run_chunk_remote
+from ._offload import FAILED, ChunkResult, next_chunk, run_chunk, run_chunk_remote
 from ._spec import BatchSpec, MapSpec, PrefetchSpec, ShuffleSpec
 
 __all__ = [
@@ -36,30 +36,6 @@ _DRAIN = 4096
 def _progress(ctx: NodeContext, produced: int) -> None:
     ctx.counters.items_out += produced
     ctx.counters.last_progress = time.monotonic()
-
-
-class Turnstile:
-    """Lets ordered workers emit strictly in ticket order."""
-
-    def __init__(self) -> None:
-        self._next = 0
-        self._waiters: dict[int, asyncio.Future[None]] = {}
-
-    async def wait(self, ticket: int) -> None:
-        if ticket == self._next:
-            return
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters[ticket] = fut
-        try:
-            await fut
-        finally:
-            self._waiters.pop(ticket, None)
-
-    def advance(self) -> None:
-        self._next += 1
-        fut = self._waiters.pop(self._next, None)
-        if fut is not None and not fut.done():
-            fut.set_result(None)
 
 
 async def _aclose(obj: Any) -> None:
@@ -150,15 +126,20 @@ class MapNode:
         self.ctx = ctx
         # Results in workers' hands stay within half the output queue's capacity, so memory
         # stays bounded by the queues however cheap the function is.
-        self.max_chunk = max(1, min(_MAX_CHUNK, ctx.counters.capacity // (2 * spec.concurrency)))
+        # (an ordered stage holds up to 2 x concurrency chunks: those in workers and those
+        # waiting in its reorder buffer).
+        holders = 2 * spec.concurrency * (2 if spec.ordered and spec.concurrency > 1 else 1)
+        self.max_chunk = max(1, min(_MAX_CHUNK, ctx.counters.capacity // holders))
         self.fn = spec.fn
         self.filter = spec.mode == "filter"
         self.ordered = spec.ordered
         self.concurrency = spec.concurrency
         self.is_async = spec.is_async
         self.remote = isinstance(spec.executor, ProcessPoolExecutor)
-        self._turn = Turnstile()
         self._ticket = 0
+        self._reorder = _Reorder(self, 2 * spec.concurrency) if (
+            spec.ordered and spec.concurrency > 1
+        ) else None
         self._chunk = 1
         self._per_item: float | None = None
         self._checked = False
@@ -170,8 +151,9 @@ class MapNode:
             await worker(inp, out)
         else:
             async with asyncio.TaskGroup() as tg:
-                for _ in range(self.concurrency):
-                    tg.create_task(worker(inp, out))
+                workers = [tg.create_task(worker(inp, out)) for _ in range(self.concurrency)]
+                if self._reorder is not None:
+                    tg.create_task(self._reorder.emit_all(workers, out))
         counters = self.ctx.counters
         self.ctx.budget.check_end(counters.failures, counters.items_in)
 
@@ -219,15 +201,29 @@ class MapNode:
             await out.put_many(outs)
         _progress(self.ctx, len(outs))
 
+    async def _deliver(self, ticket: int, result: ChunkResult | _Single, out: Sender) -> None:
+        if self._reorder is not None:
+            self._reorder.put(ticket, result)
+        else:
+            await self._emit(*result[:3], out)
+
+    async def _take(self, inp: Receiver, limit: int) -> tuple[int, list[Any]]:
+        if self._reorder is not None:
+            await self._reorder.room()
+        items = await inp.get_many(limit)
+        if not items:
+            return -1, items
+        ticket = self._ticket  # assigned with no await after the get: tickets follow items
+        self._ticket += 1
+        return ticket, items
+
     async def _sync_worker(self, inp: Receiver, out: Sender) -> None:
         ctx, counters, fn = self.ctx, self.ctx.counters, self.fn
         while True:
-            items = await inp.get_many(self._chunk)
+            ticket, items = await self._take(inp, self._chunk)
             if not items:
                 return
             counters.items_in += len(items)
-            ticket = self._ticket
-            self._ticket += 1
             counters.in_flight += 1
             try:
                 if self.remote:
@@ -241,47 +237,81 @@ class MapNode:
             self._adapt(elapsed, len(items))
             if not self._checked:
                 self._check_result(values)
-            if self.ordered:
-                await self._turn.wait(ticket)
-            await self._emit(items, values, failures, out)
-            if self.ordered:
-                self._turn.advance()
+            await self._deliver(ticket, (items, values, failures), out)
 
     async def _async_worker(self, inp: Receiver, out: Sender) -> None:
-        ctx, counters, fn = self.ctx, self.ctx.counters, self.fn
+        counters, fn = self.ctx.counters, self.fn
         while True:
-            items = await inp.get_many(1)
+            ticket, items = await self._take(inp, 1)
             if not items:
                 return
-            item = items[0]
             counters.items_in += 1
-            ticket = self._ticket
-            self._ticket += 1
             counters.in_flight += 1
             start = time.perf_counter()
-            error: Exception | None = None
             try:
-                value = fn(item)
+                value = fn(items[0])
                 if inspect.isawaitable(value):
                     value = await value
+                result: _Single = (items, [value], [])
             except Exception as exc:
-                error = exc
+                result = (items, [FAILED], [(0, exc)])
             finally:
                 counters.in_flight -= 1
                 counters.busy += time.perf_counter() - start
-            if self.ordered:
-                await self._turn.wait(ticket)
-            if error is not None:
-                ctx.item_failed(item, error)
-            elif not self.filter:
-                await out.put(value)
-                _progress(ctx, 1)
-            elif value:
-                await out.put(item)
-                _progress(ctx, 1)
-            if self.ordered:
-                self._turn.advance()
-            del item, value, error
+            await self._deliver(ticket, result, out)
+            del items, result
+
+
+_Single = tuple[list[Any], list[Any], list[tuple[int, BaseException]]]
+
+
+class _Reorder:
+    """Puts the results of an ordered stage back in input order, so that a worker that
+    finishes early takes new work instead of waiting for its turn. The window of tickets
+    taken but not yet emitted is bounded (twice the concurrency), which bounds memory."""
+
+    def __init__(self, node: MapNode, window: int) -> None:
+        self.node = node
+        self.window = window
+        self.ready: dict[int, Any] = {}
+        self.emitted = 0
+        self._wake_emitter: asyncio.Future[None] | None = None
+        self._room_waiters: list[asyncio.Future[None]] = []
+
+    async def room(self) -> None:
+        while self.node._ticket - self.emitted >= self.window:
+            fut = asyncio.get_running_loop().create_future()
+            self._room_waiters.append(fut)
+            await fut
+
+    def put(self, ticket: int, result: Any) -> None:
+        self.ready[ticket] = result
+        if ticket == self.emitted:
+            self._wake()
+
+    def _wake(self) -> None:
+        fut, self._wake_emitter = self._wake_emitter, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def emit_all(self, workers: list[asyncio.Task[None]], out: Sender) -> None:
+        for worker in workers:
+            worker.add_done_callback(lambda _: self._wake())
+        while True:
+            result = self.ready.pop(self.emitted, None)
+            if result is None:
+                if all(w.done() for w in workers) and self.emitted >= self.node._ticket:
+                    return
+                self._wake_emitter = asyncio.get_running_loop().create_future()
+                await self._wake_emitter
+                continue
+            items, values, failures = result
+            await self.node._emit(items, values, failures, out)
+            self.emitted += 1
+            waiters, self._room_waiters = self._room_waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
 
 
 def _expand_start(
