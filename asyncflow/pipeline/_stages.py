@@ -14,7 +14,7 @@ from typing import Any
 from .._errors import ConfigError
 from ._channel import Channel
 from ._node import NodeContext, Receiver, Sender
-from ._offload import FAILED, ChunkResult, next_chunk, run_chunk, run_chunk_remote
+from ._offload import FAILED, next_chunk, run_chunk, run_chunk_remote
 from ._spec import BatchSpec, MapSpec, PrefetchSpec, ShuffleSpec
 
 __all__ = [
@@ -201,11 +201,11 @@ class MapNode:
             await out.put_many(outs)
         _progress(self.ctx, len(outs))
 
-    async def _deliver(self, ticket: int, result: ChunkResult | _Single, out: Sender) -> None:
+    async def _deliver(self, ticket: int, result: _Single, out: Sender) -> None:
         if self._reorder is not None:
             self._reorder.put(ticket, result)
         else:
-            await self._emit(*result[:3], out)
+            await self._emit(result[0], result[1], result[2], out)
 
     async def _take(self, inp: Receiver, limit: int) -> tuple[int, list[Any]]:
         if self._reorder is not None:
