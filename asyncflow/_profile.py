@@ -1,0 +1,325 @@
+"""``asyncflow.profile``: each stage alone, at several concurrencies, on a sample of the input.
+
+The way SPDL's ``profile_pipeline`` does it: take the first ``sample`` items of the source, then
+for each stage in order feed it the items the stage before it produced, once per concurrency
+setting, with nothing else running, and time it. A stage's items/s alone is its capacity; the
+whole pipeline runs at the pace of its slowest stage. The recommended concurrency is the smallest
+setting that comes within ``tolerance`` of the best rate: more would cost threads and memory
+and buy nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from ._display import table_html, table_text
+from ._errors import ConfigError
+
+__all__ = ["ProfileReport", "StageProfile", "profile"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StageProfile:
+    """One stage's measurements.
+
+    Attributes:
+        name: The stage's name.
+        kind: ``map``, ``filter``, ``flat_map``, ``batch``, ...
+        items_in: Items fed to the stage (each setting got the same).
+        items_out: Items it produced (at the first setting).
+        rates: Items per second (input items) by concurrency setting. Stages without a
+            concurrency (``batch``, ``shuffle``, ...) have one entry, under their own.
+        seconds_per_item: Time inside the function per item, single-worker (map stages).
+        failures: Items that failed at the first setting (skipped while profiling).
+        recommended: The smallest setting within tolerance of the best rate, or ``None`` for
+            stages whose concurrency is not a setting.
+        configured: The concurrency the pipeline gives the stage now.
+    """
+
+    name: str
+    kind: str
+    items_in: int
+    items_out: int
+    rates: dict[int, float]
+    seconds_per_item: float
+    failures: int
+    recommended: int | None
+    configured: int
+
+    @property
+    def best_rate(self) -> float:
+        return max(self.rates.values(), default=0.0)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class ProfileReport:
+    """What :func:`profile` measured; prints as a table, and as HTML in notebooks.
+
+    Attributes:
+        stages: One :class:`StageProfile` per stage, in pipeline order.
+        sample: Items taken from the source.
+        concurrencies: The settings tried.
+        source_rate: Items per second the source alone produced the sample at.
+    """
+
+    stages: tuple[StageProfile, ...]
+    sample: int
+    concurrencies: tuple[int, ...]
+    source_rate: float
+
+    @property
+    def recommended(self) -> dict[str, int]:
+        """Recommended concurrency by stage name (stages that have the setting)."""
+        return {s.name: s.recommended for s in self.stages if s.recommended is not None}
+
+    @property
+    def bottleneck(self) -> str | None:
+        """The stage with the lowest best rate (per source item), the pipeline's limit."""
+        measured = [s for s in self.stages if s.best_rate > 0]
+        if not measured:
+            return None
+        return min(measured, key=lambda s: _per_source_item(s, self)).name
+
+    def apply(self, pipe: Any) -> Any:
+        """``pipe`` with each stage's concurrency set to the recommendation."""
+        stages = list(pipe.stages)
+        by_name = self.recommended
+        for i, spec in enumerate(stages):
+            name = spec.name or spec.default_name()
+            if name in by_name and hasattr(spec, "concurrency"):
+                stages[i] = dataclasses.replace(spec, concurrency=by_name[name])
+        new = copy.copy(pipe)
+        new._stages = tuple(stages)
+        new._last = []
+        return new
+
+    def _rows(self, *, html: bool) -> list[list[str]]:
+        rows = []
+        for s in self.stages:
+            best = s.best_rate
+            cells = []
+            for c in self.concurrencies:
+                rate = s.rates.get(c)
+                text = "" if rate is None else _rate(rate)
+                if html and rate is not None and c == s.recommended:
+                    text = _bold(text)
+                cells.append(text)
+            if s.recommended is None:
+                only = next(iter(s.rates.values()), 0.0)
+                cells = [""] * len(self.concurrencies)
+                cells[0] = _rate(only)
+            row = [
+                s.name,
+                s.kind,
+                f"{s.items_in:,}",
+                _ms(s.seconds_per_item),
+                *cells,
+                _rate(best),
+                "-" if s.recommended is None else str(s.recommended),
+                str(s.configured),
+            ]
+            if self._any_failures:
+                row.append(f"{s.failures:,}")
+            rows.append(row)
+        return rows
+
+    @property
+    def _any_failures(self) -> bool:
+        return any(s.failures for s in self.stages)
+
+    def _headers(self) -> list[str]:
+        return [
+            "stage", "kind", "items", "per item",
+            *(f"c={c} items/s" for c in self.concurrencies),
+            "best", "recommended", "now",
+            *(["failures"] if self._any_failures else []),
+        ]
+
+    def _align(self) -> str:
+        return "ll" + "r" * (len(self._headers()) - 2)
+
+    def _caption(self) -> str:
+        text = (
+            f"each stage alone on {self.sample:,} source items; the source alone: "
+            f"{_rate(self.source_rate)} items/s"
+        )
+        if self.bottleneck:
+            text += f"; slowest stage: {self.bottleneck}"
+        return text
+
+    def __str__(self) -> str:
+        table = table_text(self._headers(), self._rows(html=False), align=self._align())
+        return table + "\n" + self._caption()
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        limit = self.bottleneck
+        marked = [i for i, s in enumerate(self.stages) if s.name == limit]
+        return table_html(
+            self._headers(), self._rows(html=True), highlight=marked, caption=self._caption(),
+            align=self._align(),
+        )
+
+
+def _per_source_item(stage: StageProfile, report: ProfileReport) -> float:
+    # A batch stage sees 1/32 as many items as the source: compare rates in source items.
+    ratio = report.sample / stage.items_in if stage.items_in else 1.0
+    return stage.best_rate * ratio
+
+
+def _bold(text: str) -> str:
+    from ._display import _Raw
+
+    return _Raw(f"<b>{text}</b>")
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def _ms(seconds: float) -> str:
+    if seconds <= 0:
+        return "-"
+    return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.1f} us"
+
+
+def _sub_pipeline(pipe: Any, items: list[Any], spec: Any) -> Any:
+    """``pipe``'s options and type, with ``items`` as the source and ``spec`` the only stage."""
+    from .pipeline._pipeline import _Source
+
+    new = copy.copy(pipe)
+    new._source = _Source(items)
+    new._stages = (spec,)
+    new._hooks = ()
+    new._last = []
+    # Profiling measures capacity: failed items are skipped and counted, never fatal.
+    new._options = dataclasses.replace(pipe.options, max_failures=1.0, report_every=None)
+    return new
+
+
+def _timed_run(pipe: Any, keep: bool) -> tuple[float, list[Any], Any]:
+    out: list[Any] = []
+    start = time.perf_counter()
+    with pipe.open() as run:
+        for item in run:
+            if keep:
+                out.append(item)
+        elapsed = time.perf_counter() - start
+        stats = run.stats()
+    return elapsed, out, stats
+
+
+def _take(pipe: Any, sample: int) -> tuple[list[Any], float]:
+    from .pipeline import Pipeline
+
+    items: list[Any] = []
+    start = time.perf_counter()
+    with Pipeline(pipe.source).open() as run:
+        for item in run:
+            items.append(item)
+            if len(items) >= sample:
+                break
+    return items, len(items) / max(time.perf_counter() - start, 1e-9)
+
+
+def _check(sample: int, concurrencies: Iterable[int], tolerance: float) -> tuple[int, ...]:
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+        raise ConfigError(f"sample must be an int >= 1, got {sample!r}")
+    settings = tuple(sorted(set(concurrencies)))
+    if not settings or any(isinstance(c, bool) or not isinstance(c, int) or c < 1
+                           for c in settings):
+        raise ConfigError(f"concurrencies must be ints >= 1, got {concurrencies!r}")
+    if not 0 <= tolerance < 1:
+        raise ConfigError(f"tolerance must lie in [0, 1), got {tolerance!r}")
+    return settings
+
+
+def profile(
+    pipe: Any,
+    *,
+    sample: int = 256,
+    concurrencies: Sequence[int] = (1, 2, 4, 8),
+    tolerance: float = 0.1,
+) -> ProfileReport:
+    """Measure each stage of ``pipe`` alone at several concurrencies, and recommend one.
+
+    Args:
+        pipe: The pipeline. Its source is read for ``sample`` items (an iterator source is
+            consumed that far).
+        sample: Source items to profile with. Every stage's function runs on its share of
+            them once per setting, so keep side effects in mind.
+        concurrencies: The settings tried for stages that have one (``map``, ``filter``,
+            ``flat_map``); other stages (``batch``, ``shuffle``, ...) run once as configured.
+        tolerance: Recommend the smallest setting whose rate is within this fraction of
+            the best.
+
+    Returns:
+        A :class:`ProfileReport`: ``print()`` it, display it in a notebook, read
+        ``report.recommended``, or ``report.apply(pipe)`` for a pipeline that uses the
+        recommendations.
+
+    Raises:
+        ConfigError: An argument is invalid.
+
+    Cancellation:
+        Ctrl-C stops the run in progress and propagates; nothing is left running.
+    """
+    settings = _check(sample, concurrencies, tolerance)
+    with _quiet_skips():
+        return _profile(pipe, sample, settings, tolerance)
+
+
+@contextlib.contextmanager
+def _quiet_skips() -> Iterator[None]:
+    """Failures are counted in the report; the engine's per-item skip log would repeat each
+    one once per setting."""
+    logger = logging.getLogger("asyncflow")
+    level = logger.level
+    logger.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _profile(
+    pipe: Any, sample: int, settings: tuple[int, ...], tolerance: float
+) -> ProfileReport:
+    items, source_rate = _take(pipe, sample)
+    results = []
+    for spec in pipe.stages:
+        name = spec.name or spec.default_name()
+        configured = getattr(spec, "concurrency_", 1)
+        tunable = spec.kind in ("map", "filter", "flat_map")
+        rates: dict[int, float] = {}
+        outputs: list[Any] | None = None
+        per_item, failures, produced = 0.0, 0, 0
+        for c in settings if tunable else (configured,):
+            variant = dataclasses.replace(spec, concurrency=c) if tunable else spec
+            keep = outputs is None
+            elapsed, out, stats = _timed_run(_sub_pipeline(pipe, items, variant), keep)
+            rates[c] = len(items) / max(elapsed, 1e-9)
+            if keep:
+                outputs = out
+                stage = stats.stages[-1]
+                per_item, failures, produced = stage.mean_seconds_per_item, stage.failures, len(out)
+        recommended = None
+        if tunable:
+            best = max(rates.values())
+            recommended = min(c for c, r in rates.items() if r >= (1 - tolerance) * best)
+        results.append(StageProfile(
+            name=name, kind=spec.kind, items_in=len(items), items_out=produced, rates=rates,
+            seconds_per_item=per_item, failures=failures, recommended=recommended,
+            configured=configured,
+        ))
+        items = outputs or []
+    return ProfileReport(
+        stages=tuple(results), sample=sample, concurrencies=settings, source_rate=source_rate
+    )

@@ -1,0 +1,92 @@
+"""The docs site builds with ``mkdocs build --strict``, and the README's example is real code."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _nav_pages(nav: object) -> list[str]:
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, list):
+        return [p for entry in nav for p in _nav_pages(entry)]
+    if isinstance(nav, dict):
+        return [p for value in nav.values() for p in _nav_pages(value)]
+    return []
+
+
+def _load_mkdocs() -> dict[str, object]:
+    # mkdocs.yml may hold !!python/name tags (none now); the safe loader is enough for nav.
+    return yaml.safe_load((ROOT / "mkdocs.yml").read_text())  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_mkdocs_build_strict(tmp_path: Path) -> None:
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", PYTHONWARNINGS="ignore")
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "site" / "index.html").is_file()
+    api = (tmp_path / "site" / "api" / "pipeline" / "index.html").read_text()
+    assert "Pipeline" in api
+
+
+def test_every_page_is_in_the_nav() -> None:
+    nav = set(_nav_pages(_load_mkdocs()["nav"]))
+    pages = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")}
+    assert pages - nav == set(), "pages missing from mkdocs.yml's nav"
+    assert nav - pages == set(), "nav entries without a page"
+
+
+def test_performance_placeholders_only_in_performance_page() -> None:
+    for page in (ROOT / "docs").rglob("*.md"):
+        if page.name != "performance.md":
+            assert "TBD" not in page.read_text(), page
+
+
+def _python_blocks(markdown: str) -> list[str]:
+    """The ```python blocks, dedented (blocks inside tabs are indented)."""
+    found = re.findall(r"^( *)```python\n(.*?)^\1```", markdown, flags=re.S | re.M)
+    return [textwrap.dedent(body) for _, body in found]
+
+
+def _parse(block: str, where: str) -> None:
+    # Notebook-style snippets use top-level ``async for``.
+    flags = ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    try:
+        compile(block, where, "exec", flags=flags)
+    except SyntaxError as exc:
+        pytest.fail(f"{where}: {exc}\n{block}")
+
+
+def test_readme_has_the_two_commands_and_valid_python() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "make demo" in readme and "make test" in readme
+    blocks = _python_blocks(readme)
+    assert blocks, "the README shows an example"
+    for block in blocks:
+        _parse(block, "README.md")
+
+
+def test_docs_python_blocks_parse() -> None:
+    for page in (ROOT / "docs").rglob("*.md"):
+        for block in _python_blocks(page.read_text()):
+            _parse(block, str(page.relative_to(ROOT)))
