@@ -6,7 +6,7 @@ needs them is first used.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._errors import (
     AsyncflowError,
@@ -44,7 +44,6 @@ __getattr__ = lazy_getattr(__name__, _LAZY)
 if TYPE_CHECKING:
     from . import image, sources
     from ._profile import profile
-    from .sources._mix import mix
     from .sources import (
         DistributedSampler,
         RandomSampler,
@@ -54,6 +53,7 @@ if TYPE_CHECKING:
         WeightedRandomSampler,
         read_bytes,
     )
+    from .sources._mix import mix
     from .torch import DataLoader
 
 

@@ -59,9 +59,9 @@ def test_an_unseeded_evaluation_folder_has_the_same_fingerprint_in_every_process
     import subprocess
     import sys
 
-    from tests.doubles import ROOT, child_env
-
     from PIL import Image
+
+    from tests.doubles import ROOT, child_env
 
     root = tmp_path / "data"
     for cls in ("a", "b"):
