@@ -409,12 +409,16 @@ class FlatMapNode:
             self.ctx.item_failed(item, exc)
 
     async def _direct_worker(self, inp: Receiver, out: Sender) -> None:
+        # A single worker takes what is queued in one go; several take one item each, so
+        # that the expansions spread over them.
+        limit = _SOURCE_CHUNK if self.concurrency == 1 else 1
         while True:
-            items = await inp.get_many(1)
+            items = await inp.get_many(limit)
             if not items:
                 return
-            self.ctx.counters.items_in += 1
-            await self._expand_or_fail(items[0], out)
+            for item in items:
+                self.ctx.counters.items_in += 1
+                await self._expand_or_fail(item, out)
 
     async def _slot_worker(self, inp: Receiver) -> None:
         assert self._slot_added is not None
