@@ -114,3 +114,11 @@ def test_progress_keeps_the_pipeline_type() -> None:
     pipe = Pipeline(range(3))
     assert type(pipe.progress()) is Pipeline
     assert list(pipe.progress(file=io.StringIO())) == [0, 1, 2]
+
+
+def test_progress_true_on_the_constructor_shows_a_bar(capsys) -> None:
+    from asyncflow import Pipeline
+
+    assert list(Pipeline(range(50), progress=True).map(lambda x: x)) == list(range(50))
+    err = capsys.readouterr().err
+    assert "50/" in err or "50it" in err, err

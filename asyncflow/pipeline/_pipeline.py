@@ -110,6 +110,7 @@ class Pipeline:
         report_every: Log the stats table at INFO every this many seconds.
         stop_timeout: How long stopping waits for a stage function to return before
             abandoning its thread (it cannot be interrupted) and saying so.
+        progress: Show a progress bar for every run (as :meth:`progress` does).
 
     Raises:
         ConfigError: An option is invalid.
@@ -126,6 +127,7 @@ class Pipeline:
         stall_timeout: float | None = None,
         report_every: float | None = None,
         stop_timeout: float = 2.0,
+        progress: bool = False,
     ) -> None:
         if source is None or not (
             callable(source) or hasattr(source, "__iter__") or hasattr(source, "__aiter__")
@@ -152,6 +154,10 @@ class Pipeline:
         self._source = _Source(source)
         self._stages: tuple[StageSpec, ...] = ()
         self._hooks: tuple[Callable[[Run], ConsumerHook], ...] = ()
+        if progress:
+            from .._progress import progress_hook
+
+            self._hooks = (progress_hook(),)
         self._options = RunOptions(
             name=name or "pipeline",
             max_failures=max_failures,
