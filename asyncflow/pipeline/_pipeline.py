@@ -36,9 +36,10 @@ class _Source:
 
     def __init__(self, source: Any) -> None:
         self.source = source
-        self.is_factory = callable(source) and not (
+        # A class (``itertools.count``) is a factory even though it defines __iter__.
+        self.is_factory = isinstance(source, type) or (callable(source) and not (
             hasattr(source, "__iter__") or hasattr(source, "__aiter__")
-        )
+        ))
         self.one_shot = not self.is_factory and (
             (hasattr(source, "__next__") and iter(source) is source)
             or (hasattr(source, "__anext__"))
@@ -184,10 +185,13 @@ class Pipeline:
         return new
 
     def _with_hook(self, factory: Callable[[Run], ConsumerHook]) -> Self:
-        """A copy with a consumer-side hook, built per run by ``factory(run)``."""
+        """A copy with a consumer-side hook, built per run by ``factory(run)``.
+
+        The copy runs the same stages, so it shares this pipeline's latest-run statistics:
+        ``pipe.stats()`` also shows a run of ``pipe.progress()``.
+        """
         new = copy.copy(self)
         new._hooks = (*self._hooks, factory)
-        new._last = []
         return new
 
     def map(

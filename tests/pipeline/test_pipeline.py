@@ -225,3 +225,22 @@ def test_nothing_may_follow_a_terminal_stage() -> None:
     pipe = Pipeline(range(3))._then(spec)
     with pytest.raises(ConfigError, match="to_device\\(\\) must be the last stage"):
         pipe.batch(2)
+
+
+def test_a_class_is_a_source_factory() -> None:
+    import itertools
+
+    class Three:
+        def __iter__(self):
+            return iter([1, 2, 3])
+
+    assert list(Pipeline(Three)) == [1, 2, 3]
+    it = iter(Pipeline(itertools.count))
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    it.close()
+
+
+def test_stats_are_shared_with_a_progress_copy() -> None:
+    pipe = Pipeline(range(10)).map(double, name="dbl")
+    assert list(pipe.progress(disable=True)) == [2 * x for x in range(10)]
+    assert pipe.stats()["dbl"].items_out == 10
