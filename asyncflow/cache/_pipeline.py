@@ -26,8 +26,10 @@ class CachedPipeline(Pipeline):
     """
 
     def __init__(self, source: CacheSource, *, upstream: Pipeline) -> None:
+        # Replayed batches are large: a short queue keeps their buffers few and reused.
         super().__init__(source, name=upstream.options.name,
-                         stop_timeout=upstream.options.stop_timeout)
+                         stop_timeout=upstream.options.stop_timeout,
+                         buffer=4 if source.layout == "batches" else None)
         self._cache_source = source
         self._upstream = upstream
 

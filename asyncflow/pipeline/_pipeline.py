@@ -21,6 +21,7 @@ from ._spec import (
     StageSpec,
     UnbatchSpec,
     check_budget,
+    check_positive,
 )
 from ._stats import PipelineStats
 
@@ -112,6 +113,8 @@ class Pipeline:
         stop_timeout: How long stopping waits for a stage function to return before
             abandoning its thread (it cannot be interrupted) and saying so.
         progress: Show a progress bar for every run (as :meth:`progress` does).
+        buffer: Capacity of the source's output queue, in items (default 64): lower it
+            when the source yields large items, such as whole batches.
 
     Raises:
         ConfigError: An option is invalid.
@@ -129,6 +132,7 @@ class Pipeline:
         report_every: float | None = None,
         stop_timeout: float = 2.0,
         progress: bool = False,
+        buffer: int | None = None,
     ) -> None:
         if source is None or not (
             callable(source) or hasattr(source, "__iter__") or hasattr(source, "__aiter__")
@@ -138,6 +142,7 @@ class Pipeline:
                 f"zero-argument callable returning one; got {type(source).__name__}"
             )
         check_budget(max_failures)
+        check_positive("buffer", buffer, allow_none=True)
         _check_number("stall_timeout", stall_timeout)
         _check_number("report_every", report_every)
         _check_number("stop_timeout", stop_timeout)
@@ -166,6 +171,7 @@ class Pipeline:
             report_every=report_every,
             stop_timeout=stop_timeout,
             settings=settings,
+            source_buffer=buffer,
         )
         self._last: list[Runtime] = []
 

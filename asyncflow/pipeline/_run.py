@@ -66,6 +66,7 @@ class RunOptions:
     report_every: float | None = None
     stop_timeout: float = 2.0
     settings: tuple[tuple[str, Any], ...] = ()
+    source_buffer: int | None = None
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -167,6 +168,8 @@ class Runtime:
                 name, n = f"{base}#{n}", n + 1
             names.add(name)
             capacity = _default_capacity(spec, batched)
+            if spec is None and self.options.source_buffer is not None:
+                capacity = self.options.source_buffer
             last = index == len(stages) - 1
             output: Any = Handoff(capacity, self.loop) if last else Channel(capacity)
             concurrency = 1 if spec is None else spec.concurrency_

@@ -118,3 +118,20 @@ def test_consumer_timeout_raises_stall_error() -> None:
     with pytest.raises(StallError, match="timeout"):
         for _ in Pipeline(range(3), stop_timeout=2).map(very_slow).open(timeout=0.2):
             pass
+
+
+def test_the_source_buffer_is_configurable() -> None:
+    read = []
+
+    def source():
+        for i in range(1000):
+            read.append(i)
+            yield i
+
+    with Pipeline(source, buffer=2).open() as run:
+        next(run)
+        time.sleep(0.2)
+        # the source's queue (2) + the chunk it read + the consumer's queue
+        assert len(read) <= 2 + 256 + 64
+    with Pipeline(range(3), buffer=2).open() as run:
+        assert run.stats().stages[0].queue_capacity == 2
