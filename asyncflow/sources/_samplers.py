@@ -11,6 +11,7 @@ at torch, and only at ``torch.distributed`` when the program has already importe
 
 from __future__ import annotations
 
+import abc
 import math
 import os
 import secrets
@@ -59,7 +60,7 @@ def permutation(n: int, seed: int, epoch: int) -> list[int]:
     return _rng(seed, epoch).permutation(n).tolist()  # type: ignore[no-any-return]
 
 
-class _Sampler:
+class _Sampler(abc.ABC):
     """What every sampler shares: the epoch, one-shot resume, and state dicts.
 
     Subclasses implement :meth:`indices`; iteration yields ``indices(epoch)`` from the
@@ -73,12 +74,12 @@ class _Sampler:
         self._resume_offset = 0
         self._offset = 0
 
+    @abc.abstractmethod
     def indices(self, epoch: int | None = None) -> list[int]:
         """Every index of one epoch (the current one by default), in order."""
-        raise NotImplementedError
 
-    def __len__(self) -> int:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
 
     def __iter__(self) -> Iterator[int]:
         start, self._resume_offset = self._resume_offset, 0
