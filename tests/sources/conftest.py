@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from asyncflow.sources import _http
 from tests.servers import FaultServer, S3Server, fault_server, moto_server
 
 _names = itertools.count()
@@ -86,3 +87,18 @@ async def bucket(s3: Any, unique: str) -> str:
     name = f"bkt-{unique}".lower().replace("_", "-")
     await s3.create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def count_sessions(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Record each aiohttp session asyncflow opens."""
+    opened: list[Any] = []
+    real = _http.new_session
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        session = real(*args, **kwargs)
+        opened.append(session)
+        return session
+
+    monkeypatch.setattr(_http, "new_session", counting)
+    return opened

@@ -36,21 +36,6 @@ def everything_about(exc: BaseException) -> str:
                       *getattr(exc, "__notes__", [])])
 
 
-@pytest.fixture
-def count_sessions(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Record each aiohttp session asyncflow opens."""
-    opened: list[Any] = []
-    real = _http.new_session
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        session = real(*args, **kwargs)
-        opened.append(session)
-        return session
-
-    monkeypatch.setattr(_http, "new_session", counting)
-    return opened
-
-
 async def test_reads_the_whole_body(http_server: FaultServer, unique: str) -> None:
     path = f"/gen/70000/{unique}.bin"
     assert await asyncflow.read_bytes(http_server.url(path)) == generated(path, 70000)

@@ -13,24 +13,9 @@ import pytest
 
 import asyncflow
 from asyncflow import Pipeline, PipelineError, Retry, SourceError, SourceTimeout, Timeout
-from asyncflow.sources import _http
 from tests.servers import FaultServer, generated
 
 pytestmark = pytest.mark.usefixtures("leak_check")
-
-
-@pytest.fixture
-def count_sessions(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    opened: list[Any] = []
-    real = _http.new_session
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        session = real(*args, **kwargs)
-        opened.append(session)
-        return session
-
-    monkeypatch.setattr(_http, "new_session", counting)
-    return opened
 
 
 def test_one_session_per_run_closed_when_it_ends(
