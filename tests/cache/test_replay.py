@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
-from asyncflow.cache._replay import permutation, replay
+from asyncflow.cache._replay import _gather, permutation, replay
 from asyncflow.cache._store import Reader
 
 from .test_store import batches, write
@@ -84,3 +85,15 @@ def test_shuffled_buffers_are_reused_only_once_the_consumer_lets_go(tmp_path: Pa
     for images, ids, copy in kept:  # the kept ones were never overwritten
         assert torch.equal(ids, copy)
         assert torch.equal(images[:, 1, 2, 3].long(), copy)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32", "bool", "int64", "uint16", ">i4"])
+@pytest.mark.parametrize("writeable", [True, False])
+def test_gather_copies_the_rows_in_order_for_any_dtype(dtype: str, writeable: bool) -> None:
+    # uint16, a big-endian int and a read-only mapping take numpy's path, the rest torch's
+    array = (np.arange(7 * 3 * 2) % 200).astype(dtype).reshape(7, 3, 2)
+    array.flags.writeable = writeable
+    rows = np.array([6, 0, 3, 3, 5])
+    out = np.zeros((5, 3, 2), dtype)
+    assert _gather(array, rows, out) is out
+    np.testing.assert_array_equal(out, array[rows])
