@@ -6,6 +6,7 @@ torch, aiohttp, aiobotocore and PIL load only when a name that needs them is fir
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,7 +25,12 @@ def lazy_getattr(package: str, table: Mapping[str, str]) -> Callable[[str], Any]
         if target is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         if target.endswith(":"):
-            return importlib.import_module(target[:-1])
-        return getattr(importlib.import_module(target), name)
+            value = importlib.import_module(target[:-1])
+        else:
+            value = getattr(importlib.import_module(target), name)
+        # Kept in the package, so that later lookups (``asyncflow.read_bytes`` in a loop
+        # of thousands of calls) are plain attribute reads, not imports.
+        setattr(sys.modules[package], name, value)
+        return value
 
     return __getattr__

@@ -15,14 +15,14 @@ from __future__ import annotations
 import email.utils
 import functools
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
 from contextlib import asynccontextmanager
 
 import aiohttp
 from yarl import URL
 
 from .._errors import SourceError, SourceNotFound, SourcePermissionError
-from .._scope import current_scope
+from .._scope import RunScope, current_scope
 from ._redact import Operation, describe_exception, redact_url
 from ._retry import Retry, Timeout, Transient, with_retries
 
@@ -67,11 +67,15 @@ async def http_session() -> AsyncIterator[aiohttp.ClientSession]:
     """The running pipeline's shared session, or a private one for the duration of the block."""
     scope = current_scope()
     if scope is not None:
-        connections = scope.settings.get("connections") or DEFAULT_CONNECTIONS
-        yield await scope.get(HTTP_KEY, lambda: new_session(connections))
+        yield await _scope_session(scope)
         return
     async with new_session() as session:
         yield session
+
+
+def _scope_session(scope: RunScope) -> Awaitable[aiohttp.ClientSession]:
+    connections = scope.settings.get("connections") or DEFAULT_CONNECTIONS
+    return scope.get(HTTP_KEY, lambda: new_session(connections))
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
@@ -92,6 +96,7 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
+@functools.lru_cache(maxsize=64)
 @functools.lru_cache(maxsize=64)
 def _client_timeout(timeout: Timeout) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(
@@ -146,6 +151,46 @@ def _next_hop(current: URL, resp: aiohttp.ClientResponse, scheme: str, what: obj
     return target
 
 
+async def _get(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    what: object,
+    retry: Retry,
+    timeout: Timeout,
+    headers: Mapping[str, str] | None = None,
+) -> aiohttp.ClientResponse:
+    """The final response to GET ``url`` after redirects, its status already checked.
+
+    The caller must ``release()`` it. A plain coroutine rather than a context manager: it
+    runs once per object read, where every layer costs.
+    """
+    try:
+        target = URL(url)
+    except ValueError:
+        raise SourceError(f"{what}: invalid URL") from None
+    scheme = target.scheme.lower()
+    client_timeout = _client_timeout(timeout)
+    for _ in range(MAX_REDIRECTS + 1):
+        try:
+            resp = await session.get(
+                target, allow_redirects=False, headers=headers, timeout=client_timeout
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise _translate(exc, what, timeout) from None
+        try:
+            if resp.status in _REDIRECTS:
+                target = _next_hop(target, resp, scheme, what)
+                resp.release()
+                continue
+            _check_status(resp, what, retry)
+        except BaseException:
+            resp.release()
+            raise
+        return resp
+    raise SourceError(f"{what}: more than {MAX_REDIRECTS} redirects")
+
+
 @asynccontextmanager
 async def _response(
     session: aiohttp.ClientSession,
@@ -156,29 +201,12 @@ async def _response(
     timeout: Timeout,
     headers: Mapping[str, str] | None = None,
 ) -> AsyncIterator[aiohttp.ClientResponse]:
-    """The final response to GET ``url`` after redirects, its status already checked."""
+    """:func:`_get` as a context manager that releases the response."""
+    resp = await _get(session, url, what=what, retry=retry, timeout=timeout, headers=headers)
     try:
-        target = URL(url)
-    except ValueError:
-        raise SourceError(f"{what}: invalid URL") from None
-    scheme = target.scheme.lower()
-    for _ in range(MAX_REDIRECTS + 1):
-        try:
-            resp = await session.get(
-                target, allow_redirects=False, headers=headers, timeout=_client_timeout(timeout)
-            )
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise _translate(exc, what, timeout) from None
-        try:
-            if resp.status in _REDIRECTS:
-                target = _next_hop(target, resp, scheme, what)
-                continue
-            _check_status(resp, what, retry)
-            yield resp
-            return
-        finally:
-            resp.release()
-    raise SourceError(f"{what}: more than {MAX_REDIRECTS} redirects")
+        yield resp
+    finally:
+        resp.release()
 
 
 def _check_length(resp: aiohttp.ClientResponse, got: int, expected: int | None) -> None:
@@ -191,13 +219,15 @@ def _check_length(resp: aiohttp.ClientResponse, got: int, expected: int | None) 
 async def _fetch_once(
     session: aiohttp.ClientSession, url: str, what: object, retry: Retry, timeout: Timeout
 ) -> bytes:
-    async with _response(session, url, what=what, retry=retry, timeout=timeout) as resp:
-        try:
-            body = await resp.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise _translate(exc, what, timeout) from None
-        _check_length(resp, len(body), resp.content_length)
-        return body
+    resp = await _get(session, url, what=what, retry=retry, timeout=timeout)
+    try:
+        body = await resp.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise _translate(exc, what, timeout) from None
+    finally:
+        resp.release()
+    _check_length(resp, len(body), resp.content_length)
+    return body
 
 
 async def fetch(url: str, *, retry: Retry, timeout: Timeout) -> bytes:
@@ -211,12 +241,17 @@ async def fetch(url: str, *, retry: Retry, timeout: Timeout) -> bytes:
             the number of attempts.
     """
     what = Operation("GET", url)
-    async with http_session() as session:
+    scope = current_scope()
+    if scope is not None:  # the usual case: no context manager to enter per request
+        session = await _scope_session(scope)
         return await with_retries(
             lambda: _fetch_once(session, url, what, retry, timeout),
-            what=what,
-            retry=retry,
-            timeout=timeout,
+            what=what, retry=retry, timeout=timeout,
+        )
+    async with new_session() as private:
+        return await with_retries(
+            lambda: _fetch_once(private, url, what, retry, timeout),
+            what=what, retry=retry, timeout=timeout,
         )
 
 

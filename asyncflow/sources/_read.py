@@ -58,6 +58,9 @@ def as_url(item: object) -> str:
 
 def scheme_of(url: str) -> str:
     """The lower-case scheme of ``url``; ``"file"`` for a plain path."""
+    sep = url.find("://")
+    if sep > 0 and (head := url[:sep]) in DEFAULT_SCHEMES:  # the common case, no regex
+        return head
     match = _SCHEME.match(url)
     if match is None or ("://" not in url and match.group(1).lower() != "file"):
         return "file"

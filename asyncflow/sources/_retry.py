@@ -9,6 +9,7 @@ another try by raising :class:`Transient`; anything else they raise is final.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
@@ -149,6 +150,9 @@ def resolve_policy(retry: Retry | None, timeout: Timeout | None) -> tuple[Retry,
     return retry, timeout
 
 
+_NO_DEADLINE = contextlib.nullcontext()
+
+
 def _plural(n: int) -> str:
     return f"{n} attempt" if n == 1 else f"{n} attempts"
 
@@ -175,9 +179,10 @@ async def with_retries(
     tries = 0
     failure: Transient | None = None
     fatal: SourceError | None = None
-    deadline = asyncio.timeout(timeout.total)
+    # No total deadline (the default): no timeout context to enter for every read.
+    deadline = None if timeout.total is None else asyncio.timeout(timeout.total)
     try:
-        async with deadline:
+        async with deadline or _NO_DEADLINE:
             while True:
                 tries += 1
                 try:
@@ -194,7 +199,7 @@ async def with_retries(
                           retry.attempts, wait)
                 await asyncio.sleep(wait)
     except TimeoutError:
-        if not deadline.expired():
+        if deadline is None or not deadline.expired():
             raise
         failure = Transient(f"no result within total={timeout.total}s", timeout=True)
     # Raised here, outside any except block, so that no foreign exception (whose text may

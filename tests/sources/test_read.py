@@ -73,7 +73,8 @@ async def test_bad_arguments() -> None:
     ("url", "scheme"),
     [("/a/b", "file"), ("a/b.jpg", "file"), ("file:///a", "file"), ("FILE:/a", "file"),
      ("HTTPS://h/x", "https"), ("s3://b/k", "s3"), ("ftp://h/x", "ftp"), ("c:/x", "file"),
-     ("weird:name.jpg", "file")],
+     ("weird:name.jpg", "file"), ("httpx", "file"), ("s3x", "file"), ("http://h/x", "http"),
+     ("dir/http://x", "file")],
 )
 def test_scheme_of(url: str, scheme: str) -> None:
     assert scheme_of(url) == scheme
