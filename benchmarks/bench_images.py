@@ -8,9 +8,10 @@ runs each loader in a child process of its own (``_loaders.py``) while sampling 
 memory of that process and all its children. The job, as ImageNet evaluation does it:
 decode, resize the shorter side to 224, centre-crop 224, batches of 32, normalized float32
 NCHW. Also measured in the same run: the single-thread rate of asyncflow's per-image work
-(decode + resize + crop + normalize) against a naive PIL version of it, the machine limit
-(cores x that rate), and how far asyncflow's uint8 output is from a plain full decode +
-resize + crop. A row for torch DataLoader under stock Pillow runs in a second environment
+(decode + resize + crop + normalize, each image written into its row of a batch buffer)
+against a naive PIL version of it, the machine limit (cores x that rate), and how far
+asyncflow's uint8 output is from a plain full decode + resize + crop. A row for torch
+DataLoader under stock Pillow runs in a second environment
 (``benchmarks/_data/venv-pillow``, built once). SPDL is installed into a side folder
 (``benchmarks/_data/spdl-site``), with FFmpeg's shared libraries from Debian packages when
 they are missing. Prints a table; writes ``benchmarks/results/bench_images.{json,md,svg}``.
@@ -19,6 +20,7 @@ they are missing. Prints a table; writes ``benchmarks/results/bench_images.{json
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -182,10 +184,14 @@ def _kernel_rates(paths: list[str]) -> dict[str, float]:
     from asyncflow import image
 
     torch.set_num_threads(1)
-    out = np.empty((3, SIZE, SIZE), np.float32)
+    # Each image goes to its row of a batch buffer, the batches in turn, as in a loader: the
+    # output leaves the cache. One reused 600 KB buffer would stay in cache and overstate the
+    # rate (by 3-4% here).
+    batches = np.zeros((4, BATCH, 3, SIZE, SIZE), np.float32)
+    rows = iter(itertools.cycle(batches.reshape(-1, 3, SIZE, SIZE)))
 
     def ours(path: str) -> None:
-        image.decode(path, size=SIZE, layout="chw", normalize=True, out=out)
+        image.decode(path, size=SIZE, layout="chw", normalize=True, out=next(rows))
 
     rates = {}
     for name, fn in (("naive_pil", _naive), ("asyncflow", ours)):
