@@ -29,7 +29,7 @@ import numpy as np
 
 from ._fingerprint import describe_change
 from ._lock import WriterLock
-from ._replay import BufferPool, permutation, replay
+from ._replay import BufferPool, KeptMapping, permutation, replay
 from ._store import CacheInvalid, Reader, Writer, leftovers, remove_cache, remove_path
 
 __all__ = ["CacheSource"]
@@ -70,6 +70,7 @@ class CacheSource:
     durable: bool = False
     epochs: Iterator[int] = field(default_factory=itertools.count, compare=False, repr=False)
     buffers: BufferPool = field(default_factory=BufferPool, compare=False, repr=False)
+    kept: KeptMapping = field(default_factory=KeptMapping, compare=False, repr=False)
 
     def shuffled(self, seed: int | None) -> CacheSource:
         """This source replaying in a random order by index: with a ``seed``, the order
@@ -119,7 +120,7 @@ class CacheSource:
                     return
             finally:
                 lock.release()
-        for item in replay(reader, self._order(reader.count, epoch), self.buffers):
+        for item in replay(reader, self._order(reader.count, epoch), self.buffers, self.kept):
             yield item
 
     def _open(self, *, say_why: bool) -> Reader | None:

@@ -41,7 +41,9 @@ __all__ = [
     "CacheInvalid",
     "Reader",
     "Writer",
+    "field_array",
     "leftovers",
+    "map_shared",
     "read_manifest",
     "remove_cache",
     "remove_path",
@@ -276,6 +278,9 @@ class Reader:
     arrays: tuple[np.ndarray, ...]
     maps: tuple[mmap.mmap | None, ...]
     copy: bool
+    #: Per field file: device, inode, size and modification time. A rebuilt cache is new
+    #: files renamed into place, so a changed identity means other content.
+    identity: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def count(self) -> int:
@@ -317,13 +322,14 @@ class Reader:
             raise CacheInvalid("the upstream pipeline changed (fingerprint mismatch)")
         if (structure is None) != (not fields) or len(files) != len(fields):
             raise CacheInvalid("its manifest does not match its fields")
-        arrays, maps, copy = [], [], False
+        arrays, maps, identity, copy = [], [], [], False
         for name, field in zip(files, fields, strict=True):
-            array, mm = _map(path / name, field, count)
+            array, mm, stat = _map(path / name, field, count)
             arrays.append(array)
             maps.append(mm)
+            identity.append((stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns))
             copy = copy or not array.flags.writeable
-        return cls(path, manifest, fields, tuple(arrays), tuple(maps), copy)
+        return cls(path, manifest, fields, tuple(arrays), tuple(maps), copy, tuple(identity))
 
     def prefetch(self, rows: range | np.ndarray) -> None:
         """Ask the kernel to start reading ``rows`` of every field that is not in memory.
@@ -374,24 +380,59 @@ def _resident(page: int) -> bool:
     return bool(vec.value & 1)
 
 
-def _map(file: Path, field: Field, count: int) -> tuple[np.ndarray, mmap.mmap | None]:
+def _map(
+    file: Path, field: Field, count: int
+) -> tuple[np.ndarray, mmap.mmap | None, os.stat_result]:
     expected = HEADER_BYTES + count * field.sample_bytes
-    try:
-        size = file.stat().st_size
-    except FileNotFoundError:
-        raise CacheInvalid(f"{file.name} is missing") from None
-    if size != expected:
-        state = "truncated" if size < expected else "longer than its manifest says"
-        raise CacheInvalid(f"{file.name} is {state}: {size} bytes, expected {expected}")
-    shape = (count, *field.shape)
-    if count * field.sample_bytes == 0:
-        return np.zeros(shape, dtype=field.dtype), None
-    with open(file, "rb") as fh:
+    with _open_field(file) as fh:
+        stat = os.fstat(fh.fileno())
+        if stat.st_size != expected:
+            state = "truncated" if stat.st_size < expected else "longer than its manifest says"
+            raise CacheInvalid(
+                f"{file.name} is {state}: {stat.st_size} bytes, expected {expected}"
+            )
+        if count * field.sample_bytes == 0:
+            return np.zeros((count, *field.shape), dtype=field.dtype), None, stat
         try:
             mm = mmap.mmap(fh.fileno(), expected, flags=mmap.MAP_PRIVATE | _MAP_NORESERVE,
                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError:  # strict overcommit: fall back to a shared read-only mapping
             mm = mmap.mmap(fh.fileno(), expected, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    return field_array(mm, field, count), mm, stat
+
+
+def _open_field(file: Path) -> Any:
+    try:
+        return open(file, "rb")
+    except FileNotFoundError:
+        raise CacheInvalid(f"{file.name} is missing") from None
+
+
+def field_array(mm: mmap.mmap, field: Field, count: int) -> np.ndarray:
+    """The ``[count, *shape]`` array of ``field`` in a mapping of its whole file."""
     items = count * int(np.prod(field.shape, dtype=np.int64))
     array = np.frombuffer(mm, dtype=field.dtype, count=items, offset=HEADER_BYTES)
-    return array.reshape(shape), mm
+    return array.reshape((count, *field.shape))
+
+
+def map_shared(reader: Reader) -> tuple[np.ndarray, ...]:
+    """Read-only arrays of ``reader``'s fields over shared mappings of the same files.
+
+    Unlike ``reader.arrays`` they are safe to keep across epochs: nobody can write through
+    them. Raises :class:`CacheInvalid` when a file is no longer the one ``reader`` checked.
+    """
+    arrays = []
+    for name, field, array, identity in zip(
+        reader.manifest["files"], reader.fields, reader.arrays, reader.identity, strict=True
+    ):
+        if array.nbytes == 0:
+            arrays.append(array)
+            continue
+        with _open_field(reader.path / name) as fh:
+            stat = os.fstat(fh.fileno())
+            if (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns) != identity:
+                raise CacheInvalid(f"{name} changed while it was being opened")
+            mm = mmap.mmap(fh.fileno(), stat.st_size, flags=mmap.MAP_SHARED,
+                           prot=mmap.PROT_READ)
+        arrays.append(field_array(mm, field, reader.count))
+    return tuple(arrays)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from asyncflow.cache._replay import _gather, permutation, replay
-from asyncflow.cache._store import Reader
+from asyncflow.cache._replay import KeptMapping, _gather, permutation, replay
+from asyncflow.cache._store import CacheInvalid, Reader, map_shared, remove_cache
 
 from .test_store import batches, write
 
@@ -97,3 +97,61 @@ def test_gather_copies_the_rows_in_order_for_any_dtype(dtype: str, writeable: bo
     out = np.zeros((5, 3, 2), dtype)
     assert _gather(array, rows, out) is out
     np.testing.assert_array_equal(out, array[rows])
+
+
+def _ids(reader: Reader, order: np.ndarray, kept: KeptMapping) -> list[int]:
+    return [int(i) for _, ids in replay(reader, order, kept=kept) for i in ids]
+
+
+def test_shuffled_epochs_keep_one_read_only_mapping(tmp_path: Path) -> None:
+    write(tmp_path / "c", batches(64, 8))
+    kept, order = KeptMapping(), permutation(64, 1)
+    first = Reader.open(tmp_path / "c")
+    sources = kept.sources(first)
+    assert all(not a.flags.writeable for a in map_shared(first))  # nothing writes through
+    for _ in range(3):  # each epoch checks the cache again, and reads through the kept views
+        reader = Reader.open(tmp_path / "c")
+        assert kept.sources(reader) is sources
+        assert _ids(reader, order, kept) == order.tolist()
+
+
+def test_a_rebuilt_cache_is_mapped_anew(tmp_path: Path) -> None:
+    path = tmp_path / "c"
+    write(path, batches(64, 8))
+    kept, order = KeptMapping(), permutation(64, 1)
+    assert _ids(Reader.open(path), order, kept) == order.tolist()
+    remove_cache(path)
+    rebuilt = [(images + 100, ids + 100) for images, ids in batches(64, 8)]
+    write(path, rebuilt)
+    reader = Reader.open(path)
+    assert _ids(reader, order, kept) == (order + 100).tolist()
+    images = next(iter(replay(reader, order, kept=kept)))[0]
+    assert images[:, 0, 0, 0].tolist() == (order[:8] + 100).tolist()
+
+
+def test_writes_into_stored_order_batches_never_reach_a_shuffled_epoch(tmp_path: Path) -> None:
+    write(tmp_path / "c", batches(16, 4))
+    kept = KeptMapping()
+    kept.sources(Reader.open(tmp_path / "c"))  # mapped before the writes
+    for images, ids in replay(Reader.open(tmp_path / "c"), kept=kept):  # zero-copy slices
+        images.fill_(255)
+        ids.fill_(-1)
+    order = permutation(16, 3)
+    shuffled = list(replay(Reader.open(tmp_path / "c"), order, kept=kept))
+    assert [int(i) for _, ids in shuffled for i in ids] == order.tolist()
+    assert all(int(images.max()) < 16 for images, _ in shuffled)
+
+
+def test_a_cache_replaced_after_its_check_is_read_through_the_checked_mapping(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c"
+    write(path, batches(16, 4))
+    reader = Reader.open(path)  # checked and mapped: the files of this moment
+    remove_cache(path)
+    write(path, [(images + 100, ids + 100) for images, ids in batches(16, 4)])
+    with pytest.raises(CacheInvalid, match="changed"):
+        map_shared(reader)
+    kept, order = KeptMapping(), permutation(16, 5)
+    assert kept.sources(reader) is reader.arrays
+    assert _ids(reader, order, kept) == order.tolist()  # the checked cache, consistently
