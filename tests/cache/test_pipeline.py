@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -211,3 +213,19 @@ def test_gpu_tensors_replay_onto_their_device(tmp_path: Path) -> None:
     second = list(pipe.shuffle(seed=0))
     assert all(b[0].is_cuda for b in second)
     assert sorted(flat(second)) == flat(first)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+def test_the_kept_mapping_lives_as_long_as_the_pipeline(tmp_path: Path) -> None:
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    pipe = images().cache(tmp_path / "c")
+    list(pipe)  # fills
+    before = fds()
+    for seed in range(3):  # shuffled copies share one kept mapping: one descriptor per field
+        assert sorted(flat(pipe.shuffle(seed=seed))) == list(range(len(flat(pipe))))
+    assert fds() == before + 2
+    del pipe
+    gc.collect()
+    assert fds() == before
