@@ -327,7 +327,7 @@ class Reader:
             array, mm, stat = _map(path / name, field, count)
             arrays.append(array)
             maps.append(mm)
-            identity.append((stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns))
+            identity.append(_identity(stat))
             copy = copy or not array.flags.writeable
         return cls(path, manifest, fields, tuple(arrays), tuple(maps), copy, tuple(identity))
 
@@ -401,6 +401,10 @@ def _map(
     return field_array(mm, field, count), mm, stat
 
 
+def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
 def _open_field(file: Path) -> Any:
     try:
         return open(file, "rb")
@@ -430,7 +434,7 @@ def map_shared(reader: Reader) -> tuple[np.ndarray, ...]:
             continue
         with _open_field(reader.path / name) as fh:
             stat = os.fstat(fh.fileno())
-            if (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns) != identity:
+            if _identity(stat) != identity:
                 raise CacheInvalid(f"{name} changed while it was being opened")
             mm = mmap.mmap(fh.fileno(), stat.st_size, flags=mmap.MAP_SHARED,
                            prot=mmap.PROT_READ)

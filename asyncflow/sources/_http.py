@@ -191,24 +191,6 @@ async def _get(
     raise SourceError(f"{what}: more than {MAX_REDIRECTS} redirects")
 
 
-@asynccontextmanager
-async def _response(
-    session: aiohttp.ClientSession,
-    url: str,
-    *,
-    what: object,
-    retry: Retry,
-    timeout: Timeout,
-    headers: Mapping[str, str] | None = None,
-) -> AsyncIterator[aiohttp.ClientResponse]:
-    """:func:`_get` as a context manager that releases the response."""
-    resp = await _get(session, url, what=what, retry=retry, timeout=timeout, headers=headers)
-    try:
-        yield resp
-    finally:
-        resp.release()
-
-
 def _check_length(resp: aiohttp.ClientResponse, got: int, expected: int | None) -> None:
     if expected is None or "Content-Encoding" in resp.headers:
         return
@@ -241,18 +223,16 @@ async def fetch(url: str, *, retry: Retry, timeout: Timeout) -> bytes:
             the number of attempts.
     """
     what = Operation("GET", url)
+
+    def retrying(session: aiohttp.ClientSession) -> Awaitable[bytes]:
+        return with_retries(lambda: _fetch_once(session, url, what, retry, timeout),
+                            what=what, retry=retry, timeout=timeout)
+
     scope = current_scope()
-    if scope is not None:  # the usual case: no context manager to enter per request
-        session = await _scope_session(scope)
-        return await with_retries(
-            lambda: _fetch_once(session, url, what, retry, timeout),
-            what=what, retry=retry, timeout=timeout,
-        )
-    async with new_session() as private:
-        return await with_retries(
-            lambda: _fetch_once(private, url, what, retry, timeout),
-            what=what, retry=retry, timeout=timeout,
-        )
+    if scope is None:  # outside a run: a session of its own, closed on return
+        async with new_session() as session:
+            return await retrying(session)
+    return await retrying(await _scope_session(scope))  # no context manager per request
 
 
 async def stream(
@@ -270,9 +250,8 @@ async def stream(
     Raises :class:`Transient` for a failure worth resuming from where it stopped.
     """
     headers = {"Range": f"bytes={offset}-"} if offset else None
-    async with _response(
-        session, url, what=what, retry=retry, timeout=timeout, headers=headers
-    ) as resp:
+    resp = await _get(session, url, what=what, retry=retry, timeout=timeout, headers=headers)
+    try:
         skip = offset if resp.status == 200 else 0
         expected = resp.content_length
         got = 0
@@ -289,3 +268,5 @@ async def stream(
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise _translate(exc, what, timeout) from None
         _check_length(resp, got, expected)
+    finally:
+        resp.release()
