@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from .._errors import ConfigError
 from ..pipeline import Pipeline
 from ._fingerprint import canonical, fingerprint, state_of, summarize
 from ._info import CacheInfo, info
+from ._replay import finish
 from ._source import CacheSource
 
+if TYPE_CHECKING:
+    from ..pipeline._run import Runtime
+
 __all__ = ["CachedPipeline", "cache"]
+
+# Replayed batches waiting for a consumer that copies them itself (or views of the mapping).
+_DEFERRED_BUFFER = 16
 
 # Stages after a batch stage that keep its items lists of samples.
 _KEEPS_LISTS = {"prefetch", "shuffle", "filter"}
@@ -26,12 +34,27 @@ class CachedPipeline(Pipeline):
     """
 
     def __init__(self, source: CacheSource, *, upstream: Pipeline) -> None:
-        # Replayed batches are large: a short queue keeps their buffers few and reused.
+        # Replayed batches copied for stages after this one are large: a short queue keeps
+        # their buffers few and reused.
         super().__init__(source, name=upstream.options.name,
                          stop_timeout=upstream.options.stop_timeout,
                          buffer=4 if source.layout == "batches" else None)
         self._cache_source = source
         self._upstream = upstream
+
+    def _runtime(self) -> Runtime:
+        source = self._cache_source
+        reader = None if self.stages or source.layout != "batches" else source.checked()
+        if reader is None:
+            return super()._runtime()
+        # A replay whose batches go straight to the consumer: those that need a copy
+        # (shuffled ones) are copied in its thread when it asks for them (why:
+        # asyncflow.cache._replay). Until then they hold no memory, so more of them may wait.
+        options = dataclasses.replace(self.options, source_buffer=_DEFERRED_BUFFER)
+        handed = [reader]  # the epoch holds the reader from here on, and lets go as it ends
+        rt = self._new_runtime(lambda: source.replaying(handed.pop()), options)
+        rt.receive_hooks.insert(0, finish)
+        return rt
 
     @property
     def path(self) -> Path:

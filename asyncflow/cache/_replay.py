@@ -6,10 +6,22 @@ number of batches). In order, each batch is a slice of the mapping, handed out w
 shuffled, each batch is gathered from its rows into a buffer, one copy (buffers are reused
 once the consumer has let go of them). A cache of lists (``Pipeline.batch()`` output) yields
 lists of samples again.
+
+A batch that must be copied can be handed out as a :class:`Deferred` copy instead, which
+:func:`finish` makes when the consumer asks for the batch, in the consumer's thread. A
+shuffled replay moves memory and nothing else, so overlapping it with the consumer gains
+nothing and costs much: on this project's two-core benchmark machine, a consumer that copies
+each batch on got 45-56% of the memory bandwidth with batches copied on demand, and 25-29%
+with batches copied ahead on the run's thread (the same rounds, interleaved). Two copies at
+once compete for one memory bus and for the cores (torch runs a team of OpenMP threads per
+calling thread), and a batch copied ahead has left the CPU cache by the time the consumer
+reads it, where one copied on demand is read from the cache. Copied on demand, two buffers
+take turns (the consumer holds the last batch while it asks for the next).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import warnings
@@ -21,7 +33,7 @@ import numpy as np
 from ._schema import Field, unflatten
 from ._store import CacheInvalid, Reader, map_shared
 
-__all__ = ["BufferPool", "KeptMapping", "permutation", "replay"]
+__all__ = ["BufferPool", "Deferred", "KeptMapping", "finish", "permutation", "replay"]
 
 
 def permutation(count: int, seed: int | list[int] | None) -> np.ndarray:
@@ -56,13 +68,13 @@ class BufferPool:
 
     def __init__(self, keep: int = 8) -> None:
         self._keep = keep
-        self._free: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
+        self._free: dict[tuple[tuple[int, ...], np.dtype[Any]], list[np.ndarray]] = {}
         self._lock = threading.Lock()
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype[Any], rows: int) -> np.ndarray:
         """A buffer of ``shape`` and ``dtype`` that nobody holds, its first ``rows`` rows."""
         with self._lock:
-            pool = self._free.setdefault((shape, str(dtype)), [])
+            pool = self._free.setdefault((shape, dtype), [])
             for buffer in pool:
                 # held by: the pool's list, this loop's variable, getrefcount's argument
                 if sys.getrefcount(buffer) == _FREE:
@@ -146,17 +158,45 @@ class KeptMapping:
             return self._sources
 
 
+class Deferred:
+    """A batch still to be copied out of the cache: :func:`finish` copies it.
+
+    Holds the mapping, the rows and the buffer pool, not the batch's memory: a run stopped
+    with deferred batches in its queues drops them at no cost.
+    """
+
+    __slots__ = ("_copy",)
+
+    def __init__(self, copy: Callable[[], Any]) -> None:
+        self._copy = copy
+
+    def __call__(self) -> Any:
+        return self._copy()
+
+    def __repr__(self) -> str:
+        return "<asyncflow.cache deferred batch>"
+
+
+def finish(item: Any) -> Any:
+    """``item``, or the batch a :class:`Deferred` item stands for, copied now in this thread."""
+    return item() if type(item) is Deferred else item
+
+
 def replay(
     reader: Reader,
     order: np.ndarray | None = None,
     buffers: BufferPool | None = None,
     kept: KeptMapping | None = None,
+    *,
+    defer: bool = False,
 ) -> Iterator[Any]:
     """Yield the cached items, in stored order or in ``order`` (a permutation of samples).
 
     The arrays and tensors yielded in stored order share memory with the mapping (pages a
     consumer writes to become its private copies); shuffled batches are gathered into
-    buffers from ``buffers`` that no earlier batch still in use occupies.
+    buffers from ``buffers`` that no earlier batch still in use occupies. With ``defer``,
+    batches that need a copy are yielded as :class:`Deferred` copies for :func:`finish`
+    (the pages they read are still requested ahead from the kernel, when they are yielded).
     """
     structure = reader.manifest["structure"]
     if structure is None or reader.count == 0:
@@ -168,7 +208,7 @@ def replay(
 
     if reader.layout == "batches":
         sources = reader.arrays if order is None or kept is None else kept.sources(reader)
-        return _batches(reader, sources, order, build, buffers or BufferPool())
+        return _batches(reader, sources, order, build, buffers or BufferPool(), defer)
     return _samples(reader, order, build)
 
 
@@ -188,24 +228,38 @@ def _samples(reader: Reader, order: np.ndarray | None,
 
 
 def _batches(reader: Reader, sources: Sequence[Any], order: np.ndarray | None,
-             build: Callable[[list[np.ndarray]], Any], buffers: BufferPool) -> Iterator[Any]:
+             build: Callable[[list[np.ndarray]], Any], buffers: BufferPool,
+             defer: bool) -> Iterator[Any]:
     count, batch = reader.count, reader.batch_size or reader.count
     shapes = [(batch, *a.shape[1:]) for a in reader.arrays]
+    dtypes = [a.dtype for a in reader.arrays]
     for start in range(0, count, batch):
         stop = min(start + batch, count)
         ahead = range(stop, min(stop + batch, count)) if order is None else order[stop:stop + batch]
         if len(ahead):
             reader.prefetch(ahead)
         if order is None and not reader.copy:
-            parts = [a[start:stop] for a in reader.arrays]
-        else:  # shuffled, or a read-only mapping the consumer must not see
-            parts = [buffers.take(shape, a.dtype, stop - start)
-                     for shape, a in zip(shapes, reader.arrays, strict=True)]
-            for out, a, source in zip(parts, reader.arrays, sources, strict=True):
-                if order is None:
-                    np.copyto(out, a[start:stop])
-                else:
-                    _gather(source, order[start:stop], out)
-        item = build(parts)
-        del parts  # only the consumer's references keep a buffer from reuse
-        yield item
+            yield build([a[start:stop] for a in reader.arrays])
+            continue
+        # shuffled, or a read-only mapping the consumer must not see
+        if order is None:
+            copy = functools.partial(_copy_rows, reader.arrays, slice(start, stop), shapes,
+                                     dtypes, buffers, build)
+        else:
+            copy = functools.partial(_copy_rows, sources, order[start:stop], shapes, dtypes,
+                                     buffers, build)
+        yield Deferred(copy) if defer else copy()
+
+
+def _copy_rows(sources: Sequence[Any], rows: slice | np.ndarray,
+               shapes: list[tuple[int, ...]], dtypes: list[np.dtype[Any]],
+               buffers: BufferPool, build: Callable[[list[np.ndarray]], Any]) -> Any:
+    """One batch of ``rows`` of each source, copied into buffers nobody else holds."""
+    size = rows.stop - rows.start if isinstance(rows, slice) else len(rows)
+    parts = [buffers.take(shape, dtype, size) for shape, dtype in zip(shapes, dtypes, strict=True)]
+    for out, source in zip(parts, sources, strict=True):
+        if isinstance(rows, slice):
+            np.copyto(out, source[rows])
+        else:
+            _gather(source, rows, out)
+    return build(parts)  # only the consumer's references keep a buffer from reuse

@@ -7,6 +7,8 @@ replayed, so a replayed item has the structure, types and shapes of the one that
 
 from __future__ import annotations
 
+import functools
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,10 +48,10 @@ class Field:
     shape: tuple[int, ...]
     device: str = "cpu"
 
-    @property
+    @functools.cached_property
     def sample_bytes(self) -> int:
         """Bytes one sample of this field takes."""
-        return int(np.dtype(self.dtype).itemsize * int(np.prod(self.shape, dtype=np.int64)))
+        return np.dtype(self.dtype).itemsize * math.prod(self.shape)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "dtype": self.dtype,

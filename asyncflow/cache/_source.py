@@ -80,6 +80,18 @@ class CacheSource:
     def __call__(self) -> AsyncGenerator[Any, None]:
         return self._epoch(next(self.epochs))
 
+    def checked(self) -> Reader | None:
+        """The cache, checked and mapped, when it can be replayed now; None when an epoch
+        would fill it or wait for it (that epoch logs why)."""
+        return self._open(say_why=False)
+
+    def replaying(self, reader: Reader) -> AsyncGenerator[Any, None]:
+        """One epoch replaying ``reader`` (from :meth:`checked`), for a run that hands its
+        items straight to the consumer: batches that need a copy come as
+        :class:`~asyncflow.cache._replay.Deferred` copies, which the consumer makes
+        (:func:`~asyncflow.cache._replay.finish`)."""
+        return self._replay(reader, next(self.epochs), defer=True)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r})"
 
@@ -120,7 +132,14 @@ class CacheSource:
                     return
             finally:
                 lock.release()
-        for item in replay(reader, self._order(reader.count, epoch), self.buffers, self.kept):
+        async with contextlib.aclosing(self._replay(reader, epoch, defer=False)) as items:
+            async for item in items:
+                yield item
+
+    async def _replay(self, reader: Reader, epoch: int, *, defer: bool
+                      ) -> AsyncGenerator[Any, None]:
+        order = self._order(reader.count, epoch)
+        for item in replay(reader, order, self.buffers, self.kept, defer=defer):
             yield item
 
     def _open(self, *, say_why: bool) -> Reader | None:

@@ -336,18 +336,25 @@ class Reader:
 
         A cache larger than memory is read from disk: asking ahead keeps many reads in
         flight where page faults would wait for one at a time. Asking costs a walk over the
-        pages even when they are in memory, so the first span's first page is checked with
+        pages even when they are in memory, so the first row's first page is checked with
         ``mincore``: when it is resident the cache is taken to be warm and nothing is asked.
         """
-        spans = [(rows.start, rows.stop)] if isinstance(rows, range) else [(r, r + 1) for r in rows]
+        if not len(rows):
+            return
+        scattered = isinstance(rows, np.ndarray)
+        first = int(rows[0])
         for mm, array, field in zip(self.maps, self.arrays, self.fields, strict=True):
             size = field.sample_bytes
-            if mm is None or (len(spans) > 1 and size < mmap.PAGESIZE):
+            if mm is None or (scattered and size < mmap.PAGESIZE):
                 continue  # rows of small fields share pages: the kernel's read-around covers them
             base = array.ctypes.data - HEADER_BYTES
-            first = HEADER_BYTES + spans[0][0] * size
-            if _resident(base + first - first % mmap.PAGESIZE):
-                continue  # a warm cache: one resident span speaks for the rest
+            begin = HEADER_BYTES + first * size
+            if _resident(base + begin - begin % mmap.PAGESIZE):
+                continue  # a warm cache: one resident row speaks for the rest
+            if isinstance(rows, np.ndarray):
+                spans = [(r, r + 1) for r in rows.tolist()]
+            else:
+                spans = [(first, rows[-1] + 1)]
             for start, stop in spans:
                 begin = HEADER_BYTES + start * size
                 aligned = begin - begin % mmap.PAGESIZE

@@ -331,8 +331,13 @@ class Pipeline:
     # -- running ------------------------------------------------------------------------
 
     def _runtime(self) -> Runtime:
+        return self._new_runtime(self._source.open, self._options)
+
+    def _new_runtime(self, open_source: Callable[[], Any], options: RunOptions) -> Runtime:
+        """A new run's runtime, opening its source with ``open_source`` (subclasses may open
+        it otherwise, or change the options, when no stage follows the source, say)."""
         epoch = self._source.next_epoch()
-        rt = Runtime(self._source.open, self._stages, self._options, epoch)
+        rt = Runtime(open_source, self._stages, options, epoch)
         rt.start_offset, self._source.resume_offset = self._source.resume_offset, 0
         self._last[:] = [rt]
         return rt

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from asyncflow import ConfigError, Pipeline, PipelineError
-from asyncflow.cache import CachedPipeline
+from asyncflow.cache import CachedPipeline, _replay
 from asyncflow.cache._pipeline import _layout
 from asyncflow.cache._store import leftovers
 
@@ -136,11 +137,61 @@ def test_break_mid_fill_and_mid_replay_leaves_nothing_behind(
             break
 
 
+def _record_copies(monkeypatch: Any) -> list[int]:
+    """The thread of each batch copy a replay makes from now on."""
+    threads: list[int] = []
+    copy_rows = _replay._copy_rows
+
+    def recorded(*args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return copy_rows(*args)
+
+    monkeypatch.setattr(_replay, "_copy_rows", recorded)
+    return threads
+
+
+def test_shuffled_batches_are_copied_in_the_consumers_thread_when_it_asks(
+    tmp_path: Path, monkeypatch: Any, leak_check: None
+) -> None:
+    pipe = images(count=40, batch=4).cache(tmp_path / "c")
+    list(pipe)  # fills
+    threads = _record_copies(monkeypatch)
+    with pipe.shuffle(seed=1).open() as run:
+        first = next(run)
+        time.sleep(0.05)  # the run's thread has queued what it may meanwhile
+        assert threads == [threading.get_ident()]  # one batch asked for, one copied
+        second = next(run)
+        assert len(threads) == 2 and set(threads) == {threading.get_ident()}
+    assert torch.equal(first[0][:, 0, 0, 0].long(), first[1])
+    assert torch.equal(second[0][:, 0, 0, 0].long(), second[1])
+    del first, second
+    seen = set()
+    for pixels, ids in pipe.shuffle(seed=2):  # holding a batch until the next arrives
+        seen.add(pixels.data_ptr())
+        assert torch.equal(pixels[:, 0, 0, 0].long(), ids)
+    assert len(threads) == 12 and set(threads) == {threading.get_ident()}
+    assert len(seen) == 2  # so two buffers take turns: nothing else holds a batch
+
+
+def test_stages_after_a_shuffled_replay_get_batches_copied_ahead(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    pipe = images(count=40, batch=4).cache(tmp_path / "c")
+    list(pipe)
+    threads = _record_copies(monkeypatch)
+    kinds = pipe.shuffle(seed=1).map(lambda b: type(b).__name__).prefetch(2)
+    assert list(kinds) == ["tuple"] * 10
+    assert len(threads) == 10 and threading.get_ident() not in threads
+    batches = list(pipe.shuffle(seed=1).prefetch(2))
+    assert sorted(flat(batches)) == list(range(40))
+
+
 async def test_async_for(tmp_path: Path) -> None:
     pipe = images().cache(tmp_path / "c")
     first = [b async for b in pipe]
     second = [b async for b in pipe.shuffle(seed=3)]
     assert sorted(flat(second)) == flat(first)
+    assert all(type(b) is tuple for b in second)  # copied on the consumer's loop
 
 
 def test_variable_shapes_raise_config_error_naming_the_field(tmp_path: Path) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from asyncflow.cache._replay import KeptMapping, _gather, permutation, replay
+from asyncflow.cache._replay import Deferred, KeptMapping, _gather, finish, permutation, replay
 from asyncflow.cache._store import CacheInvalid, Reader, map_shared, remove_cache
 
 from .test_store import batches, write
@@ -85,6 +86,38 @@ def test_shuffled_buffers_are_reused_only_once_the_consumer_lets_go(tmp_path: Pa
     for images, ids, copy in kept:  # the kept ones were never overwritten
         assert torch.equal(ids, copy)
         assert torch.equal(images[:, 1, 2, 3].long(), copy)
+
+
+def test_deferred_batches_are_copied_by_finish_when_asked(tmp_path: Path) -> None:
+    write(tmp_path / "c", batches(12, 4))
+    order = permutation(12, 5)
+    expected = [b[1].tolist() for b in replay(Reader.open(tmp_path / "c"), order)]
+    reader = Reader.open(tmp_path / "c")
+    items = list(replay(reader, order, defer=True))  # no copy made yet: nothing to hold
+    assert [type(item) for item in items] == [Deferred] * 3
+    assert "deferred" in repr(items[0])
+    out = [finish(item) for item in items]
+    assert [ids.tolist() for _, ids in out] == expected
+    for images, ids in out:
+        assert torch.equal(images[:, 0, 0, 0].long(), ids)
+    in_order = list(replay(reader, defer=True))  # zero-copy slices need no deferring
+    assert all(type(item) is tuple for item in in_order)
+    assert finish(in_order[0]) is in_order[0] and finish(7) == 7
+
+
+def test_a_read_only_mapping_is_copied_even_in_stored_order(tmp_path: Path) -> None:
+    # What Reader.open falls back to where the kernel refuses private mappings.
+    write(tmp_path / "c", batches(10, 4))
+    mapped = Reader.open(tmp_path / "c")
+    reader = dataclasses.replace(mapped, arrays=map_shared(mapped), copy=True)
+    items = list(replay(reader, defer=True))
+    assert [type(item) for item in items] == [Deferred] * 3
+    out = [finish(item) for item in items]
+    assert [ids.tolist() for _, ids in out] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    images = out[0][0]
+    images.fill_(9)  # a copy of its own: writeable, and the cache keeps its bytes
+    assert reader.arrays[0][0, 0, 0, 0] == 0
+    assert [ids.tolist() for _, ids in replay(reader)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "float32", "bool", "int64", "uint16", ">i4"])

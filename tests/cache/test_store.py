@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import pytest
 import torch
 
 from asyncflow import ConfigError
+from asyncflow.cache import _store
 from asyncflow.cache._replay import replay
 from asyncflow.cache._store import (
     HEADER_BYTES,
@@ -182,3 +185,41 @@ def test_a_failed_write_says_which_cache_and_leaves_nothing(tmp_path: Path) -> N
     assert any(str(tmp_path / "c") in note for note in err.value.__notes__)
     writer.abort()
     assert list(tmp_path.iterdir()) == []
+
+
+class _Advice:
+    """Stands in for a field's mapping: records what ``madvise`` is asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[int, int, int]] = []
+
+    def madvise(self, option: int, start: int, length: int) -> None:
+        self.asked.append((option, start, length))
+
+
+@pytest.mark.parametrize("resident", [False, True])
+def test_prefetch_asks_for_the_rows_of_a_cold_cache_only(
+    tmp_path: Path, monkeypatch: Any, resident: bool
+) -> None:
+    big = torch.zeros((8, 3, 64, 64), dtype=torch.uint8)  # 12 KiB per sample: pages of its own
+    write(tmp_path / "c", [(big, torch.arange(8))])
+    mapped = Reader.open(tmp_path / "c")
+    maps = (_Advice(), _Advice())
+    reader = dataclasses.replace(mapped, maps=maps)  # type: ignore[arg-type]
+    monkeypatch.setattr(_store, "_resident", lambda page: resident)
+
+    def span(start: int, stop: int, size: int = 3 * 64 * 64) -> tuple[int, int, int]:
+        begin = HEADER_BYTES + start * size
+        aligned = begin - begin % mmap.PAGESIZE
+        return _store._WILLNEED, aligned, HEADER_BYTES + stop * size - aligned
+
+    reader.prefetch(range(2, 5))
+    reader.prefetch(np.array([6, 1]))
+    reader.prefetch(np.array([], dtype=np.int64))
+    if resident:  # a warm cache: nothing asked
+        assert maps[0].asked == [] and maps[1].asked == []
+        return
+    assert maps[0].asked == [span(2, 5), span(6, 7), span(1, 2)]
+    # labels: one range asked; scattered rows of a field smaller than a page are left to
+    # the kernel's read-around
+    assert maps[1].asked == [span(2, 5, size=8)]

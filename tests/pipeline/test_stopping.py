@@ -159,8 +159,12 @@ def test_process_holding_an_unstopped_pipeline_exits_cleanly() -> None:
 
 
 SIGINT_SCRIPT = """
-import asyncio, sys, time
+import asyncio, signal, sys, time
 from asyncflow import Pipeline
+
+# Ctrl-C raises KeyboardInterrupt, as in a terminal, also when the tests run as a background
+# job: a shell without job control starts those with SIGINT ignored, and children inherit it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 async def fetch(x):
     await asyncio.sleep(0.005)
@@ -208,7 +212,12 @@ def test_ctrl_c_ends_iteration_within_five_seconds(style: str) -> None:
         assert proc.stdout.readline().strip() == "ready"
         proc.send_signal(signal.SIGINT)
         start = time.monotonic()
-        _, err = proc.communicate(timeout=10)
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # show where it hangs: faulthandler dumps on SIGABRT
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=10)
+            pytest.fail(f"still running 10 s after Ctrl-C; its threads:\n{err[-8000:]}")
         assert time.monotonic() - start < 5.0
     finally:
         if proc.poll() is None:
