@@ -261,9 +261,18 @@ def test_gpu_tensors_replay_onto_their_device(tmp_path: Path) -> None:
         pytest.skip("needs CUDA")
     pipe = images().map(lambda b: (b[0].cuda(), b[1].cuda())).cache(tmp_path / "c")
     first = list(pipe)
-    second = list(pipe.shuffle(seed=0))
+    second = list(pipe.shuffle(seed=0))  # copied on demand, in this thread
     assert all(b[0].is_cuda for b in second)
     assert sorted(flat(second)) == flat(first)
+    for image, label in second:
+        assert torch.equal(image[:, 0, 0, 0].long(), label)
+    on_cpu = images().cache(tmp_path / "d")
+    list(on_cpu)
+    moved = list(on_cpu.shuffle(seed=1).to_device("cuda"))  # copied ahead, for the stage
+    assert all(b[0].is_cuda and b[1].is_cuda for b in moved)
+    assert sorted(flat(moved)) == list(range(10))
+    for image, label in moved:
+        assert torch.equal(image[:, 0, 0, 0].long(), label)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
