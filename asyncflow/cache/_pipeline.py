@@ -80,6 +80,10 @@ class CachedPipeline(Pipeline):
         times). The filling epoch passes upstream's items in upstream's order. With stages
         after ``.cache()``, or a ``buffer_size``, this is ``Pipeline.shuffle``: a buffer
         shuffle of those stages' output.
+
+        With nothing after it, each batch is gathered from the cache when the consumer asks
+        for it, in the consumer's thread (on its loop, in ``async for``); add a stage, such
+        as ``.prefetch(n)``, to have batches gathered ahead on the run's thread instead.
         """
         if self.stages or buffer_size is not None:
             return super().shuffle(buffer_size=1024 if buffer_size is None else buffer_size,
