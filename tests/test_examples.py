@@ -52,6 +52,19 @@ def test_train_image_folder_generated() -> None:
     assert "images/s" in out and "decode" in out
 
 
+def test_cached_epochs_decode_once_then_replay(tmp_path: Path) -> None:
+    root = make_sample_folder(tmp_path / "data", 16)
+    args = ("--data", str(root), "--cache", str(tmp_path / "cache"), "--epochs", "2",
+            "--batch-size", "4", "--size", "32")
+    first = _example("cached_epochs.py", *args)
+    assert "does not exist yet" in first.stderr and "written: 16 samples" in first.stderr
+    assert re.search(r"epoch 1: loss \d+\.\d+, [\d,]+ images/s", first.stdout)
+    assert "status       usable" in first.stdout
+    second = _example("cached_epochs.py", *args)  # nothing left to decode
+    assert "written" not in second.stderr and "rebuilding" not in second.stderr
+    assert "epoch 0:" in second.stdout and "epoch 1:" in second.stdout
+
+
 def test_train_image_folder_given_data(tmp_path: Path) -> None:
     root = make_sample_folder(tmp_path / "data", 16)
     out = _example(

@@ -163,7 +163,23 @@ def _digest_sequence(items: Any) -> dict[str, Any]:
     for start in range(0, len(items), _CHUNK):
         text = repr(list(items[start:start + _CHUNK]))
         digest.update(_ADDRESS.sub("", text).encode("utf-8", "backslashreplace"))
-    return {"sha256": digest.hexdigest(), "items": len(items)}
+    return {"sha256": digest.hexdigest(), "items": len(items),
+            **_ends(items, lambda item: _ADDRESS.sub("", repr(item)))}
+
+
+def _ends(items: Any, text: Any) -> dict[str, str]:
+    """A long sequence's first and last items, as short text: they tell a user what changed
+    where the digest only tells that something did (a dataset moved: other paths)."""
+    if not len(items):
+        return {}
+    return {"first": _clip(text(items[0])), "last": _clip(text(items[-1]))}
+
+
+def _clip(text: str, limit: int = 100) -> str:
+    if len(text) <= limit:
+        return text
+    half = (limit - 3) // 2
+    return text[:half] + "..." + text[-half:]
 
 
 def _dumps(value: Any) -> str:
@@ -191,7 +207,9 @@ def summarize(description: Any) -> Any:
         if isinstance(v, list) and len(v) <= 16:
             return [shrink(x) for x in v]
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        return {"sha256": digest, "items": len(v) if isinstance(v, list) else len(text)}
+        if not isinstance(v, list):
+            return {"sha256": digest, "items": len(text)}
+        return {"sha256": digest, "items": len(v), **_ends(v, lambda x: redact(_dumps(x)))}
 
     return shrink(value)
 
@@ -209,8 +227,14 @@ def _redacted(value: Any) -> Any:
 def describe_change(old: Any, new: Any, where: str = "upstream") -> str:
     """Where two summaries first differ, in words (``upstream[2]['size']: 224 -> 256``)."""
     if isinstance(old, dict) and isinstance(new, dict):
-        if {"sha256", "items"} == set(old) == set(new):
-            return f"{where} changed ({old['items']} -> {new['items']} entries)"
+        if _is_digest(old) and _is_digest(new):
+            if old["items"] != new["items"]:
+                return f"{where} changed ({old['items']} -> {new['items']} entries)"
+            for end in ("first", "last"):
+                if old.get(end) != new.get(end):
+                    return (f"{where} changed ({new['items']} entries): the {end} went from "
+                            f"{old.get(end)} to {new.get(end)}")
+            return f"{where} changed ({new['items']} entries; the first and last are the same)"
         for k in sorted(set(old) | set(new)):
             if k not in old:
                 return f"{where} gained {k!r}"
@@ -227,6 +251,10 @@ def describe_change(old: Any, new: Any, where: str = "upstream") -> str:
             return f"{where} went from {len(old)} to {len(new)} entries"
         return f"{where} changed"
     return f"{where}: {_short(old)} -> {_short(new)}"
+
+
+def _is_digest(value: dict[str, Any]) -> bool:
+    return {"sha256", "items"} <= set(value) <= {"sha256", "items", "first", "last"}
 
 
 def _short(value: Any) -> str:

@@ -125,3 +125,32 @@ def test_summaries_mask_secrets() -> None:
     summary = summarize([{"kind": "source", "state": [url]}])
     assert "pw" not in str(summary) and "abcdef" not in str(summary)
     assert "bucket.s3.amazonaws.com/a.jpg" in str(summary)
+
+
+def test_a_moved_listing_is_described_by_its_first_and_last_entries() -> None:
+    def listing(root: str) -> Any:
+        samples = [(f"{root}/cat/{i:04d}.jpg", i % 3) for i in range(500)]
+        return summarize([{"kind": "source", "state": state_of(samples)}])
+
+    old, new = listing("/tmp/tmpAAAA/images"), listing("/tmp/tmpBBBB/images")
+    assert state_of([(1, 2)] * 100)["first"] == "(1, 2)"
+    assert describe_change(old, new) == (
+        "upstream[0]['state'] changed (500 entries): the first went from "
+        "('/tmp/tmpAAAA/images/cat/0000.jpg', 0) to ('/tmp/tmpBBBB/images/cat/0000.jpg', 0)")
+    relabelled = [(f"/tmp/tmpAAAA/images/cat/{i:04d}.jpg", i % 3) for i in range(500)]
+    relabelled[250] = (relabelled[250][0], 2)
+    inside = summarize([{"kind": "source", "state": state_of(relabelled)}])
+    assert describe_change(old, inside) == (
+        "upstream[0]['state'] changed (500 entries; the first and last are the same)")
+    long = state_of([("x" * 300, 1)] * 100)
+    assert len(long["first"]) == 99 and "..." in long["first"]
+
+
+def test_the_entries_kept_of_a_long_listing_mask_secrets() -> None:
+    urls = [f"https://user:pw@bucket.s3.amazonaws.com/{i}.jpg?X-Amz-Signature=abcdef"
+            for i in range(100)]
+    for summary in (summarize([{"kind": "source", "state": state_of(urls)}]),
+                    summarize([{"kind": "source", "listing": urls}])):
+        text = str(summary)
+        assert "pw@" not in text and "abcdef" not in text, text
+        assert "bucket.s3.amazonaws.com/0.jpg" in text and "/99.jpg" in text
