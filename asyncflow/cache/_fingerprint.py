@@ -230,10 +230,12 @@ def describe_change(old: Any, new: Any, where: str = "upstream") -> str:
         if _is_digest(old) and _is_digest(new):
             if old["items"] != new["items"]:
                 return f"{where} changed ({old['items']} -> {new['items']} entries)"
+            if not ({"first", "last"} <= set(old) and {"first", "last"} <= set(new)):
+                return f"{where} changed ({new['items']} entries)"  # from an older version
             for end in ("first", "last"):
-                if old.get(end) != new.get(end):
+                if old[end] != new[end]:
                     return (f"{where} changed ({new['items']} entries): the {end} went from "
-                            f"{old.get(end)} to {new.get(end)}")
+                            f"{old[end]} to {new[end]}")
             return f"{where} changed ({new['items']} entries; the first and last are the same)"
         for k in sorted(set(old) | set(new)):
             if k not in old:

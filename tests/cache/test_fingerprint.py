@@ -142,6 +142,9 @@ def test_a_moved_listing_is_described_by_its_first_and_last_entries() -> None:
     inside = summarize([{"kind": "source", "state": state_of(relabelled)}])
     assert describe_change(old, inside) == (
         "upstream[0]['state'] changed (500 entries; the first and last are the same)")
+    older = {k: v for k, v in old[0]["state"].items() if k in ("sha256", "items")}
+    assert describe_change([{"kind": "source", "state": older}], new) == (
+        "upstream[0]['state'] changed (500 entries)")  # a manifest without the entries
     long = state_of([("x" * 300, 1)] * 100)
     assert len(long["first"]) == 99 and "..." in long["first"]
 
