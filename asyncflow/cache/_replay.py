@@ -242,12 +242,9 @@ def _batches(reader: Reader, sources: Sequence[Any], order: np.ndarray | None,
             yield build([a[start:stop] for a in reader.arrays])
             continue
         # shuffled, or a read-only mapping the consumer must not see
-        if order is None:
-            copy = functools.partial(_copy_rows, reader.arrays, slice(start, stop), shapes,
-                                     dtypes, buffers, build)
-        else:
-            copy = functools.partial(_copy_rows, sources, order[start:stop], shapes, dtypes,
-                                     buffers, build)
+        rows: slice | np.ndarray = slice(start, stop) if order is None else order[start:stop]
+        copy = functools.partial(_copy_rows, reader.arrays if order is None else sources, rows,
+                                 shapes, dtypes, buffers, build)
         yield Deferred(copy) if defer else copy()
 
 
