@@ -12,15 +12,18 @@ from ._errors import (
     AsyncflowError,
     ConfigError,
     DecodeError,
+    FailureBudgetExceeded,
     PipelineError,
     SourceError,
     SourceNotFound,
     SourcePermissionError,
     SourceTimeout,
     StallError,
+    WorkerError,
 )
 from ._lazy import lazy_getattr
-from .pipeline import Pipeline, PipelineStats, Run, StageStats
+from .pipeline import Pipeline, PipelineStats, Processes, Run, StageStats, WorkerInfo, worker_info
+from .pipeline._shm import register_lazy_reducers
 
 __version__ = "0.1.0"
 
@@ -40,6 +43,10 @@ _LAZY = {
 }
 
 __getattr__ = lazy_getattr(__name__, _LAZY)
+
+# Tensors cross worker processes through shared memory once torch is loaded (the engine
+# itself imports neither torch nor asyncflow.torch).
+register_lazy_reducers("torch", "asyncflow.torch._share")
 
 if TYPE_CHECKING:
     from . import image, sources
@@ -67,9 +74,11 @@ __all__ = [
     "DataLoader",
     "DecodeError",
     "DistributedSampler",
+    "FailureBudgetExceeded",
     "Pipeline",
     "PipelineError",
     "PipelineStats",
+    "Processes",
     "RandomSampler",
     "Retry",
     "Run",
@@ -82,10 +91,13 @@ __all__ = [
     "StallError",
     "Timeout",
     "WeightedRandomSampler",
+    "WorkerError",
+    "WorkerInfo",
     "__version__",
     "image",
     "mix",
     "profile",
     "read_bytes",
     "sources",
+    "worker_info",
 ]

@@ -18,6 +18,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ._errors import AsyncflowError
+from ._redact import describe_exception, redact
+
 __all__ = ["build_parser", "run"]
 
 
@@ -53,7 +56,7 @@ def pil_status() -> dict[str, Any]:
             "pillow": _version("pillow"),
             "simd_expected": _wants_simd(),
             "libjpeg_turbo": None,
-            "problems": [f"the image backend cannot be loaded: {type(exc).__name__}: {exc}"],
+            "problems": [f"the image backend cannot be loaded: {describe_exception(exc)}"],
         }
         status["ok"] = False
         return status
@@ -86,7 +89,7 @@ def _torch_status() -> dict[str, Any]:
     try:
         import torch
     except Exception as exc:
-        return {"torch": None, "error": f"{type(exc).__name__}: {exc}"}
+        return {"torch": None, "error": describe_exception(exc)}
     out: dict[str, Any] = {"torch": torch.__version__, "cuda_build": torch.version.cuda}
     try:
         out["cuda_available"] = bool(torch.cuda.is_available())
@@ -96,7 +99,7 @@ def _torch_status() -> dict[str, Any]:
             ]
     except Exception as exc:
         out["cuda_available"] = False
-        out["cuda_error"] = f"{type(exc).__name__}: {exc}"
+        out["cuda_error"] = describe_exception(exc)
     return out
 
 
@@ -216,7 +219,7 @@ def bench_scripts(directory: Path) -> dict[str, Path]:
 
 
 # Benchmarks that measure a GPU: skipped by a plain `asyncflow bench` on a machine without one.
-_NEEDS_CUDA = frozenset({"transfer"})
+_NEEDS_CUDA = frozenset({"gpu_train", "transfer"})
 
 
 def _cuda_available() -> bool:
@@ -276,7 +279,7 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
     try:
         result = info(args.path)
     except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
@@ -348,6 +351,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except AsyncflowError as exc:  # its message, redacted, without a traceback
+        print(f"error: {describe_exception(exc)}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `asyncflow info | head`
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -2,7 +2,8 @@
 
 Pure functions over the engine's description and stats objects, so that ``print(pipe)``,
 ``print(pipe.stats())`` and a notebook's rich display share one layout. Nothing here imports
-the engine: the objects are read by attribute.
+the engine: the objects are read by attribute. Text that may hold an exception's message or a
+user's value (failures, notes, settings) is redacted before it is shown.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import html
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from ._redact import redact
 
 __all__ = [
     "pipeline_html",
@@ -213,7 +216,7 @@ def _summary(stats: Any) -> str:
 def _failure_lines(stats: Any) -> list[str]:
     failures = list(getattr(stats, "failures", ()))
     lines = [
-        f"  {f.stage}: {f.error_type}: {f.message} (item {f.item})"
+        redact(f"  {f.stage}: {f.error_type}: {f.message} (item {f.item})")
         for f in failures[:_MAX_FAILURES_SHOWN]
     ]
     total = sum(s.failures for s in stats.stages)
@@ -232,7 +235,7 @@ def stats_text(stats: Any) -> str:
     rows, _ = _stats_rows(stats, html_bars=False)
     parts = [table_text(_STATS_HEADERS, rows, align=_STATS_ALIGN), _summary(stats)]
     parts += _failure_lines(stats)
-    parts += [f"note: {note}" for note in getattr(stats, "notes", ())]
+    parts += [f"note: {redact(note)}" for note in getattr(stats, "notes", ())]
     return "\n".join(parts)
 
 
@@ -244,7 +247,7 @@ def stats_html(stats: Any) -> str:
     out = table_html(
         _STATS_HEADERS, rows, highlight=marked, caption=_summary(stats), align=_STATS_ALIGN
     )
-    extra = _failure_lines(stats) + [f"note: {n}" for n in getattr(stats, "notes", ())]
+    extra = _failure_lines(stats) + [f"note: {redact(n)}" for n in getattr(stats, "notes", ())]
     if extra:
         out += "<pre>" + html.escape("\n".join(extra)) + "</pre>"
     return out
@@ -258,7 +261,7 @@ _COLUMNS = ("fn", "concurrency")
 
 
 def _short(value: Any, limit: int = 48) -> str:
-    text = value if isinstance(value, str) else repr(value)
+    text = redact(value if isinstance(value, str) else repr(value))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

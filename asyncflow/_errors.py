@@ -10,29 +10,39 @@ Exception hierarchy::
         + SourcePermissionError(PermissionError)
       x DecodeError(ValueError)          a file or buffer is not a decodable image (names it)
       x StallError(TimeoutError)         a stage made no progress for longer than allowed
+      x FailureBudgetExceeded            a stage failed on more items than max_failures
+                                         allows (``.failures`` lists them)
+      x WorkerError(RuntimeError)        a worker process died, or could not start (names it)
       x PipelineError(ExceptionGroup)    one or more stages failed; each exception carries a
                                          note naming the stage and the item
 
 Every class mixes in the built-in exception a caller would naturally catch, so
 ``except ValueError`` still catches a :class:`ConfigError`. ``asyncio.CancelledError`` is
-never wrapped.
+never wrapped. Messages and reprs are redacted (no credentials, signatures or keys).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ._redact import redact
+
+if TYPE_CHECKING:
+    from .pipeline._stats import FailureRecord
 
 __all__ = [
     "AsyncflowError",
     "ConfigError",
     "DecodeError",
+    "FailureBudgetExceeded",
     "PipelineError",
     "SourceError",
     "SourceNotFound",
     "SourcePermissionError",
     "SourceTimeout",
     "StallError",
+    "WorkerError",
 ]
 
 
@@ -68,6 +78,37 @@ class StallError(AsyncflowError, TimeoutError):
     """A stage with work in hand produced nothing for longer than ``stall_timeout``."""
 
 
+class WorkerError(AsyncflowError, RuntimeError):
+    """A worker process died (a segfault, the OOM killer) or could not start; the message names
+    the worker, the stage and the item it held."""
+
+
+class FailureBudgetExceeded(AsyncflowError):
+    """A stage failed on more items than its ``max_failures`` allows, or on every item.
+
+    Attributes:
+        stage: The stage's name.
+        failures: The stage's recorded failures (:class:`~asyncflow.pipeline.FailureRecord`:
+            item, exception type and redacted message; the first 10,000).
+    """
+
+    def __init__(
+        self, message: str, *, stage: str, failures: Sequence[FailureRecord] = ()
+    ) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.failures: tuple[FailureRecord, ...] = tuple(failures)
+
+    def __reduce__(self) -> Any:
+        return _rebuild_budget_error, (str(self), self.stage, self.failures)
+
+
+def _rebuild_budget_error(
+    message: str, stage: str, failures: tuple[FailureRecord, ...]
+) -> FailureBudgetExceeded:
+    return FailureBudgetExceeded(message, stage=stage, failures=failures)
+
+
 class PipelineError(AsyncflowError, ExceptionGroup):  # type: ignore[type-arg,unused-ignore]
     """One or more stages failed.
 
@@ -77,7 +118,11 @@ class PipelineError(AsyncflowError, ExceptionGroup):  # type: ignore[type-arg,un
     """
 
     def __new__(cls, message: str, exceptions: Sequence[Exception]) -> PipelineError:
-        return super().__new__(cls, message, exceptions)
+        return super().__new__(cls, redact(message), exceptions)
+
+    def __repr__(self) -> str:
+        # The group's repr holds its exceptions' reprs: a stage's raw error text.
+        return redact(super().__repr__())
 
     def derive(self, excs: Sequence[Any]) -> PipelineError:  # type: ignore[override]
         return PipelineError(self.message, excs)

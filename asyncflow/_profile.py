@@ -1,11 +1,17 @@
-"""``asyncflow.profile``: each stage alone, at several concurrencies, on a sample of the input.
+"""``asyncflow.profile``: each stage at several concurrencies, on a sample of the input.
 
 The way SPDL's ``profile_pipeline`` does it: take the first ``sample`` items of the source, then
 for each stage in order feed it the items the stage before it produced, once per concurrency
-setting, with nothing else running, and time it. A stage's items/s alone is its capacity; the
-whole pipeline runs at the pace of its slowest stage. The recommended concurrency is the smallest
-setting that comes within ``tolerance`` of the best rate: more would cost threads and memory
-and buy nothing.
+setting, and time it. A stage's items/s is its capacity; the whole pipeline runs at the pace of
+its slowest stage. The recommended concurrency is the smallest setting that comes within
+``tolerance`` of the best rate: more would cost threads and memory and buy nothing.
+
+Only the stage's input is replayed: the stages after it run as in a real run, consuming its
+output through an unbounded buffer. A stage function may wait on progress downstream (the
+decoders of ``image.folder`` claim rows of batches that a later stage releases, and wait when
+they run too far ahead): measured with nothing after it, such a stage would wait at every item
+past the first few batches, and report that wait as its cost. The stage is timed up to its
+last output, so a slow stage after it does not slow it down.
 """
 
 from __future__ import annotations
@@ -146,7 +152,7 @@ class ProfileReport:
 
     def _caption(self) -> str:
         text = (
-            f"each stage alone on {self.sample:,} source items; the source alone: "
+            f"each stage on {self.sample:,} source items; the source alone: "
             f"{_rate(self.source_rate)} items/s"
         )
         if self.bottleneck:
@@ -190,30 +196,64 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.1f} us"
 
 
-def _sub_pipeline(pipe: Any, items: list[Any], spec: Any) -> Any:
-    """``pipe``'s options and type, with ``items`` as the source and ``spec`` the only stage."""
+#: The buffer between the profiled stage and the stages after it: never full, so that the
+#: stage never waits on a slower stage after it.
+_UNBOUNDED = 1 << 40
+
+
+class _Tap:
+    """An async map after the profiled stage: keeps its outputs (if asked) and the time of
+    the last one, and passes them on to the stages after it."""
+
+    def __init__(self, keep: bool) -> None:
+        self.keep = keep
+        self.outputs: list[Any] = []
+        self.last: float | None = None
+
+    def function(self) -> Any:
+        async def profile_tap(item: Any) -> Any:
+            self.last = time.perf_counter()
+            if self.keep:
+                self.outputs.append(item)
+            return item
+
+        return profile_tap
+
+
+def _skipping(spec: Any) -> Any:
+    # Profiling measures capacity: failed items are skipped and counted, never fatal.
+    if getattr(spec, "max_failures", None) is not None:
+        return dataclasses.replace(spec, max_failures=None)
+    return spec
+
+
+def _sub_pipeline(
+    pipe: Any, items: list[Any], spec: Any, after: Sequence[Any], tap: _Tap
+) -> Any:
+    """``pipe``'s options and type, with ``items`` as the source, then ``spec``, the tap,
+    and the stages ``after`` it."""
     from .pipeline._pipeline import _Source
 
     new = copy.copy(pipe)
     new._source = _Source(items)
-    new._stages = (spec,)
+    new._stages = (_skipping(spec),)
     new._hooks = ()
     new._last = []
-    # Profiling measures capacity: failed items are skipped and counted, never fatal.
     new._options = dataclasses.replace(pipe.options, max_failures=1.0, report_every=None)
+    new = new.map(tap.function(), name="profile-tap", buffer=_UNBOUNDED)
+    new._stages = (*new._stages, *(_skipping(s) for s in after))
     return new
 
 
-def _timed_run(pipe: Any, keep: bool) -> tuple[float, list[Any], Any]:
-    out: list[Any] = []
+def _timed_run(pipe: Any, tap: _Tap) -> tuple[float, Any]:
     start = time.perf_counter()
     with pipe.open() as run:
-        for item in run:
-            if keep:
-                out.append(item)
-        elapsed = time.perf_counter() - start
+        for _ in run:
+            pass
+        end = time.perf_counter()
         stats = run.stats()
-    return elapsed, out, stats
+    # The stage's time is up to its last output (all of the run's if it produced none).
+    return (end if tap.last is None else tap.last) - start, stats
 
 
 def _take(pipe: Any, sample: int) -> tuple[list[Any], float]:
@@ -248,13 +288,18 @@ def profile(
     concurrencies: Sequence[int] = (1, 2, 4, 8),
     tolerance: float = 0.1,
 ) -> ProfileReport:
-    """Measure each stage of ``pipe`` alone at several concurrencies, and recommend one.
+    """Measure each stage of ``pipe`` at several concurrencies, and recommend one.
+
+    Each stage gets a replay of what the stage before it produced, and is timed up to its last
+    output while the stages after it consume that output, as in a real run (a stage may wait
+    on their progress: ``image.folder``'s decoders do).
 
     Args:
         pipe: The pipeline. Its source is read for ``sample`` items (an iterator source is
             consumed that far).
         sample: Source items to profile with. Every stage's function runs on its share of
-            them once per setting, so keep side effects in mind.
+            them once per setting of itself and of each stage before it, so keep side
+            effects in mind.
         concurrencies: The settings tried for stages that have one (``map``, ``filter``,
             ``flat_map``); other stages (``batch``, ``shuffle``, ...) run once as configured.
         tolerance: Recommend the smallest setting whose rate is within this fraction of
@@ -294,22 +339,24 @@ def _profile(
 ) -> ProfileReport:
     items, source_rate = _take(pipe, sample)
     results = []
-    for spec in pipe.stages:
+    for index, spec in enumerate(pipe.stages):
         name = spec.name or spec.default_name()
         configured = getattr(spec, "concurrency_", 1)
         tunable = spec.kind in ("map", "filter", "flat_map")
         rates: dict[int, float] = {}
         outputs: list[Any] | None = None
         per_item, failures, produced = 0.0, 0, 0
+        after = pipe.stages[index + 1:]
         for c in settings if tunable else (configured,):
             variant = dataclasses.replace(spec, concurrency=c) if tunable else spec
-            keep = outputs is None
-            elapsed, out, stats = _timed_run(_sub_pipeline(pipe, items, variant), keep)
+            tap = _Tap(keep=outputs is None)
+            elapsed, stats = _timed_run(_sub_pipeline(pipe, items, variant, after, tap), tap)
             rates[c] = len(items) / max(elapsed, 1e-9)
-            if keep:
-                outputs = out
-                stage = stats.stages[-1]
-                per_item, failures, produced = stage.mean_seconds_per_item, stage.failures, len(out)
+            if outputs is None:
+                outputs = tap.outputs
+                stage = stats.stages[1]  # after the source
+                per_item, failures = stage.mean_seconds_per_item, stage.failures
+                produced = len(outputs)
         recommended = None
         if tunable:
             best = max(rates.values())

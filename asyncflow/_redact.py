@@ -1,23 +1,164 @@
-"""Redaction of secrets in text that reaches logs, errors and reprs."""
+"""Keeping secrets out of text that reaches logs, error messages, notes, reprs and HTML.
+
+The one redactor of the package (``sources._redact`` re-exports it). What it masks:
+
+* URLs: user info (``user:password@``) and every query *value* (names stay, so a presigned
+  URL still reads as one); the fragment is dropped. ``s3://bucket/key`` is left alone (a
+  key may hold a literal ``?``), except for user info.
+* ``name=value`` / ``name: value`` pairs (quoted or not) whose name says secret:
+  ``aws_secret_access_key``, ``aws_session_token``, ``X-Amz-Signature``,
+  ``X-Amz-Credential``, ``X-Amz-Security-Token``, ``password``, ``token``, ``secret`` ...
+* ``Authorization`` headers (the whole value) and ``Bearer`` tokens.
+* AWS access key ids (``AKIA...``, ``ASIA...``), and, appearing raw, anything shaped like a
+  secret access key (40 base64 characters mixing cases and digits; a hex digest of the same
+  length is kept) or a session token (100+ such characters).
+* The values of ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` in the environment.
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import traceback
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
-__all__ = ["redact"]
+__all__ = [
+    "MASK",
+    "Operation",
+    "describe_exception",
+    "format_exception",
+    "redact",
+    "redact_text",
+    "redact_url",
+]
 
+MASK = "***"
+
+# A URL ends before trailing punctuation: "GET https://h/x?a=1: 503" keeps its colon.
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,:;)\]]")
 _USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@'\"]+@")
-_QUERY = re.compile(r"(?P<base>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s?'\"]*)\?[^\s#'\"]*")
-_AWS_KEY = re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b")
-_SECRETS = re.compile(
-    r"(?i)(?P<key>aws_secret_access_key|aws_session_token|secret|token|password|signature"
-    r"|x-amz-signature|x-amz-security-token|x-amz-credential)(?P<sep>\s*[=:]\s*)[^\s&,'\"]+"
+_AWS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA|AGPA|ANPA|AIPA)[A-Z0-9]{12,}\b")
+_BASE64_RUN = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+=]{40,}(?![A-Za-z0-9/+=])")
+_SECRET_NAMES = (
+    r"aws_secret_access_key|aws_session_token|aws_security_token|secret_access_key"
+    r"|x-amz-signature|x-amz-security-token|x-amz-credential|session_token|sessiontoken"
+    r"|client_secret|api_key|apikey|access_token|refresh_token|password|passwd|secret"
+    r"|signature|credential|token"
 )
+_PAIRS = re.compile(
+    rf"(?i)(?P<key>\b[\w-]*(?:{_SECRET_NAMES}))(?P<sep>['\"]?\s*[=:]\s*['\"]?)"
+    r"(?!\*\*\*)[^\s&,;'\"})\]]*[^\s&,;:.'\"})\]]"  # a trailing ':' or '.' is prose
+)
+_AUTHORIZATION = re.compile(
+    r"(?i)(?P<key>\b(?:proxy-)?authorization['\"]?\s*[=:]\s*['\"]?)[^'\"\r\n]+"
+)
+_BEARER = re.compile(r"(?i)\b(?P<kind>bearer|basic)\s+(?P<token>[A-Za-z0-9._~+/=-]{8,})")
+_ENV_SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+
+
+def redact_url(url: object) -> str:
+    """``url`` with user info and query values masked and the fragment dropped.
+
+    >>> redact_url("https://user:pw@host/a.jpg?X-Amz-Signature=abc&v=1#f")
+    'https://***@host/a.jpg?X-Amz-Signature=***&v=***'
+    """
+    text = os.fspath(url) if isinstance(url, os.PathLike) else str(url)
+    if "://" not in text:
+        return text  # a local path: no credentials ride in it
+    if text[:5].lower() == "s3://":
+        # An S3 key may hold a literal "?" that is part of its name, not a query.
+        return _USERINFO.sub(rf"\g<scheme>{MASK}@", text)
+    try:
+        parts = urlsplit(text)
+        netloc = parts.netloc
+        if "@" in netloc:
+            netloc = MASK + "@" + netloc.rpartition("@")[2]
+        query = ""
+        if parts.query:
+            names = [name for name, _ in parse_qsl(parts.query, keep_blank_values=True)]
+            query = "&".join(f"{name}={MASK}" for name in names) if names else MASK
+        return SplitResult(parts.scheme, netloc, parts.path, query, "").geturl()
+    except ValueError:
+        # Unparseable (a bad port, stray brackets): keep only what precedes any secret.
+        head = text.split("?", 1)[0].split("#", 1)[0]
+        scheme, _, rest = head.partition("://")
+        return f"{scheme}://{rest.rpartition('@')[2]}" if "@" in rest else head
 
 
 def redact(text: str) -> str:
-    """Mask URL credentials and query strings, AWS key ids and ``secret=...`` pairs."""
-    text = _USERINFO.sub(r"\g<scheme>***@", text)
-    text = _QUERY.sub(r"\g<base>?***", text)
-    text = _AWS_KEY.sub("AKIA****************", text)
-    return _SECRETS.sub(r"\g<key>\g<sep>***", text)
+    """``text`` with every secret this module knows the shape of masked (see above)."""
+    text = _AUTHORIZATION.sub(rf"\g<key>{MASK}", text)
+    text = _BEARER.sub(_mask_token, text)
+    text = _PAIRS.sub(rf"\g<key>\g<sep>{MASK}", text)
+    text = _URL.sub(lambda m: redact_url(m.group(0)), text)
+    for name in _ENV_SECRETS:
+        secret = os.environ.get(name)
+        if secret and len(secret) >= 8:
+            text = text.replace(secret, MASK)
+    text = _AWS_KEY_ID.sub(MASK, text)
+    return _BASE64_RUN.sub(_mask_if_secret, text)
+
+
+#: The same function, under the name the sources have used.
+redact_text = redact
+
+
+def _mask_token(match: re.Match[str]) -> str:
+    # A credential has digits or base64 padding; "Basic authentication failed" is prose.
+    token = match.group("token")
+    if any(c.isdigit() for c in token) or token.endswith("="):
+        return f"{match.group('kind')} {MASK}"
+    return match.group(0)
+
+
+def _mask_if_secret(match: re.Match[str]) -> str:
+    # A secret access key is 40 random base64 characters (a session token, hundreds): they mix
+    # cases and digits, where a hex digest (an ETag, a SHA-1 in a file name) does not; and
+    # they hold few slashes, where a path of the same characters has one every few letters.
+    word = match.group(0)
+    if len(word) != 40 and len(word) < 100:
+        return word
+    mixed = any(c.isupper() for c in word) and any(c.islower() for c in word)
+    slashes = word.count("/") <= max(3, len(word) // 16)
+    return MASK if mixed and slashes and any(c.isdigit() for c in word) else word
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``"TypeName: message"`` of an exception, redacted, for a message, a log or a record."""
+    try:
+        message = redact(str(exc)).strip()
+    except Exception:  # a broken __str__ must not hide the real error
+        message = "<message unavailable>"
+    name = type(exc).__name__
+    return f"{name}: {message}" if message else name
+
+
+def format_exception(exc: BaseException) -> str:
+    """The traceback of ``exc`` (with its notes, causes and sub-exceptions), redacted."""
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:
+        return describe_exception(exc)
+    return redact(text).rstrip()
+
+
+class Operation:
+    """``"GET <redacted url>"`` for messages, redacted only if a message is ever made.
+
+    Redacting costs a URL parse; a read that succeeds never needs it.
+    """
+
+    __slots__ = ("_method", "_text", "_url")
+
+    def __init__(self, method: str, url: str) -> None:
+        self._method = method
+        self._url = url
+        self._text: str | None = None
+
+    def __str__(self) -> str:
+        if self._text is None:
+            self._text = f"{self._method} {redact_url(self._url)}"
+        return self._text
+
+    def __repr__(self) -> str:
+        return f"Operation({str(self)!r})"

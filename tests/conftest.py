@@ -23,6 +23,17 @@ def _warm_process_wide_resources() -> None:
     else:
         uvloop.new_event_loop().close()
     asyncio.new_event_loop().close()
+    # The forkserver lives as long as the process, like the selector above: start it now so
+    # that the first test that starts worker processes is not charged with it.
+    # Its preload list (asyncflow's worker module, NumPy, PIL, torch) makes a worker start in
+    # milliseconds.
+    from multiprocessing import forkserver
+
+    import asyncflow.torch  # noqa: F401  (the tensor reducer: torch is preloaded too)
+    from asyncflow.pipeline import Processes, _boot
+
+    _boot.start_context(Processes())
+    forkserver.ensure_running()
 
 
 def _fds() -> set[int]:
@@ -30,14 +41,35 @@ def _fds() -> set[int]:
 
 
 def _children() -> set[int]:
+    """Every descendant process (workers forked by the forkserver are grandchildren)."""
     pids: set[int] = set()
-    for task in os.listdir("/proc/self/task"):
+    todo = ["self"]
+    while todo:
+        pid = todo.pop()
         try:
-            with open(f"/proc/self/task/{task}/children") as fh:
-                pids.update(int(p) for p in fh.read().split())
+            tasks = os.listdir(f"/proc/{pid}/task")
         except OSError:
             continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/children") as fh:
+                    found = [int(p) for p in fh.read().split()]
+            except OSError:
+                continue
+            pids.update(found)
+            todo.extend(str(p) for p in found)
     return pids
+
+
+def _segments() -> set[str]:
+    """Our shared-memory segments (``/dev/shm/asyncflow-<pid>-...``) of this process."""
+    from asyncflow.pipeline._shm import SHM_DIR
+
+    mine = f"asyncflow-{os.getpid()}-"
+    try:
+        return {name for name in os.listdir(SHM_DIR) if name.startswith(mine)}
+    except OSError:
+        return set()
 
 
 def _threads() -> set[int]:
@@ -56,7 +88,7 @@ def leak_check() -> Iterator[None]:
     thread), so the check waits up to a few seconds for things to settle before failing.
     """
     gc.collect()
-    threads, fds, children = _threads(), _fds(), _children()
+    threads, fds, children, segments = _threads(), _fds(), _children(), _segments()
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
@@ -68,10 +100,15 @@ def leak_check() -> Iterator[None]:
         extra_threads = _threads() - threads
         extra_fds = _fds() - fds
         extra_children = _children() - children
-        if not (extra_threads or extra_fds or extra_children) or time.monotonic() > deadline:
+        extra_segments = _segments() - segments
+        if not (extra_threads or extra_fds or extra_children or extra_segments) or (
+            time.monotonic() > deadline
+        ):
             break
         time.sleep(0.02)
     problems = []
+    if extra_segments:
+        problems.append(f"shared-memory segments left: {sorted(extra_segments)}")
     if extra_threads:
         problems.append(f"threads left running: {_describe_threads(extra_threads)}")
     if extra_children:
@@ -100,7 +137,7 @@ async def async_leak_check() -> object:
     gc.collect()
     loop = asyncio.get_running_loop()
     before = set(asyncio.all_tasks(loop))
-    threads, fds, children = _threads(), _fds(), _children()
+    threads, fds, children, segments = _threads(), _fds(), _children(), _segments()
     yield None
     deadline = time.monotonic() + 5.0
     while True:
@@ -112,12 +149,14 @@ async def async_leak_check() -> object:
         extra_threads = _threads() - threads
         extra_fds = _fds() - fds
         extra_children = _children() - children
-        if not (pending or extra_threads or extra_fds or extra_children):
+        extra_segments = _segments() - segments
+        if not (pending or extra_threads or extra_fds or extra_children or extra_segments):
             return
         if time.monotonic() > deadline:
             break
         await asyncio.sleep(0.02)
     pytest.fail(
         f"left behind: tasks={pending} threads={_describe_threads(extra_threads)} "
-        f"children={sorted(extra_children)} fds={sorted(extra_fds)}"
+        f"children={sorted(extra_children)} fds={sorted(extra_fds)} "
+        f"segments={sorted(extra_segments)}"
     )

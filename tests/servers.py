@@ -33,6 +33,22 @@ and these query parameters on any of them (counters are per exact path and query
 - ``drip=B&interval=S``: send the body B bytes at a time, S seconds apart.
 - ``stall=S``: send half the body, then wait S seconds before the rest.
 - ``norange=1``: ignore ``Range`` headers (answer 200 with the whole body).
+
+What a resumed read must check (``/gen`` and ``/store`` answers):
+
+- ``validator=strong|weak|date|newdate|none``: the object's validator: a strong ``ETag``
+  (the default), a weak one (``W/"..."``), only a ``Last-Modified`` date (long past, or the
+  answer's own second, which is too weak to prove anything), or none. A ``Range``
+  with an ``If-Range`` that does not match it strongly gets the whole object (200).
+- ``swap=N``: after N requests, the object is replaced by another version (``/gen``: other
+  bytes of the same size; ``/store/<name>``: what is stored as ``<name>.v2``).
+- ``ifrange=ignore``: answer a ``Range`` even when its ``If-Range`` does not match.
+- ``crange=V``: a 206 carries ``Content-Range: V`` instead of the true one, where
+  ``{start}``, ``{end}``, ``{total}`` (and ``{start_plus}``, ``{end_minus}``, ``{total_plus}``,
+  one more or less) stand for the true values.
+- ``clen=V``: the answer carries ``Content-Length: V`` (verbatim), then the body.
+- ``encoding=gzip|deflate|rawdeflate&cut=K``: the body is sent compressed with that
+  ``Content-Encoding``, less its last K bytes, under a Content-Length that matches what is sent.
 """
 
 from __future__ import annotations
@@ -40,6 +56,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import gzip
+import hashlib
 import logging
 import os
 import random
@@ -50,6 +68,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -67,6 +86,7 @@ __all__ = [
 ]
 
 LOOPBACK = "127.0.0.1"
+_RANGE_HEADERS = frozenset({"Range", "If-Range"})
 
 
 def free_port() -> int:
@@ -86,12 +106,18 @@ def generated(path: str, size: int) -> bytes:
 # ---------------------------------------------------------------------------------------------
 
 
-def fault_app(store: dict[str, bytes] | None = None, hits: Counter[str] | None = None) -> Any:
-    """The aiohttp application of the fault server (``store`` and ``hits`` may be shared)."""
+def fault_app(
+    store: dict[str, bytes] | None = None,
+    hits: Counter[str] | None = None,
+    seen: list[tuple[str, dict[str, str]]] | None = None,
+) -> Any:
+    """The aiohttp application of the fault server (``store``, ``hits`` and ``seen``, the
+    range headers of each request, may be shared)."""
     from aiohttp import web
 
     store = {} if store is None else store
     hits = Counter() if hits is None else hits
+    seen = [] if seen is None else seen
 
     def split(request: web.Request) -> tuple[str, dict[str, str]]:
         """The content path and the faults: the query's, plus any in an ``/f/<k=v,...>`` prefix."""
@@ -110,6 +136,23 @@ def fault_app(store: dict[str, bytes] | None = None, hits: Counter[str] | None =
         if parts[0] == "store" and len(parts) >= 2:
             return store.get("/".join(parts[1:]))
         return None
+
+    def validators(body: bytes, kind: str) -> dict[str, str]:
+        digest = hashlib.sha1(body).hexdigest()[:20]
+        if kind == "date":  # a distinct date per version, long before the answer's Date
+            return {"Last-Modified": email.utils.formatdate(1e9 + int(digest, 16) % 10**8,
+                                                             usegmt=True)}
+        if kind == "newdate":  # modified within the answer's second: too weak to prove anything
+            return {"Last-Modified": email.utils.formatdate(time.time(), usegmt=True)}
+        if kind == "none":
+            return {}
+        return {"ETag": f'{"W/" if kind == "weak" else ""}"{digest}"'}
+
+    def encoded(body: bytes, coding: str) -> bytes:
+        if coding == "gzip":
+            return gzip.compress(body)
+        packer = zlib.compressobj(wbits=-15 if coding == "rawdeflate" else 15)
+        return packer.compress(body) + packer.flush()
 
     def retry_after(value: str) -> str:
         if value.startswith("date+"):
@@ -146,6 +189,7 @@ def fault_app(store: dict[str, bytes] | None = None, hits: Counter[str] | None =
         key = urllib.parse.unquote(request.path_qs)
         hits[key] += 1
         n = hits[key]
+        seen.append((key, {k: v for k, v in request.headers.items() if k in _RANGE_HEADERS}))
         if "delay" in q:
             await asyncio.sleep(float(q["delay"]))
         if n <= int(q.get("reset", 0)):
@@ -157,22 +201,37 @@ def fault_app(store: dict[str, bytes] | None = None, hits: Counter[str] | None =
             return failure(int(parts[1]), q)
         if parts[0] == "redirect":
             raise web.HTTPFound(q["to"])
-        body = body_for(path)
+        swapped = "swap" in q and n > int(q["swap"])
+        body = body_for(path + ".v2" if swapped else path)
         if body is None:
             return web.Response(status=404, text="not found")
         status, start = 200, 0
-        headers = {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        headers = {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream",
+                   **validators(body, q.get("validator", "strong"))}
+        if "encoding" in q:
+            body = encoded(body, q["encoding"])[: -int(q["cut"]) or None if "cut" in q else None]
+            headers["Content-Encoding"] = q["encoding"].removeprefix("raw")
         rng = request.headers.get("Range", "")
-        if rng.startswith("bytes=") and not q.get("norange"):
+        if_range = request.headers.get("If-Range")
+        current = headers.get("ETag", headers.get("Last-Modified"))
+        fresh = if_range is None or (if_range == current and not if_range.startswith("W/"))
+        fresh = fresh or q.get("ifrange") == "ignore"
+        if rng.startswith("bytes=") and not q.get("norange") and fresh:
             start = int(rng[6:].split("-")[0] or 0)
             if start >= len(body):
                 return web.Response(status=416)
             status = 206
-            headers["Content-Range"] = f"bytes {start}-{len(body) - 1}/{len(body)}"
+            end, total = len(body) - 1, len(body)
+            headers["Content-Range"] = q.get("crange", "bytes {start}-{end}/{total}").format(
+                start=start, end=end, total=total, start_plus=start + 1, end_minus=end - 1,
+                total_plus=total + 1)
             body = body[start:]
         truncate = int(q.get("truncate", 0))
         resp = web.StreamResponse(status=status, headers=headers)
-        resp.content_length = len(body)
+        if "clen" in q:
+            resp.headers["Content-Length"] = q["clen"]
+        else:
+            resp.content_length = len(body)
         await resp.prepare(request)
         if truncate == -1 or n <= truncate:
             await resp.write(body[: len(body) // 2])
@@ -213,6 +272,7 @@ class FaultServer:
     base: str
     _store: dict[str, bytes] | None = None
     _hits: Counter[str] | None = None
+    _seen: list[tuple[str, dict[str, str]]] | None = None
 
     def url(self, path: str) -> str:
         """The full URL of ``path`` (``"/gen/10/a.bin?fail=1"``)."""
@@ -227,6 +287,15 @@ class FaultServer:
             with urllib.request.urlopen(req, timeout=10) as resp:
                 resp.read()
         return self.url(f"/store/{name}")
+
+    def requests(self, url_or_path: str) -> list[dict[str, str]]:
+        """The ``Range`` and ``If-Range`` headers of each request for exactly this path and
+        query, in order (a server on a thread only)."""
+        if self._seen is None:
+            raise RuntimeError("requests() needs the fault server on a thread")
+        path = url_or_path[len(self.base):] if url_or_path.startswith(self.base) else url_or_path
+        path = urllib.parse.unquote(path)
+        return [headers for key, headers in self._seen if key == path]
 
     def hits(self, url_or_path: str) -> int:
         """How many requests asked for exactly this path and query."""
@@ -258,6 +327,7 @@ def fault_server() -> Iterator[FaultServer]:
     """Run the fault server on 127.0.0.1 (a free port) on a thread with its own loop."""
     store: dict[str, bytes] = {}
     hits: Counter[str] = Counter()
+    seen: list[tuple[str, dict[str, str]]] = []
     ready = threading.Event()
     port: list[int] = []
     failure: list[BaseException] = []
@@ -271,7 +341,8 @@ def fault_server() -> Iterator[FaultServer]:
     def run() -> None:
         asyncio.set_event_loop(loop)
         try:
-            loop.run_until_complete(_serve(fault_app(store, hits), LOOPBACK, 0, started, stop))
+            app = fault_app(store, hits, seen)
+            loop.run_until_complete(_serve(app, LOOPBACK, 0, started, stop))
         except BaseException as exc:  # reported to the starting thread
             failure.append(exc)
             ready.set()
@@ -285,7 +356,7 @@ def fault_server() -> Iterator[FaultServer]:
     if failure or not port:
         raise RuntimeError(f"the fault server did not start: {failure}")
     try:
-        yield FaultServer(f"http://{LOOPBACK}:{port[0]}", store, hits)
+        yield FaultServer(f"http://{LOOPBACK}:{port[0]}", store, hits, seen)
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(30)

@@ -136,3 +136,21 @@ def test_stages_text_shows_a_callable_source_by_name() -> None:
 
     text = stages_text(Pipeline(make).describe())
     assert "make()" in text
+
+
+def test_failures_notes_and_settings_are_shown_redacted() -> None:
+    secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    url = f"https://alice:hunter2@host/a.jpg?X-Amz-Signature={secret[:12]}"
+    leaky = FailureRecord("fetch", repr(url), "ClientError",
+                          f"aws_secret_access_key={secret} refused for {url}")
+    stats = _stats(
+        stages=(_stage("fetch", failures=1, failed_items=(leaky,)),),
+        notes=(f"the consumer stopped before it was given the run's error: {url}",),
+        bottleneck=None,
+    )
+    for shown in (stats_text(stats), stats_html(stats)):
+        assert "ClientError" in shown and "host/a.jpg" in shown
+        for part in (secret, secret[:12], "hunter2"):
+            assert part not in shown, shown
+    described = pipeline_text(Pipeline([url]).map(str, name="fetch"))
+    assert "hunter2" not in described

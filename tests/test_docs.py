@@ -96,9 +96,9 @@ def test_docs_python_blocks_parse() -> None:
 # sub-packages through their own pages, constants in prose, torch's own default_collate.
 _DOCUMENTED_ELSEWHERE = {
     "AsyncflowError", "ConfigError", "DecodeError", "PipelineError", "SourceError",
-    "SourceNotFound", "SourcePermissionError", "SourceTimeout", "StallError",
-    "image", "sources", "__version__", "DEFAULT_MAX_PIXELS", "IMAGENET_MEAN", "IMAGENET_STD",
-    "IMG_EXTENSIONS", "default_collate",
+    "SourceNotFound", "SourcePermissionError", "SourceTimeout", "StallError", "WorkerError",
+    "FailureBudgetExceeded", "image", "sources", "__version__", "DEFAULT_MAX_PIXELS",
+    "IMAGENET_MEAN", "IMAGENET_STD", "IMG_EXTENSIONS", "default_collate",
 }
 
 

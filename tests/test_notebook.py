@@ -223,3 +223,49 @@ async def test_interrupting_an_async_for_loop_stops_the_pipeline(kernel: _Kernel
     await _interrupt(
         kernel, "async for item in Pipeline(forever).map(slow, concurrency=2):\n    pass"
     )
+
+
+_CELL_DATASET = """
+import os, threading
+import torch, asyncflow
+from asyncflow import Pipeline
+
+class Squares(torch.utils.data.Dataset):   # defined in a cell: pickled by value
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        info = torch.utils.data.get_worker_info()
+        return i * i, (info.id if info else -1), os.getpid()
+
+loader = asyncflow.DataLoader(Squares(), batch_size=8, num_workers=2,
+                              collate_fn=lambda items: items)
+got = [x for batch in loader for x in batch]
+print("total", sum(v for v, _, _ in got))
+print("workers", sorted({w for _, w, _ in got}), len({p for *_, p in got} - {os.getpid()}))
+print("notes", loader.stats().notes)
+cube = lambda x: x ** 3
+print("cubes", sum(Pipeline(range(10)).map(cube, concurrency=2, workers="processes")))
+"""
+
+
+async def test_a_dataset_defined_in_a_cell_loads_on_processes(kernel: _Kernel) -> None:
+    if len(__import__("os").sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 usable cores")
+    await kernel.run_code("import threading, multiprocessing")
+    before = int(await kernel.value("threading.active_count()"))
+    for _ in range(3):  # re-running the cell starts no thread or process that outlives it
+        cell = await kernel.run_code(_CELL_DATASET)
+        text = _text(cell)
+        assert not _errors(cell), text
+        assert f"total {sum(i * i for i in range(64))}" in text
+        assert "workers [0, 1] 2" in text
+        assert "processes (workers='auto')" in text
+        assert f"cubes {sum(i ** 3 for i in range(10))}" in text
+    await kernel.run_code("del loader; import gc; gc.collect(); import time; time.sleep(1)")
+    after = int(await kernel.value("threading.active_count()"))
+    assert after <= before, await kernel.value("[t.name for t in threading.enumerate()]")
+    children = await kernel.value(
+        "[p.name() for p in __import__('psutil').Process().children(recursive=True)"
+        " if not any(s in ' '.join(p.cmdline()) for s in ('forkserver', 'resource_tracker'))]"
+    )
+    assert children == "[]", children

@@ -1,9 +1,10 @@
-"""``asyncflow.profile``: each stage alone at several concurrencies, with a recommendation."""
+"""``asyncflow.profile``: each stage at several concurrencies, with a recommendation."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +109,63 @@ def test_profile_leaves_the_pipeline_usable() -> None:
 def test_bad_arguments(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         asyncflow.profile(Pipeline(range(3)).map(_spin), **kwargs)  # type: ignore[arg-type]
+
+
+class _Window:
+    """Two stages coupled as image.folder's decoders and batch stage are: ``produce`` may run
+    at most ``ahead`` items past what ``consume`` (a later stage) has taken, and otherwise
+    waits (softly: up to ``patience`` seconds per item) for it to catch up."""
+
+    def __init__(self, ahead: int = 4, patience: float = 1.0) -> None:
+        self.ahead = ahead
+        self.patience = patience
+        self.consumed = 0
+
+    async def produce(self, x: int) -> int:
+        deadline = time.monotonic() + self.patience
+        while x >= self.consumed + self.ahead and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        return x
+
+    def consume(self, x: int) -> int:
+        self.consumed = max(self.consumed, x + 1)
+        return x
+
+
+@pytest.mark.timeout(60)
+def test_a_stage_that_waits_on_a_later_stage_is_not_stalled(leak_check: None) -> None:
+    # Profiled with nothing after it, ``produce`` would wait a second at each of 196 items.
+    window = _Window()
+    pipe = Pipeline(range(1000)).map(window.produce, name="produce").map(window.consume)
+    report = asyncflow.profile(pipe, sample=200, concurrencies=(1, 2))
+    produce, consume = report.stages
+    assert produce.items_in == produce.items_out == 200
+    assert consume.items_out == 200
+
+
+def test_a_slow_stage_after_does_not_slow_the_measured_one() -> None:
+    def slow(x: int) -> int:
+        time.sleep(0.005)
+        return x
+
+    pipe = Pipeline(range(100)).map(_spin, name="fast").map(slow, name="slow")
+    report = asyncflow.profile(pipe, sample=100, concurrencies=(1,))
+    fast, slow_ = report.stages
+    # The fast stage is timed up to its own last output, not the slow stage's.
+    assert fast.best_rate > 2 * slow_.best_rate
+
+
+@pytest.mark.timeout(120)
+def test_profiling_image_folder_with_sample_200_does_not_stall(tmp_path: Path) -> None:
+    # Its decoders claim batch rows that a later stage releases, and wait (a second per row)
+    # when they run more than a few batches ahead: profiled alone, sample=200 took minutes.
+    pytest.importorskip("torch")
+    from asyncflow import image
+    from tests.image._pictures import write_tree
+
+    write_tree(tmp_path, {"a": 100, "b": 100}, size=(32, 24))
+    pipe = image.folder(tmp_path, batch_size=2, size=16, decode_concurrency=2)
+    report = asyncflow.profile(pipe, sample=200, concurrencies=(2, 4))
+    decode = next(s for s in report.stages if s.name == "decode")
+    assert decode.items_in == decode.items_out == 100  # groups of two: the whole tree
+    assert decode.failures == 0

@@ -4,6 +4,11 @@ The fingerprint hashes the upstream pipeline's description (``Pipeline.describe(
 source listing and each stage's name and settings) plus an optional user ``key``. Values that
 JSON cannot hold are written as their ``repr`` with memory addresses removed, so the
 fingerprint of an unchanged pipeline is the same in every process.
+
+A string (or path) that names a local regular file stands with the file's size and
+modification time (``st_mtime_ns``): a file rewritten in place, under the same name, changes
+the fingerprint. That costs one ``stat`` per listed file when the fingerprint is taken (when
+``.cache()`` is called); URLs (``scheme://...``) are left alone.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import re
+import stat
 import types
 from collections.abc import Mapping
 from pathlib import PurePath
@@ -19,7 +26,7 @@ from typing import Any
 
 from .._redact import redact
 
-__all__ = ["canonical", "describe_change", "fingerprint", "state_of", "summarize"]
+__all__ = ["canonical", "describe_change", "file_stat", "fingerprint", "state_of", "summarize"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _SUMMARY_LIMIT = 256  # characters of JSON a value may take in the manifest before it is hashed
@@ -61,10 +68,12 @@ def state_of(value: Any, depth: int = _DEPTH) -> Any:
 
 
 def _state(value: Any, depth: int, seen: set[int]) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
+    if isinstance(value, str | PurePath):
+        text = canonical(value) if isinstance(value, str) else str(value)
+        found = file_stat(value)
+        return text if found is None else {"file": text, "bytes": found[0], "mtime_ns": found[1]}
+    if value is None or isinstance(value, bool | int | float):
         return canonical(value)
-    if isinstance(value, PurePath):
-        return str(value)
     if isinstance(value, range):
         return repr(value)
     if depth <= 0 or id(value) in seen:
@@ -106,6 +115,46 @@ def _state(value: Any, depth: int, seen: set[int]) -> Any:
         return {"object": _type_name(value), **{k: _state(v, inner, seen)
                                                 for k, v in sorted(public.items())}}
     return canonical(value)
+
+
+def file_stat(name: str | PurePath) -> tuple[int, int] | None:
+    """The size and ``st_mtime_ns`` of the local regular file ``name`` names, else None."""
+    text = os.fspath(name)
+    if text.startswith("file://"):
+        text = text[len("file://"):]
+    elif "://" in text:
+        return None
+    if not text or len(text) > 4096 or "\0" in text:
+        return None
+    try:
+        found = os.stat(text)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(found.st_mode):
+        return None
+    return found.st_size, found.st_mtime_ns
+
+
+def _files_state(items: Any) -> dict[str, Any]:
+    """The size and modification time of each local file a long sequence's items name
+    (an item that is a path, or a tuple or list holding paths: ``(path, label)``)."""
+    digest = hashlib.sha256()
+    count, newest, newest_time = 0, "", -1
+    for index, item in enumerate(items):
+        names = item if isinstance(item, tuple | list) else (item,)
+        for name in names:
+            if not isinstance(name, str | PurePath):
+                continue
+            found = file_stat(name)
+            if found is None:
+                continue
+            count += 1
+            digest.update(f"{index}:{found[0]}:{found[1]};".encode())
+            if found[1] > newest_time:
+                newest, newest_time = os.fspath(name), found[1]
+    if not count:
+        return {}
+    return {"files": {"sha256": digest.hexdigest(), "items": count, "newest": _clip(newest)}}
 
 
 def _filled(cell: Any) -> bool:
@@ -164,7 +213,7 @@ def _digest_sequence(items: Any) -> dict[str, Any]:
         text = repr(list(items[start:start + _CHUNK]))
         digest.update(_ADDRESS.sub("", text).encode("utf-8", "backslashreplace"))
     return {"sha256": digest.hexdigest(), "items": len(items),
-            **_ends(items, lambda item: _ADDRESS.sub("", repr(item)))}
+            **_ends(items, lambda item: _ADDRESS.sub("", repr(item))), **_files_state(items)}
 
 
 def _ends(items: Any, text: Any) -> dict[str, str]:
@@ -236,6 +285,10 @@ def describe_change(old: Any, new: Any, where: str = "upstream") -> str:
                 if old[end] != new[end]:
                     return (f"{where} changed ({new['items']} entries): the {end} went from "
                             f"{old[end]} to {new[end]}")
+            if old["sha256"] == new["sha256"] and old.get("files") != new.get("files"):
+                newest = (new.get("files") or {}).get("newest")
+                return (f"{where}: listed files changed in place (size or modification time)"
+                        + (f"; the last modified is now {newest}" if newest else ""))
             return f"{where} changed ({new['items']} entries; the first and last are the same)"
         for k in sorted(set(old) | set(new)):
             if k not in old:
@@ -256,7 +309,7 @@ def describe_change(old: Any, new: Any, where: str = "upstream") -> str:
 
 
 def _is_digest(value: dict[str, Any]) -> bool:
-    return {"sha256", "items"} <= set(value) <= {"sha256", "items", "first", "last"}
+    return {"sha256", "items"} <= set(value) <= {"sha256", "items", "first", "last", "files"}
 
 
 def _short(value: Any) -> str:

@@ -20,8 +20,9 @@ class CacheInfo:
 
     Attributes:
         path: The cache directory.
-        usable: The cache is complete and its files match its manifest (whether it matches a
-            given pipeline's fingerprint is only known to that pipeline).
+        usable: The cache is complete and its files match its manifest and their checksum
+            tables (whether it matches a given pipeline's fingerprint is only known to that
+            pipeline; its data blocks are checked as replays read them).
         problem: Why it is not usable, else None.
         count: Samples stored.
         items: Items (batches, when ``batch_size`` is set) upstream yielded while writing.

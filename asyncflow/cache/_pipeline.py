@@ -44,15 +44,15 @@ class CachedPipeline(Pipeline):
 
     def _runtime(self) -> Runtime:
         source = self._cache_source
-        reader = None if self.stages or source.layout != "batches" else source.checked()
-        if reader is None:
+        if self.stages or source.layout != "batches" or not source.ready():
             return super()._runtime()
         # A replay whose batches go straight to the consumer: those that need a copy
         # (shuffled ones) are copied in its thread when it asks for them (why:
         # asyncflow.cache._replay). Until then they hold no memory, so more of them may wait.
+        # ready() reads only the manifest (this runs in the consumer's thread); the epoch
+        # checks and maps the files on a worker thread, and fills the cache should they fail.
         options = dataclasses.replace(self.options, source_buffer=_DEFERRED_BUFFER)
-        handed = [reader]  # the epoch holds the reader from here on, and lets go as it ends
-        rt = self._new_runtime(lambda: source.replaying(handed.pop()), options)
+        rt = self._new_runtime(source.replaying, options)
         rt.receive_hooks.insert(0, finish)
         return rt
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import Checks
 from ._schema import Field, unflatten
 from ._store import CacheInvalid, Reader, map_shared
 
@@ -141,21 +142,30 @@ class KeptMapping:
         self._lock = threading.Lock()
         self._identity: tuple[tuple[int, int, int, int], ...] | None = None
         self._sources: tuple[Any, ...] = ()
+        self._arrays: tuple[np.ndarray, ...] = ()
 
     def sources(self, reader: Reader) -> tuple[Any, ...]:
         """What to gather ``reader``'s rows from: its files' kept views (``reader.arrays``
         when the files changed again while being mapped)."""
+        return self._mapped(reader)[1]
+
+    def arrays(self, reader: Reader) -> tuple[np.ndarray, ...]:
+        """The kept mapping of ``reader``'s files as numpy arrays (or ``reader.arrays``)."""
+        return self._mapped(reader)[0]
+
+    def _mapped(self, reader: Reader) -> tuple[tuple[np.ndarray, ...], tuple[Any, ...]]:
         with self._lock:
             if self._identity != reader.identity:
                 try:
                     arrays = map_shared(reader)
                 except (CacheInvalid, OSError):
-                    return reader.arrays
+                    return reader.arrays, reader.arrays
+                self._arrays = arrays
                 self._sources = tuple(
                     _torch_view(a) if a.dtype in _TORCH_DTYPES else a for a in arrays
                 )
                 self._identity = reader.identity
-            return self._sources
+            return self._arrays, self._sources
 
 
 class Deferred:
@@ -189,6 +199,7 @@ def replay(
     kept: KeptMapping | None = None,
     *,
     defer: bool = False,
+    checks: Checks | None = None,
 ) -> Iterator[Any]:
     """Yield the cached items, in stored order or in ``order`` (a permutation of samples).
 
@@ -197,39 +208,57 @@ def replay(
     buffers from ``buffers`` that no earlier batch still in use occupies. With ``defer``,
     batches that need a copy are yielded as :class:`Deferred` copies for :func:`finish`
     (the pages they read are still requested ahead from the kernel, when they are yielded).
+
+    Before an item is yielded, the blocks its rows lie in are checked against their
+    checksums, unless ``checks`` (a record kept across epochs) says they were already.
+    Advancing the iterator blocks (checks, page faults, copies): do it off the event loop.
+
+    Raises:
+        SourceError: A block read does not match its checksum (see :class:`Checks`).
     """
     structure = reader.manifest["structure"]
     if structure is None or reader.count == 0:
         return iter(())
+    checks = checks if checks is not None else Checks()
     makers = [_leaf_maker(f) for f in reader.fields]
 
     def build(parts: list[np.ndarray]) -> Any:
         return unflatten(structure, [make(p) for make, p in zip(makers, parts, strict=True)])
 
     if reader.layout == "batches":
-        sources = reader.arrays if order is None or kept is None else kept.sources(reader)
-        return _batches(reader, sources, order, build, buffers or BufferPool(), defer)
-    return _samples(reader, order, build)
+        sources: Sequence[Any] = reader.arrays
+        read = reader.arrays  # checked through the mapping the rows are read from
+        if order is not None and kept is not None:
+            sources, read = kept.sources(reader), kept.arrays(reader)
+        return _batches(reader, sources, read, order, build, buffers or BufferPool(), defer,
+                        checks)
+    return _samples(reader, order, build, checks)
 
 
 def _samples(reader: Reader, order: np.ndarray | None,
-             build: Callable[[list[np.ndarray]], Any]) -> Iterator[Any]:
+             build: Callable[[list[np.ndarray]], Any], checks: Checks) -> Iterator[Any]:
     def sample(i: Any) -> Any:
         parts = [a[i] for a in reader.arrays]
         return build([np.array(p) for p in parts] if reader.copy else parts)
 
     rows: Sequence[int] | np.ndarray = range(reader.count) if order is None else order
-    batch = reader.batch_size
-    if batch is None:
-        yield from map(sample, rows)
-        return
-    for start in range(0, reader.count, batch):  # lists of samples
-        yield [sample(i) for i in rows[start:start + batch]]
+    batch = reader.batch_size or _CHECKED_ROWS
+    for start in range(0, reader.count, batch):
+        stop = min(start + batch, reader.count)
+        checks.verify(reader, slice(start, stop) if order is None else order[start:stop])
+        if reader.batch_size is None:
+            yield from map(sample, rows[start:stop])
+        else:  # lists of samples
+            yield [sample(i) for i in rows[start:stop]]
 
 
-def _batches(reader: Reader, sources: Sequence[Any], order: np.ndarray | None,
-             build: Callable[[list[np.ndarray]], Any], buffers: BufferPool,
-             defer: bool) -> Iterator[Any]:
+# Single samples are checked this many at a time, before the first of them is yielded.
+_CHECKED_ROWS = 256
+
+
+def _batches(reader: Reader, sources: Sequence[Any], read: Sequence[np.ndarray],
+             order: np.ndarray | None, build: Callable[[list[np.ndarray]], Any],
+             buffers: BufferPool, defer: bool, checks: Checks) -> Iterator[Any]:
     count, batch = reader.count, reader.batch_size or reader.count
     shapes = [(batch, *a.shape[1:]) for a in reader.arrays]
     dtypes = [a.dtype for a in reader.arrays]
@@ -238,6 +267,7 @@ def _batches(reader: Reader, sources: Sequence[Any], order: np.ndarray | None,
         ahead = range(stop, min(stop + batch, count)) if order is None else order[stop:stop + batch]
         if len(ahead):
             reader.prefetch(ahead)
+        checks.verify(reader, slice(start, stop) if order is None else order[start:stop], read)
         if order is None and not reader.copy:
             yield build([a[start:stop] for a in reader.arrays])
             continue

@@ -9,8 +9,16 @@ epoch and decides afresh:
 3. otherwise another process is writing it: read upstream this epoch (``wait=False``), or
    wait for that writer and replay what it wrote (``wait=True``).
 
-Why a cache is not used (missing, unfinished, truncated, another fingerprint) goes to the
-``asyncflow.cache`` logger.
+Why a cache is not used (missing, unfinished, truncated, damaged, another fingerprint) goes to
+the ``asyncflow.cache`` logger. A block found damaged while replaying ends that epoch with a
+``SourceError``; the next epoch rebuilds the cache.
+
+An epoch runs on the run's event loop, so everything that touches the file system (the checks
+and the mapping, the writer lock, each write, the commit with its ``fsync`` and rename,
+replaying with its checksum checks and page faults) runs on worker threads
+(``asyncio.to_thread``): the loop stays free for the other stages. Work handed to a thread
+finishes there even when the epoch is cancelled meanwhile; the run waits for its threads
+before it ends.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Iterator
@@ -27,10 +36,20 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import Checks
 from ._fingerprint import describe_change
+from ._format import read_manifest
 from ._lock import WriterLock
 from ._replay import BufferPool, KeptMapping, permutation, replay
-from ._store import CacheInvalid, Reader, Writer, leftovers, remove_cache, remove_path
+from ._store import (
+    CacheInvalid,
+    Reader,
+    Writer,
+    identity_of,
+    leftovers,
+    remove_cache,
+    remove_path,
+)
 
 __all__ = ["CacheSource"]
 
@@ -71,6 +90,7 @@ class CacheSource:
     epochs: Iterator[int] = field(default_factory=itertools.count, compare=False, repr=False)
     buffers: BufferPool = field(default_factory=BufferPool, compare=False, repr=False)
     kept: KeptMapping = field(default_factory=KeptMapping, compare=False, repr=False)
+    checks: Checks = field(default_factory=Checks, compare=False, repr=False)
 
     def shuffled(self, seed: int | None) -> CacheSource:
         """This source replaying in a random order by index: with a ``seed``, the order
@@ -80,17 +100,23 @@ class CacheSource:
     def __call__(self) -> AsyncGenerator[Any, None]:
         return self._epoch(next(self.epochs))
 
-    def checked(self) -> Reader | None:
-        """The cache, checked and mapped, when it can be replayed now; None when an epoch
-        would fill it or wait for it (that epoch logs why)."""
-        return self._open(say_why=False)
+    def ready(self) -> bool:
+        """Whether the manifest says the cache can be replayed now (its files are checked by
+        the epoch); False when an epoch would fill it or wait for it (that epoch logs why).
+        Reads only the manifest and ``stat``s the files: it runs in the consumer's thread."""
+        try:
+            manifest = read_manifest(self.path)
+            if self._mismatch(manifest) is not None:
+                return False
+            return self.checks.damage(identity_of(self.path, manifest)) is None
+        except (FileNotFoundError, CacheInvalid):
+            return False
 
-    def replaying(self, reader: Reader) -> AsyncGenerator[Any, None]:
-        """One epoch replaying ``reader`` (from :meth:`checked`), for a run that hands its
-        items straight to the consumer: batches that need a copy come as
-        :class:`~asyncflow.cache._replay.Deferred` copies, which the consumer makes
-        (:func:`~asyncflow.cache._replay.finish`)."""
-        return self._replay(reader, next(self.epochs), defer=True)
+    def replaying(self) -> AsyncGenerator[Any, None]:
+        """One epoch, for a run that hands its items straight to the consumer: batches that
+        need a copy come as :class:`~asyncflow.cache._replay.Deferred` copies, which the
+        consumer makes (:func:`~asyncflow.cache._replay.finish`)."""
+        return self._epoch(next(self.epochs), defer=True)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r})"
@@ -102,14 +128,14 @@ class CacheSource:
             return permutation(count, None)
         return permutation(count, [self.seed % 2**64, epoch])
 
-    async def _epoch(self, epoch: int) -> AsyncGenerator[Any, None]:
+    async def _epoch(self, epoch: int, *, defer: bool = False) -> AsyncGenerator[Any, None]:
         # An async generator: the engine closes it (aclose) however the run ends, which
         # releases the lock and removes an unfinished write at once.
-        reader = self._open(say_why=True)
+        reader = await asyncio.to_thread(self._open, say_why=True)
         if reader is None:
             lock = WriterLock(self.path)
-            if not lock.acquire(blocking=False):
-                holder = lock.holder()
+            if not await _acquire(lock):
+                holder = await asyncio.to_thread(lock.holder)
                 if not self.wait:
                     log.info("cache %s is being written by process %s; this epoch reads "
                              "upstream", self.path, holder)
@@ -120,45 +146,59 @@ class CacheSource:
                 log.info("cache %s is being written by process %s; waiting for it",
                          self.path, holder)
                 delay = 0.005
-                while not lock.acquire(blocking=False):
+                while not await _acquire(lock):
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 0.2)
             try:
-                reader = self._open(say_why=False)  # another writer may have just finished
+                # another writer may have just finished
+                reader = await asyncio.to_thread(self._open, say_why=False)
                 if reader is None:
                     async with contextlib.aclosing(self._fill()) as items:
                         async for item in items:
                             yield item
                     return
             finally:
-                lock.release()
-        async with contextlib.aclosing(self._replay(reader, epoch, defer=False)) as items:
+                await asyncio.to_thread(lock.release)
+        async with contextlib.aclosing(self._replay(reader, epoch, defer=defer)) as items:
             async for item in items:
                 yield item
 
     async def _replay(self, reader: Reader, epoch: int, *, defer: bool
                       ) -> AsyncGenerator[Any, None]:
         order = self._order(reader.count, epoch)
-        for item in replay(reader, order, self.buffers, self.kept, defer=defer):
-            yield item
+        # replay() maps the files a shuffled replay reads through: on a thread too
+        items = await asyncio.to_thread(replay, reader, order, self.buffers, self.kept,
+                                        defer=defer, checks=self.checks)
+        # Items that hold no memory of their own (single samples, views of the mapping,
+        # deferred copies) are taken from the thread several at a time, so that the hand-offs
+        # cost little per item; copied batches one at a time, so that few buffers are in use.
+        copies = reader.layout == "batches" and not defer and (order is not None or reader.copy)
+        size = 1 if copies else _CHUNK[reader.layout]
+        while chunk := await asyncio.to_thread(_take, items, size):
+            for item in chunk:
+                yield item
+
+    def _mismatch(self, manifest: dict[str, Any]) -> str | None:
+        """Why a cache with ``manifest`` is not this source's, else None."""
+        if manifest.get("fingerprint") != self.fingerprint:
+            old = manifest.get("fingerprint")
+            if manifest.get("key") != self.key:
+                change = f"key {manifest.get('key')!r} -> {self.key!r}"
+            elif manifest.get("upstream") != self.summary:
+                change = describe_change(manifest.get("upstream"), self.summary)
+            else:
+                change = f"fingerprint {str(old)[:12]} -> {self.fingerprint[:12]}"
+            return f"the upstream pipeline changed since it was written: {change}"
+        if manifest.get("layout") != self.layout:
+            return f"it holds {manifest.get('layout')}, upstream yields {self.layout}"
+        return None
 
     def _open(self, *, say_why: bool) -> Reader | None:
         try:
             reader = Reader.open(self.path)
-            manifest = reader.manifest
-            if manifest.get("fingerprint") != self.fingerprint:
-                old = manifest.get("fingerprint")
-                if manifest.get("key") != self.key:
-                    change = f"key {manifest.get('key')!r} -> {self.key!r}"
-                elif manifest.get("upstream") != self.summary:
-                    change = describe_change(manifest.get("upstream"), self.summary)
-                else:
-                    change = f"fingerprint {str(old)[:12]} -> {self.fingerprint[:12]}"
-                raise CacheInvalid(f"the upstream pipeline changed since it was written: {change}")
-            if manifest.get("layout") != self.layout:
-                raise CacheInvalid(
-                    f"it holds {manifest.get('layout')}, upstream yields {self.layout}"
-                )
+            why = self._mismatch(reader.manifest) or self.checks.damage(reader.identity)
+            if why is not None:
+                raise CacheInvalid(why)
         except FileNotFoundError:
             if say_why:
                 left = leftovers(self.path)
@@ -179,24 +219,57 @@ class CacheSource:
 
         Runs with the writer lock held, so whatever else lies at or beside ``path`` is from
         a writer that stopped midway or a cache that failed its checks: it is removed first.
-        Each item is written before it is yielded, so a consumer that changes its items in
-        place cannot change the cache.
+        Each item is written (on a worker thread) before it is yielded, so a consumer that
+        changes its items in place cannot change the cache.
         """
-        for stale in leftovers(self.path):
-            remove_path(stale)
-        remove_cache(self.path)
+        await asyncio.to_thread(self._clear)
         meta = {"fingerprint": self.fingerprint, "key": self.key, "upstream": self.summary}
-        writer = Writer(self.path, layout=self.layout, meta=meta)
+        writer = await asyncio.to_thread(Writer, self.path, layout=self.layout, meta=meta)
         try:
             async with _Upstream(self.upstream()) as items:
                 async for item in items:
-                    writer.write(item)
+                    await asyncio.to_thread(writer.write, item)
                     yield item
-            writer.commit(durable=self.durable)
+            await asyncio.to_thread(writer.commit, durable=self.durable)
             log.info("cache %s written: %d samples in %d items", self.path, writer.count,
                      writer.items)
         finally:
-            writer.abort()  # after a commit the temporary directory is gone: a no-op
+            # after a commit the temporary directory is gone: a no-op
+            await asyncio.to_thread(writer.abort)
+
+    def _clear(self) -> None:
+        for stale in leftovers(self.path):
+            remove_path(stale)
+        remove_cache(self.path)
+
+
+async def _acquire(lock: WriterLock) -> bool:
+    """``lock.acquire()`` (without waiting) on a worker thread.
+
+    Cancellation:
+        The thread runs on; should it take the lock after all, it gives it back at once.
+    """
+    taking = asyncio.ensure_future(asyncio.to_thread(lock.acquire))
+    taken = False
+    try:
+        taken = await asyncio.shield(taking)
+    finally:
+        if not taken:  # cancelled (or failed) while the thread was taking it
+            taking.add_done_callback(functools.partial(_give_back, lock))
+    return taken
+
+
+def _give_back(lock: WriterLock, taking: asyncio.Future[bool]) -> None:
+    if not taking.cancelled() and taking.exception() is None and taking.result():
+        lock.release()  # truncating the lock file and closing it: too little to hand off
+
+
+_CHUNK = {"samples": 256, "lists": 16, "batches": 8}
+
+
+def _take(items: Iterator[Any], size: int) -> list[Any]:
+    """Up to ``size`` more of ``items`` ([] at their end)."""
+    return list(itertools.islice(items, size))
 
 
 class _Upstream:

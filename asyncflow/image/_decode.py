@@ -9,6 +9,9 @@ whole crop is settled; a JPEG is then decoded with DCT-domain downscaling (``Ima
 when the crop is at least twice the output; one ``resize`` call with a ``box`` crops and
 scales together; the small result is converted to RGB and written once, into ``out`` when
 given (a slot of a batch buffer), mirrored on the way for a training flip.
+
+A JPEG is proved whole on the way (``_jpeg.py``): libjpeg pads a scan whose data ends early
+with grey and only warns, and Pillow drops the warning.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from .._errors import ConfigError, DecodeError, SourceError, SourceNotFound, SourcePermissionError
+from . import _jpeg
 from ._batch import IMAGENET_MEAN, IMAGENET_STD
 from ._geometry import (
     Crop,
@@ -103,8 +107,10 @@ def decode(
 
     Raises:
         DecodeError: The data is not a complete, decodable image of at most ``max_pixels``
-            (truncated, empty, a bad PNG checksum, not an image). The message names the
-            image; ``out`` is left untouched, never half written.
+            (truncated, empty, a bad PNG checksum, not an image; a JPEG whose scan data ends
+            early, even with an end-of-image marker after it, or whose header claims more
+            pixels than its data holds). The message names the image; ``out`` is left
+            untouched, never half written.
         SourceError: ``src`` is a path that cannot be read (``SourceNotFound`` and
             ``SourcePermissionError`` for the usual two).
         ConfigError: An argument is invalid.
@@ -201,13 +207,19 @@ def _decode(
             )
         if im.format == "PNG":
             _check_png(data, label)
+        scans = _jpeg.inspect(data, label) if im.format in _DRAFTABLE else None
+        if scans is not None and im.format == "MPO":
+            _jpeg.check_frames(im, scans, data, label)
         op, swaps = orientation_op(_orientation(im))
         upright = (height, width) if swaps else (width, height)
         crop = None if dims is None else _crop(upright, dims, resize, rng, scale, ratio, flip)
         factor = 1
         if crop is not None and im.format in _DRAFTABLE:
             factor = _draft(im, crop.box, dims, swaps)  # type: ignore[arg-type]
-        im.load()
+        if scans is not None:
+            _jpeg.load(im, scans, data, label)
+        else:
+            im.load()
         pic: Image.Image = im if op is None else im.transpose(op)
         pic = before_resize(pic)
         if crop is not None:

@@ -25,6 +25,7 @@ import os
 import secrets
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -32,10 +33,12 @@ import numpy as np
 import torch
 
 from .._errors import ConfigError, SourceNotFound
-from ..pipeline import Pipeline
+from ..pipeline import Pipeline, Processes
+from ..pipeline._auto import choose_workers, usable_cpus
 from ._batch import IMAGENET_MEAN, IMAGENET_STD
 from ._decode import DEFAULT_MAX_PIXELS, decode
 from ._geometry import target_size
+from ._shared import ClaimRows, DecodeIntoSharedRow, SharedSlabs
 from ._slots import BatchAssembler, Ticket
 
 __all__ = ["IMG_EXTENSIONS", "Failed", "ImageFolder", "Sample", "folder", "scan"]
@@ -75,7 +78,15 @@ def scan(
     empty = []
     for idx, name in enumerate(classes):
         found = 0
+        seen: set[tuple[int, int]] = set()  # (device, inode) of each folder walked
         for dirpath, dirnames, filenames in os.walk(base / name, followlinks=True):
+            # Links are followed (as torchvision does), but each folder is walked once: a
+            # link back up the tree would otherwise loop until the path is too long.
+            here = os.stat(dirpath)
+            if (here.st_dev, here.st_ino) in seen:
+                dirnames.clear()
+                continue
+            seen.add((here.st_dev, here.st_ino))
             dirnames.sort()
             for fname in sorted(filenames):
                 if fname.lower().endswith(exts):
@@ -92,10 +103,27 @@ def scan(
 
 
 def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return usable_cpus()
+
+
+def _decode_workers(workers: Any, count: int) -> tuple[Processes | None, str | None]:
+    """Processes (persistent: they belong to the pipeline) or threads, and why if chosen."""
+    if workers == "threads":
+        return None, None
+    if workers == "auto":
+        chosen, note = choose_workers(DecodeIntoSharedRow(0, {}, (1,), "uint8"), count,
+                                      stage="decode")
+        if chosen is None:
+            return None, note
+        return replace(chosen, persistent=True), note
+    if workers == "processes":
+        workers = Processes(persistent=True)
+    if not isinstance(workers, Processes):
+        raise ConfigError(
+            f"workers must be 'auto', 'threads', 'processes' or an asyncflow.Processes, got "
+            f"{workers!r:.80}"
+        )
+    return workers, None
 
 
 class _Listing:
@@ -217,6 +245,7 @@ class ImageFolder(Pipeline):
     batch_size: int
     drop_last: bool
     _listing: _Listing
+    _assembler: BatchAssembler
     _batch_stage: int
 
     def describe(self) -> list[dict[str, Any]]:
@@ -258,6 +287,7 @@ def folder(
     drop_last: bool = False,
     max_failures: int | float = 0,
     decode_concurrency: int | None = None,
+    workers: str | Processes = "auto",
     device: Any = None,
     resize: int | None = None,
     max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -283,7 +313,16 @@ def folder(
             fails; they are skipped, counted and listed in ``pipe.stats().failures`` (under
             the stage named ``"batch"``, which assembles batches and reports decode errors).
             A batch that lost images is shorter; the batches after it are not affected.
-        decode_concurrency: Decoding threads (default: the CPUs this process may use).
+        decode_concurrency: How many decoders, threads or processes (default: the CPUs
+            this process may use).
+        workers: ``"auto"`` (default): worker processes where they are safe (see
+            :meth:`~asyncflow.Pipeline.map`), threads otherwise; ``pipe.stats().notes`` says
+            which, and why. ``"processes"``: persistent worker processes that decode
+            straight into shared-memory batch buffers (only slot numbers cross processes;
+            the batches are bit for bit those of threads). ``"threads"``: decoding threads
+            (PIL releases the GIL while decoding, but not for all of the work: on many cores,
+            or beside a training loop's own Python, processes go faster). An
+            :class:`~asyncflow.Processes` sets the start method or the init hook.
         device: Copy batches to this device (``"cuda"``) with ``pipe.to_device``.
         resize: Evaluation: shorter side before the centre crop (e.g. 256 for a 224 crop).
         max_pixels: Refuse images larger than this (decompression bombs).
@@ -309,6 +348,7 @@ def folder(
     ):
         raise ConfigError(f"decode_concurrency must be an int >= 1, got {decode_concurrency!r}")
     threads = decode_concurrency or _usable_cpus()
+    processes, note = _decode_workers(workers, threads)
     classes, samples = scan(root, extensions)
     shuffled = train if shuffle is None else bool(shuffle)
     if seed is None:
@@ -316,18 +356,22 @@ def folder(
         # an evaluation pipeline is the same in every process (and its cache is reused).
         seed = secrets.randbits(63) if (shuffled or train) else 0
     seed = int(seed)
-    listing = _Listing(samples, shuffled, seed,
-                       group=min(8, batch_size))
+    listing = _Listing(samples, shuffled, seed, group=min(8, batch_size))
+    dtype = torch.float32 if normalize else torch.uint8
+    group = min(8, batch_size)
     assembler = BatchAssembler(
-        batch_size, out_h, out_w, len(samples), torch.float32 if normalize else torch.uint8,
-        drop_last=drop_last,
+        batch_size, out_h, out_w, len(samples), dtype, drop_last=drop_last,
+        # Enough batches open for every decoder to have two groups in hand.
+        ahead=max(4, -(-2 * threads * group // batch_size)),
+        slabs=SharedSlabs() if processes is not None else None,
     )
     options = {
         "size": (out_h, out_w), "train": train, "resize": resize, "max_pixels": max_pixels,
         "normalize": normalize, "mean": tuple(mean), "std": tuple(std),
     }
 
-    pipe = ImageFolder(listing, name=f"image.folder({os.fspath(root)})")
+    pipe = ImageFolder(listing, name=f"image.folder({os.fspath(root)})",
+                       notes=(f"stage 'decode' runs on {note}",) if note else ())
     pipe.root = os.fspath(root)
     pipe.classes = classes
     pipe.class_to_idx = {name: i for i, name in enumerate(classes)}
@@ -335,11 +379,25 @@ def folder(
     pipe.batch_size = batch_size
     pipe.drop_last = drop_last
     pipe._listing = listing
-    pipe._batch_stage = 3  # describe(): the source, decode, rows, then this stage
+    pipe._assembler = assembler
+    if processes is None:
+        pipe._batch_stage = 3  # describe(): the source, decode, rows, then this stage
+        # One group per hand-off (buffer=2 x threads makes the chunks single groups): a
+        # decoder holding many groups would claim rows beyond `ahead` and wait on itself.
+        pipe = pipe.map(_DecodeIntoRow(assembler, seed, options), concurrency=threads,
+                        ordered=False, name="decode", workers="threads", buffer=2 * threads)
+    else:
+        pipe._batch_stage = 4  # the source, claim, decode, rows, then this stage
+        decoder = DecodeIntoSharedRow(seed, options, (batch_size, 3, out_h, out_w),
+                                      str(assembler._np_dtype))
+        pipe = (
+            # One group per hand-off (buffer=2 makes the chunks single groups): a claim that
+            # waits for the oldest batch must never hold back rows it has already claimed.
+            pipe.map(ClaimRows(assembler), name="claim", buffer=2)
+            .map(decoder, concurrency=threads, ordered=False, name="decode", workers=processes)
+        )
     pipe = (
-        pipe.map(_DecodeIntoRow(assembler, seed, options), concurrency=threads, ordered=False,
-                 name="decode")
-        .unbatch(name="rows")
+        pipe.unbatch(name="rows")
         .flat_map(_Assemble(assembler), name="batch", max_failures=max_failures)
     )
     if device is not None:

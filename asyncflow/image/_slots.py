@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -34,6 +34,8 @@ import torch
 __all__ = ["BatchAssembler", "Ticket"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+_RUNS = 64  # open iterations of one pipeline kept before the idlest is dropped
 
 
 class Ticket(NamedTuple):
@@ -48,10 +50,12 @@ class Ticket(NamedTuple):
 class _Open:
     """A batch whose rows are still arriving."""
 
-    __slots__ = ("array", "arrived", "failed", "labels", "rows", "tensor")
+    __slots__ = ("array", "arrived", "failed", "labels", "rows", "slab", "spare", "tensor")
 
-    def __init__(self, tensor: torch.Tensor, array: np.ndarray, rows: int) -> None:
+    def __init__(self, tensor: torch.Tensor, array: np.ndarray, rows: int, slab: str = "",
+                 spare: bool = False) -> None:
         self.tensor, self.array, self.rows = tensor, array, rows
+        self.slab, self.spare = slab, spare  # shared-memory name; made beyond the pool
         self.labels = np.zeros(rows, np.int64)
         self.arrived = 0
         self.failed: list[int] = []
@@ -63,6 +67,7 @@ class _Open:
 
 class _Run:
     def __init__(self) -> None:
+        self.active = time.monotonic()  # when a row was last claimed or arrived
         self.next = 0  # the next batch number to release
         self.open: dict[int, _Open] = {}
 
@@ -80,12 +85,14 @@ class BatchAssembler:
         drop_last: Never release a last batch shorter than ``batch_size``.
         ahead: How many batches past the oldest unreleased one decoding may start.
         pool: How many buffers to keep for reuse.
+        slabs: Allocates buffers in shared memory (a ``SharedSlabs``), for decoding in
+            worker processes; ``None``: private memory.
     """
 
     def __init__(
         self, batch_size: int, height: int, width: int, count: int,
         dtype: torch.dtype = torch.uint8, *, drop_last: bool = False, ahead: int = 4,
-        pool: int = 12,
+        pool: int = 12, slabs: Any = None,
     ) -> None:
         self.batch_size = batch_size
         self.shape = (3, height, width)
@@ -97,8 +104,14 @@ class BatchAssembler:
         self._released = threading.Condition(self._lock)
         self._ahead = ahead
         self._runs: dict[int, _Run] = {}
+        self._dropped: set[int] = set()
+        #: Claims that waited the full second for older batches (0 when the decoders' hand-offs
+        #: stay within ``ahead``).
+        self.stalls = 0
         self._pool: list[np.ndarray] = []
+        self._names: list[str] = []  # the pool's slab names, in step with it
         self._pool_max = pool
+        self._slabs = slabs
 
     def claim(self, run: int, pos: int, label: int) -> tuple[Ticket, np.ndarray]:
         """The ticket for item ``pos`` of listing ``run``, and its row as a writable array.
@@ -111,7 +124,10 @@ class BatchAssembler:
             state = self._run(run)
             # Soft back-pressure: never an unbounded wait (a stopped run releases nothing).
             deadline = time.monotonic() + 1.0
-            while number >= state.next + self._ahead and time.monotonic() < deadline:
+            while number >= state.next + self._ahead:
+                if time.monotonic() >= deadline:
+                    self.stalls += 1  # gave up waiting: a decoder held rows of older batches
+                    break
                 self._released.wait(0.05)
             entry = state.open.get(number)
             if entry is None:
@@ -121,19 +137,35 @@ class BatchAssembler:
                 entry = state.open[number] = self._new_batch(rows)
         return Ticket(run, number, row, label), entry.array[row]
 
+    def claim_shared(self, run: int, pos: int, label: int) -> tuple[Ticket, str]:
+        """As :meth:`claim`, for a worker process: the ticket and the slab's name."""
+        ticket, _ = self.claim(run, pos, label)
+        with self._lock:
+            entry = self._runs[run].open[ticket.number]
+            return ticket, entry.slab
+
     def arrived(self, ticket: Ticket, ok: bool = True) -> list[Batch]:
         """Record a decoded row (``ok``) or a failed one; return the batches now complete, in
         batch order (often none). Called for every claimed row, from one thread."""
         with self._lock:
+            if ticket.run in self._dropped:
+                raise RuntimeError(
+                    f"the batches of iteration {ticket.run} were dropped: more than "
+                    f"{_RUNS} iterations of this image.folder pipeline were open at once, "
+                    "and this one had been idle the longest"
+                )
             state = self._runs.get(ticket.run)
             entry = None if state is None else state.open.get(ticket.number)
             if state is None or entry is None:
-                return []  # a run abandoned and forgotten
+                return []  # a batch already released: cannot happen for a claimed row
+            state.active = time.monotonic()
             if ok:
                 entry.labels[ticket.row] = ticket.label
                 entry.arrived += 1
             else:
                 entry.failed.append(ticket.row)
+            if entry.spare and entry.complete and self._slabs is not None:
+                self._slabs.release(entry.slab)  # every row is in: no worker maps it again
             ready = []
             while (head := state.open.get(state.next)) is not None and head.complete:
                 del state.open[state.next]
@@ -142,31 +174,47 @@ class BatchAssembler:
                 state.next += 1
             if ready:
                 self._released.notify_all()
+            if state.next >= self.batches:
+                del self._runs[ticket.run]  # every batch of this iteration is out
         return [self._release(entry) for entry in ready if entry.arrived]
 
     def _run(self, run: int) -> _Run:
         state = self._runs.get(run)
         if state is None:
+            if run in self._dropped:
+                raise RuntimeError(f"the batches of iteration {run} were dropped")
             state = self._runs[run] = _Run()
-            # Runs stopped part-way leave batches behind; keep only the newest few runs.
-            for old in sorted(self._runs)[:-4]:
-                del self._runs[old]
+            # A run stopped part-way leaves its open batches behind, and nothing tells the
+            # assembler it stopped. Past _RUNS open runs, the one idle longest is dropped,
+            # loudly: if it was still going, its next row raises instead of losing batches.
+            while len(self._runs) > _RUNS:
+                idle = min(self._runs, key=lambda r: self._runs[r].active)
+                del self._runs[idle]
+                self._dropped.add(idle)
+        state.active = time.monotonic()
         return state
 
     def _new_batch(self, rows: int) -> _Open:
-        array = None
+        array, slab, spare = None, "", False
         for i in range(len(self._pool)):
             # 2 references: the pool's, and getrefcount's argument. Anything more is a
             # tensor, a view or a decode still using it.
             if sys.getrefcount(self._pool[i]) == 2:
-                array = self._pool[i]
+                array, slab = self._pool[i], self._names[i]
                 break
         if array is None:
-            array = np.empty((self.batch_size, *self.shape), self._np_dtype)
+            shape = (self.batch_size, *self.shape)
+            if self._slabs is not None:
+                array, slab = self._slabs.allocate(shape, self._np_dtype)
+            else:
+                array = np.empty(shape, self._np_dtype)
             if len(self._pool) < self._pool_max:
                 self._pool.append(array)
+                self._names.append(slab)
+            else:
+                spare = True
         view = array[:rows]
-        return _Open(torch.from_numpy(view), view, rows)
+        return _Open(torch.from_numpy(view), view, rows, slab, spare)
 
     def _release(self, entry: _Open) -> Batch:
         labels = torch.from_numpy(entry.labels)

@@ -14,7 +14,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from ._channel import ChannelAborted
+from ._channel import ChannelAborted, nbytes_of
 
 __all__ = ["Handoff"]
 
@@ -38,13 +38,24 @@ class Handoff:
     ``put_many``, ``close``, ``abort``) and two reader calls, :meth:`get_chunk` for a thread
     and :meth:`aget_chunk` for a coroutine on any loop.
 
+    The consumer takes up to half the capacity at a time. With a byte budget, the bytes of the
+    chunk it is working through still count until it asks for the next one, so that what waits
+    for the consumer and what it holds stay within the budget together.
+
     Args:
         capacity: The most items held for the consumer.
         loop: The run's loop, where writers wait.
+        max_bytes: A byte budget (see ``Channel``); ``None``: items only.
     """
 
-    def __init__(self, capacity: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, capacity: int, loop: asyncio.AbstractEventLoop, max_bytes: int | None = None
+    ) -> None:
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self._sizes: deque[int] = deque()
+        self._bytes = 0
+        self._lent_bytes = 0  # bytes of the consumer's current chunk
         self._loop = loop
         self._cond = threading.Condition(threading.Lock())
         self._items: deque[Any] = deque()
@@ -74,15 +85,19 @@ class Handoff:
             Items appended before the cancellation stay for the consumer.
         """
         start, total = 0, len(items)
+        sizes = [nbytes_of(item) for item in items] if self.max_bytes is not None else None
         while start < total:
             reader = None
             with self._cond:
                 if self._aborted:
                     raise ChannelAborted
-                room = self.capacity - len(self._items)
+                room = self._room(sizes, start, total)
                 if room > 0:
-                    end = min(total, start + room)
+                    end = start + room
                     self._items.extend(items[start:end] if start or end < total else items)
+                    if sizes is not None:
+                        self._sizes.extend(sizes[start:end])
+                        self._bytes += sum(sizes[start:end])
                     start = end
                     self._cond.notify()
                     reader, self._reader = self._reader, None
@@ -101,24 +116,60 @@ class Handoff:
                             self._putters.remove(fut)
                     raise
 
+    def take_pending(self) -> BaseException | None:
+        """Take the error no reader has been given yet (the reader has left), if any."""
+        with self._cond:
+            error, self._error = self._error, None
+        return error
+
+    def _room(self, sizes: list[int] | None, start: int, total: int) -> int:
+        """How many of the items from ``start`` fit now (with the lock held)."""
+        held = len(self._items)
+        room = min(total - start, self.capacity - held)
+        if sizes is None or room <= 0:
+            return max(0, room)
+        assert self.max_bytes is not None
+        budget = self.max_bytes - self._bytes - self._lent_bytes
+        fit = 0
+        empty = held == 0 and self._lent_bytes == 0
+        while fit < room and (sizes[start + fit] <= budget or (empty and fit == 0)):
+            budget -= sizes[start + fit]
+            fit += 1
+        return fit
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held for the consumer and in its current chunk (with a byte budget)."""
+        return self._bytes + self._lent_bytes
+
     def close(self, error: BaseException | None = None) -> None:
         """End the stream; the consumer drains what is left, then gets ``error`` if any.
 
-        Thread-safe.
+        After :meth:`abort`, the error given there (if any) stands. Thread-safe.
         """
         with self._cond:
+            if not self._closed and not self._aborted:
+                self._error = error
             self._closed = True
-            self._error = error
             self._cond.notify_all()
             reader, self._reader = self._reader, None
         if reader is not None:
             _notify(*reader)
 
-    def abort(self) -> None:
-        """The consumer is gone: drop what is held and make writers stop. Thread-safe."""
+    def abort(self, error: BaseException | None = None) -> None:
+        """Stop: drop what is held and make writers stop. Thread-safe.
+
+        Args:
+            error: What ended the run before the stop, if anything: a reader still waiting
+                (or reading next) gets it, once, instead of the end of the stream.
+        """
         with self._cond:
+            if not self._aborted and not self._closed:
+                self._error = error
             self._aborted = True
             self._items.clear()
+            self._sizes.clear()
+            self._bytes = self._lent_bytes = 0
             putters = list(self._putters)
             self._putters.clear()
             self._cond.notify_all()
@@ -138,13 +189,22 @@ class Handoff:
         else:
             popleft = items.popleft
             taken = [popleft() for _ in range(self._take)]
+        if self.max_bytes is not None:  # the previous chunk is consumed: this one counts
+            self._lent_bytes = sum(self._sizes.popleft() for _ in range(len(taken)))
+            self._bytes -= self._lent_bytes
         return taken
 
+    def _give_back(self) -> list[asyncio.Future[None]]:
+        """The consumer is back for more: its previous chunk is done with (lock held)."""
+        if not self._lent_bytes:
+            return []
+        self._lent_bytes = 0
+        return self._release(0)
+
     def _release(self, count: int) -> list[asyncio.Future[None]]:
-        woken = []
-        while self._putters and count > 0:
-            woken.append(self._putters.popleft())
-            count -= 1
+        # Room came back (this chunk, less the one before it): every waiting writer checks.
+        woken = list(self._putters)
+        self._putters.clear()
         return woken
 
     def _finish(self) -> list[Any]:
@@ -155,7 +215,7 @@ class Handoff:
 
     def get_chunk(self, timeout: float | None = None) -> list[Any]:
         """Take the next chunk of items; ``[]`` at the end; raise the run's error after its
-        items.
+        items (once: later calls return ``[]``).
 
         Raises:
             TimeoutError: Nothing arrived within ``timeout`` seconds.
@@ -164,10 +224,12 @@ class Handoff:
             The wait is interruptible by signals (Ctrl-C raises ``KeyboardInterrupt`` here).
         """
         with self._cond:
+            woken = self._give_back()
+        for fut in woken:
+            _notify(self._loop, fut)
+        with self._cond:
             while not self._items:
-                if self._aborted:
-                    return []
-                if self._closed:
+                if self._closed or self._aborted:
                     return self._finish()
                 if not self._cond.wait(timeout):
                     raise TimeoutError(f"no item arrived within {timeout} s")
@@ -184,15 +246,17 @@ class Handoff:
             Safe: nothing is taken unless the call returns.
         """
         loop = asyncio.get_running_loop()
+        with self._cond:
+            woken = self._give_back()
+        for fut in woken:
+            _notify(self._loop, fut)
         while True:
             with self._cond:
                 if self._items:
                     taken = self._take_locked()
                     woken = self._release(len(taken))
                     break
-                if self._aborted:
-                    return []
-                if self._closed:
+                if self._closed or self._aborted:
                     return self._finish()
                 fut = loop.create_future()
                 self._reader = (loop, fut)

@@ -12,7 +12,26 @@ import asyncio
 from collections import deque
 from typing import Any
 
-__all__ = ["Channel", "ChannelAborted"]
+__all__ = ["Channel", "ChannelAborted", "nbytes_of"]
+
+
+def nbytes_of(obj: Any, depth: int = 0) -> int:
+    """The bytes an item holds, as far as can be told cheaply: ``nbytes`` of arrays and
+    tensors, the length of ``bytes`` and ``str``, summed over tuples, lists and dict values
+    (three levels deep); 0 for anything else."""
+    n = getattr(obj, "nbytes", None)
+    if isinstance(n, int):
+        return n
+    if isinstance(obj, bytes | bytearray | str):
+        return len(obj)
+    if isinstance(obj, memoryview):
+        return obj.nbytes
+    if depth < 3:
+        if isinstance(obj, tuple | list):
+            return sum(nbytes_of(x, depth + 1) for x in obj)
+        if isinstance(obj, dict):
+            return sum(nbytes_of(x, depth + 1) for x in obj.values())
+    return 0
 
 
 class ChannelAborted(Exception):
@@ -29,12 +48,18 @@ class Channel:
 
     Args:
         capacity: The most items the channel holds.
+        max_bytes: The most bytes its items may hold (see :func:`nbytes_of`); an item larger
+            than that on its own still passes when the channel is empty. ``None``: no limit.
     """
 
-    __slots__ = ("_aborted", "_closed", "_getters", "_items", "_putters", "capacity")
+    __slots__ = ("_aborted", "_bytes", "_closed", "_getters", "_items", "_putters", "_sizes",
+                 "capacity", "max_bytes")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_bytes: int | None = None) -> None:
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self._bytes = 0
+        self._sizes: deque[int] = deque()
         self._items: deque[Any] = deque()
         self._getters: deque[asyncio.Future[None]] = deque()
         self._putters: deque[asyncio.Future[None]] = deque()
@@ -56,6 +81,9 @@ class Channel:
             Safe: the item is either appended or not; a wake-up meant for a cancelled waiter
             is passed on.
         """
+        if self.max_bytes is not None:
+            await self.put_many([item])
+            return
         while len(self._items) >= self.capacity and not self._aborted:
             await self._wait(self._putters)
         if self._aborted:
@@ -70,6 +98,9 @@ class Channel:
         Cancellation:
             Items appended before the cancellation stay in the channel.
         """
+        if self.max_bytes is not None:
+            await self._put_sized(items)
+            return
         start, total = 0, len(items)
         while start < total:
             if self._aborted:
@@ -83,6 +114,27 @@ class Channel:
             if self._getters:
                 _wake(self._getters, end - start)
             start = end
+
+    async def _put_sized(self, items: list[Any]) -> None:
+        assert self.max_bytes is not None
+        for item in items:
+            size = nbytes_of(item)
+            while self._items and (
+                len(self._items) >= self.capacity or self._bytes + size > self.max_bytes
+            ) and not self._aborted:
+                await self._wait(self._putters)
+            if self._aborted:
+                raise ChannelAborted
+            self._items.append(item)
+            self._sizes.append(size)
+            self._bytes += size
+            if self._getters:
+                _wake(self._getters, 1)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now (counted only when the channel has a byte limit)."""
+        return self._bytes
 
     async def get_many(self, limit: int) -> list[Any]:
         """Take up to ``limit`` items, waiting for at least one; ``[]`` at the end of stream.
@@ -105,6 +157,9 @@ class Channel:
         else:
             popleft = items.popleft
             taken = [popleft() for _ in range(limit)]
+        if self.max_bytes is not None:
+            sizes = self._sizes
+            self._bytes -= sum(sizes.popleft() for _ in range(len(taken)))
         if self._putters:
             _wake(self._putters, len(taken))
         return taken
@@ -118,6 +173,8 @@ class Channel:
         """Stop both sides: pending and later puts and gets raise :class:`ChannelAborted`."""
         self._aborted = True
         self._items.clear()
+        self._sizes.clear()
+        self._bytes = 0
         _wake(self._getters, len(self._getters))
         _wake(self._putters, len(self._putters))
 

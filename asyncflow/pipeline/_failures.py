@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import reprlib
 import time
+from collections.abc import Sequence
 
-from .._errors import AsyncflowError
-from .._redact import redact
+from .._errors import FailureBudgetExceeded
+from .._redact import describe_exception, redact
+from ._stats import FailureRecord
 
 __all__ = ["FailureBudget", "describe_item"]
 
@@ -37,6 +40,10 @@ class FailureBudget:
             has seen. A fraction is checked with a grace of one failure while few items have
             been seen, and exactly at the end of the stream.
         stage: The stage's name, for logs and errors.
+
+    Attributes:
+        records: The stage's failure records (the run shares its counters' list here), which
+            :class:`~asyncflow.FailureBudgetExceeded` carries.
     """
 
     _LOGGED_IN_FULL = 5
@@ -48,6 +55,7 @@ class FailureBudget:
         self._logged = 0
         self._unlogged = 0
         self._last_summary = time.monotonic()
+        self.records: Sequence[FailureRecord] = ()
 
     def allows(self, failures: int, seen: int) -> bool:
         """Whether ``failures`` out of ``seen`` items are still within the budget."""
@@ -58,25 +66,32 @@ class FailureBudget:
         return failures <= self.limit
 
     def check_end(self, failures: int, seen: int) -> None:
-        """At the end of the stream: raise if the budget is exceeded or every item failed."""
+        """At the end of the stream: raise if the budget is exceeded or every item failed.
+
+        Raises:
+            FailureBudgetExceeded: Carrying the stage's failure records.
+        """
         if seen and failures == seen:
-            raise AsyncflowError(
+            raise self._exceeded(
                 f"stage {self.stage!r}: every one of its {seen} items failed; "
                 "an epoch that yields nothing is treated as an error"
             )
         if isinstance(self.limit, float) and failures > self.limit * seen:
-            raise AsyncflowError(
+            raise self._exceeded(
                 f"stage {self.stage!r}: {failures} of {seen} items failed "
                 f"({failures / seen:.1%}), over the budget of {self.limit:.1%}"
             )
+
+    def _exceeded(self, message: str) -> FailureBudgetExceeded:
+        records = [dataclasses.replace(r, message=redact(r.message)) for r in self.records]
+        return FailureBudgetExceeded(message, stage=self.stage, failures=records)
 
     def log_skip(self, item: str, exc: BaseException) -> None:
         """Log a skipped item: the first few in full, then a periodic count."""
         if self._logged < self._LOGGED_IN_FULL:
             self._logged += 1
             logger.warning(
-                "stage %r: skipped item %s: %s: %s", self.stage, item, type(exc).__name__,
-                redact(str(exc)),
+                "stage %r: skipped item %s: %s", self.stage, item, describe_exception(exc)
             )
             return
         self._unlogged += 1

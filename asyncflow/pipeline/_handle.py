@@ -55,7 +55,9 @@ class Run:
     # -- lifetime -----------------------------------------------------------------------
 
     def _start(self) -> Runtime | None:
-        if self._rt is not None or self._closed:
+        if self._closed:
+            return None  # a closed run yields nothing more, and raises nothing more
+        if self._rt is not None:
             return self._rt
         rt = self._make_runtime()
         self._rt = rt
@@ -92,6 +94,7 @@ class Run:
             if not rt.done:
                 rt.request_stop()
             rt.join(rt.options.stop_timeout + 5.0)
+            rt.report_undelivered()
             self._detach()
 
     async def aclose(self) -> None:
@@ -110,6 +113,7 @@ class Run:
                 rt.request_stop()
             await rt.wait_done()
             rt.join(1.0)
+            rt.report_undelivered()
             self._detach()
 
     def _abandon(self) -> None:

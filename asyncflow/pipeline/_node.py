@@ -80,6 +80,8 @@ class NodeContext:
         self.epoch = epoch
         self.executor = executor
         self._pool = pool
+        #: The stage's worker processes (a ``ProcessPool``), when it runs on processes.
+        self.processes: Any = None
         self.receive_hooks: list[ReceiveHook] = []
         self.stop_callbacks: list[Callable[[], None]] = []
 

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from typing import Any
 
+from .._redact import redact
+
 __all__ = ["FAILED", "ChunkResult", "WorkerPool", "next_chunk", "run_chunk", "run_chunk_remote"]
 
 #: Marks a failed item's place in a chunk's results.
@@ -53,7 +55,7 @@ def run_chunk_remote(fn: Callable[[Any], Any], items: list[Any]) -> ChunkResult:
     exception loses its traceback when pickled."""
     results, failures, elapsed = run_chunk(fn, items, None)
     for _, exc in failures:
-        exc.add_note("".join(traceback.format_exception(exc)).rstrip())
+        exc.add_note(redact("".join(traceback.format_exception(exc)).rstrip()))
         exc.__traceback__ = None
     return results, failures, elapsed
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from .._errors import ConfigError
 from ._handle import ConsumerHook, Run
-from ._run import RunOptions, Runtime
+from ._run import PoolHolder, RunOptions, Runtime
 from ._spec import (
     BatchSpec,
     CustomSpec,
@@ -24,6 +24,7 @@ from ._spec import (
     check_positive,
 )
 from ._stats import PipelineStats
+from ._workers import Processes, resolve_workers
 
 if TYPE_CHECKING:
     import os
@@ -46,13 +47,14 @@ class _Source:
             or (hasattr(source, "__anext__"))
         )
         self.runs = 0
+        self.first = 0  # the first run's epoch number (with_source may start later)
         self.resume_offset = 0
         self.lock = threading.Lock()
 
     def next_epoch(self) -> int:
         with self.lock:
             epoch, self.runs = self.runs, self.runs + 1
-        if self.one_shot and epoch > 0:
+        if self.one_shot and epoch > self.first:
             raise ConfigError(
                 f"the source {type(self.source).__name__} is an iterator, so it can be read "
                 "once, and an earlier run has read it; pass a list, or a zero-argument "
@@ -115,6 +117,15 @@ class Pipeline:
         progress: Show a progress bar for every run (as :meth:`progress` does).
         buffer: Capacity of the source's output queue, in items (default 64): lower it
             when the source yields large items, such as whole batches.
+        buffer_bytes: A byte budget for every queue of the pipeline (a stage's own
+            ``buffer_bytes`` overrides it): a queue takes no more items once the ones it holds
+            reach this many bytes (``nbytes`` of arrays and tensors, the length of bytes,
+            summed over tuples, lists and dicts), and a stage's chunks in hand stay within
+            half of it. For large items (videos, shards, big tensors) without hand-tuned item
+            counts. ``None`` (default): queues are bounded in items only.
+        notes: Lines shown in ``stats().notes`` of every run: what a library built on
+            pipelines chose for the user, and why (``image.folder`` says whether it decodes
+            on threads or processes).
 
     Raises:
         ConfigError: An option is invalid.
@@ -133,6 +144,8 @@ class Pipeline:
         stop_timeout: float = 2.0,
         progress: bool = False,
         buffer: int | None = None,
+        buffer_bytes: int | None = None,
+        notes: tuple[str, ...] = (),
     ) -> None:
         if source is None or not (
             callable(source) or hasattr(source, "__iter__") or hasattr(source, "__aiter__")
@@ -143,6 +156,7 @@ class Pipeline:
             )
         check_budget(max_failures)
         check_positive("buffer", buffer, allow_none=True)
+        check_positive("buffer_bytes", buffer_bytes, allow_none=True)
         _check_number("stall_timeout", stall_timeout)
         _check_number("report_every", report_every)
         _check_number("stop_timeout", stop_timeout)
@@ -172,8 +186,11 @@ class Pipeline:
             stop_timeout=stop_timeout,
             settings=settings,
             source_buffer=buffer,
+            notes=tuple(str(n) for n in notes),
+            buffer_bytes=buffer_bytes,
         )
         self._last: list[Runtime] = []
+        self._pools = PoolHolder()
 
     # -- building -----------------------------------------------------------------------
 
@@ -187,6 +204,38 @@ class Pipeline:
             )
         new = copy.copy(self)
         new._stages = (*self._stages, spec)
+        new._last = []
+        new._pools = PoolHolder()  # a new pipeline object: persistent workers of its own
+        return new
+
+    def with_source(self, source: Any, *, epoch: int = 0) -> Self:
+        """The same stages over another source, sharing this pipeline's persistent workers.
+
+        For a loader that builds each epoch's source itself (a new list of index batches),
+        while its worker processes (``Processes(persistent=True)``) live on from epoch to
+        epoch.
+
+        Args:
+            source: As for :class:`Pipeline`.
+            epoch: The number of the copy's first run (it seeds shuffles and the per-item
+                seeds of worker processes).
+
+        Raises:
+            ConfigError: ``source`` is not an iterable, an async iterable or a callable, or
+                ``epoch`` is not an int >= 0.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
+        if source is None or not (
+            callable(source) or hasattr(source, "__iter__") or hasattr(source, "__aiter__")
+        ):
+            raise ConfigError(
+                "with_source(source): the source must be an iterable, an async iterable or a "
+                f"zero-argument callable returning one; got {type(source).__name__}"
+            )
+        new = copy.copy(self)
+        new._source = _Source(source)
+        new._source.runs = new._source.first = epoch
         new._last = []
         return new
 
@@ -207,17 +256,22 @@ class Pipeline:
         concurrency: int = 1,
         ordered: bool = True,
         executor: Executor | None = None,
+        workers: str | Processes = "threads",
         name: str | None = None,
         max_failures: int | float | None = None,
         buffer: int | None = None,
+        buffer_bytes: int | None = None,
     ) -> Self:
         """Apply ``fn`` to each item.
 
         An ``async def`` function runs on the run's event loop, ``concurrency`` calls in
         flight. A plain function runs on the run's worker threads (``concurrency`` at once),
-        given several queued items per hand-off when it is cheap; with ``executor=`` it runs
-        there instead (a ``ProcessPoolExecutor`` for GIL-bound Python code: ``fn`` and the
-        items must pickle).
+        given several queued items per hand-off when it is cheap. With
+        ``workers="processes"`` (or an :class:`~asyncflow.Processes`) it runs in
+        ``concurrency`` worker processes instead, for Python code that holds the GIL: ``fn``
+        goes to each worker once, items in chunks, arrays and tensors come back through shared
+        memory (see :class:`~asyncflow.Processes`). ``executor=`` runs it in any
+        ``concurrent.futures.Executor``.
 
         Args:
             fn: Takes one item, returns the new item.
@@ -225,16 +279,26 @@ class Pipeline:
             ordered: Yield in input order (default; a reorder buffer bounded by the
                 concurrency). ``False`` yields in completion order: no head-of-line blocking.
             executor: A ``concurrent.futures.Executor`` for a sync ``fn``.
+            workers: ``"threads"`` (default), ``"processes"``, an
+                :class:`~asyncflow.Processes` with options (persistent workers, an init hook,
+                the seed, the start method), or ``"auto"``: processes where they are safe
+                (two or more usable cores, a picklable ``fn``, a main script with an
+                ``if __name__ == "__main__":`` guard, not already in a worker), threads
+                otherwise; ``stats().notes`` says which, and why.
             name: The stage's name in stats and errors (default: ``fn``'s name).
             max_failures: This stage's failure budget (default: the pipeline's).
             buffer: Capacity of the stage's output queue, in items.
+            buffer_bytes: A byte budget for the stage's output queue (see
+                :class:`Pipeline`).
 
         Raises:
-            ConfigError: An argument is invalid, or ``fn`` cannot take one argument.
+            ConfigError: An argument is invalid, ``fn`` cannot take one argument, or (with
+                processes) ``fn`` cannot be pickled.
         """
         return self._then(MapSpec(
             mode="map", fn=fn, concurrency=concurrency, ordered=ordered, executor=executor,
-            name=name, max_failures=max_failures, buffer=buffer,
+            name=name, max_failures=max_failures, buffer=buffer, buffer_bytes=buffer_bytes,
+            **_workers_options(fn, workers, concurrency, name),
         ))
 
     def filter(
@@ -244,14 +308,17 @@ class Pipeline:
         concurrency: int = 1,
         ordered: bool = True,
         executor: Executor | None = None,
+        workers: str | Processes = "threads",
         name: str | None = None,
         max_failures: int | float | None = None,
         buffer: int | None = None,
+        buffer_bytes: int | None = None,
     ) -> Self:
         """Keep the items for which ``predicate`` returns a true value. Runs like :meth:`map`."""
         return self._then(MapSpec(
             mode="filter", fn=predicate, concurrency=concurrency, ordered=ordered,
             executor=executor, name=name, max_failures=max_failures, buffer=buffer,
+            buffer_bytes=buffer_bytes, **_workers_options(predicate, workers, concurrency, name),
         ))
 
     def flat_map(
@@ -263,6 +330,7 @@ class Pipeline:
         name: str | None = None,
         max_failures: int | float | None = None,
         buffer: int | None = None,
+        buffer_bytes: int | None = None,
     ) -> Self:
         """Replace each item by the items of the iterable, generator or async iterable that
         ``fn`` returns (tar shards into samples, files into lines).
@@ -274,7 +342,7 @@ class Pipeline:
         """
         return self._then(MapSpec(
             mode="flat_map", fn=fn, concurrency=concurrency, ordered=ordered,
-            name=name, max_failures=max_failures, buffer=buffer,
+            name=name, max_failures=max_failures, buffer=buffer, buffer_bytes=buffer_bytes,
         ))
 
     def batch(self, size: int, *, drop_last: bool = False, name: str | None = None) -> Self:
@@ -337,7 +405,7 @@ class Pipeline:
         """A new run's runtime, opening its source with ``open_source`` (subclasses may open
         it otherwise, or change the options, when no stage follows the source, say)."""
         epoch = self._source.next_epoch()
-        rt = Runtime(open_source, self._stages, options, epoch)
+        rt = Runtime(open_source, self._stages, options, epoch, pools=self._pools)
         rt.start_offset, self._source.resume_offset = self._source.resume_offset, 0
         self._last[:] = [rt]
         return rt
@@ -468,6 +536,18 @@ class Pipeline:
         from .._display import pipeline_html
 
         return pipeline_html(self)
+
+
+def _workers_options(
+    fn: Callable[[Any], Any], workers: str | Processes, concurrency: int, name: str | None
+) -> dict[str, Any]:
+    if workers != "auto":
+        return {"processes": resolve_workers(workers)}
+    from ._auto import choose_workers
+    from ._spec import fn_name
+
+    processes, note = choose_workers(fn, concurrency, stage=name or fn_name(fn))
+    return {"processes": processes, "note": note}
 
 
 def _link(rt: Runtime, run: Run) -> None:

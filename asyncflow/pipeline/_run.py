@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import PipelineError, StallError
+from .._redact import describe_exception, format_exception
 from .._scope import RunScope, use_scope
 from ._bridge import Handoff
 from ._channel import Channel, ChannelAborted
@@ -48,12 +49,15 @@ from ._stages import (
 )
 from ._stats import PipelineStats, StageCounters, find_bottleneck
 
-__all__ = ["RunOptions", "Runtime"]
+__all__ = ["PoolHolder", "RunOptions", "Runtime"]
 
 logger = logging.getLogger("asyncflow")
 
 _UNBATCHED_BUFFER = 64
 _SAMPLE_EVERY = 0.05
+#: How often KeyboardInterrupt / SystemExit may escape the run's loop before it gives up
+#: running the loop and goes straight to clean-up.
+_MAX_ESCAPES = 8
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,37 @@ class RunOptions:
     stop_timeout: float = 2.0
     settings: tuple[tuple[str, Any], ...] = ()
     source_buffer: int | None = None
+    notes: tuple[str, ...] = ()
+    buffer_bytes: int | None = None
+
+
+class PoolHolder:
+    """The persistent worker-process pools of one pipeline object, by stage index.
+
+    They stop when the holder (the pipeline object) is garbage-collected, or at exit.
+    """
+
+    def __init__(self) -> None:
+        self.pools: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        weakref.finalize(self, _shutdown_pools, self.pools)
+
+    def get(self, index: int, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            pool = self.pools.get(index)
+            if pool is None or pool.closed:
+                pool = self.pools[index] = make()
+            return pool
+
+    def shutdown(self, timeout: float = 2.0) -> None:
+        """Stop every persistent worker now."""
+        _shutdown_pools(self.pools, timeout)
+
+
+def _shutdown_pools(pools: dict[int, Any], timeout: float = 2.0) -> None:
+    for pool in list(pools.values()):
+        pool.shutdown(timeout)
+    pools.clear()
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -106,27 +141,34 @@ class Runtime:
         epoch: How many runs of the pipeline started before this one.
     """
 
+    #: How many errors the run had when a stop was requested (those after it are its echo).
+    _errors_at_stop: int | None = None
+
     def __init__(
         self,
         open_source: Callable[[], Any],
         specs: Sequence[StageSpec],
         options: RunOptions,
         epoch: int,
+        pools: PoolHolder | None = None,
     ) -> None:
         self.options = options
+        self._pools = pools if pools is not None else PoolHolder()
         self.loop = _new_loop()
         self.stop_event = threading.Event()
         self.scope = RunScope(dict(options.settings))
         self.errors: list[BaseException] = []
-        self.notes: list[str] = []
+        self.notes: list[str] = list(options.notes)
         self.delivered = 0
         self.start_offset = 0  # source items skipped by a resumed run
         self.consumer: Callable[[], Any] | None = None  # weak reference to the Run
         self.started_at = time.monotonic()
         self.finished_at: float | None = None
+        self.loop_delay_max = 0.0
         threads = 1 + sum(
             s.concurrency_ for s in specs
-            if (isinstance(s, MapSpec) and not s.is_async and s.executor is None)
+            if (isinstance(s, MapSpec) and not s.is_async and s.executor is None
+                and s.processes is None)
             or isinstance(s, CustomSpec)
         )
         self.pool = WorkerPool(threads, f"asyncflow-{options.name}-worker")
@@ -171,7 +213,10 @@ class Runtime:
             if spec is None and self.options.source_buffer is not None:
                 capacity = self.options.source_buffer
             last = index == len(stages) - 1
-            output: Any = Handoff(capacity, self.loop) if last else Channel(capacity)
+            max_bytes = getattr(spec, "buffer_bytes", None) or self.options.buffer_bytes
+            output: Any = (
+                Handoff(capacity, self.loop, max_bytes) if last else Channel(capacity, max_bytes)
+            )
             concurrency = 1 if spec is None else spec.concurrency_
             counters = StageCounters(name, kind, concurrency, capacity)
             counters.output = output
@@ -182,9 +227,28 @@ class Runtime:
                 stop=self.stop_event, scope=self.scope, epoch=epoch,
                 executor=getattr(spec, "executor", None),
             )
+            if isinstance(spec, MapSpec) and spec.processes is not None:
+                ctx.processes = self._process_pool(index, spec, name, ctx)
+            if isinstance(spec, MapSpec) and spec.note:
+                self.notes.append(f"stage {name!r} runs on {spec.note}")
             self.contexts.append(ctx)
             self.outputs.append(output)
             self.nodes.append(self._make_node(ctx, spec, open_source, capacity))
+
+    def _process_pool(self, index: int, spec: MapSpec, name: str, ctx: NodeContext) -> Any:
+        from ._procpool import ProcessPool
+
+        assert spec.processes is not None
+        processes = spec.processes
+
+        def make() -> ProcessPool:
+            return ProcessPool(spec.fn, spec.concurrency, processes, name)
+
+        if processes.persistent:
+            return self._pools.get(index, make)
+        pool = make()
+        ctx.add_stop_callback(lambda: pool.shutdown(self.options.stop_timeout))
+        return pool
 
     @staticmethod
     def _make_node(
@@ -227,9 +291,11 @@ class Runtime:
             if self._stop_requested:
                 return
             self._stop_requested = True
+            self._errors_at_stop = len(self.errors)
             started = self._started
         self.stop_event.set()
-        self.handoff.abort()
+        # A failure before the stop still reaches a consumer waiting for items.
+        self.handoff.abort(self._final_error())
         if not started:
             self._finish_unstarted()
             return
@@ -279,21 +345,86 @@ class Runtime:
         loop = self.loop
         asyncio.set_event_loop(loop)
         try:
-            loop.run_until_complete(self._main())
-        except BaseException as exc:  # cancelled on stop, or a bug: never lost
-            if not isinstance(exc, asyncio.CancelledError):
-                logger.exception("asyncflow run %r crashed", self.options.name)
-                self.errors.append(exc)
+            self._run_loop(loop)
         finally:
             self._cleanup(loop)
 
+    def _run_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        # KeyboardInterrupt and SystemExit raised in any task escape run_until_complete at
+        # once, leaving the other tasks pending: record the exception, stop the stages, and
+        # run the loop again until the main task has finished.
+        main = loop.create_task(self._main())
+        for _ in range(_MAX_ESCAPES):
+            try:
+                loop.run_until_complete(main)
+            except asyncio.CancelledError:
+                pass  # stopped
+            except BaseException as exc:  # forwarded to the consumer, never lost
+                self._crashed(exc)
+            if main.done():
+                return
+            self.stop_event.set()
+            main.cancel()
+
+    def _crashed(self, exc: BaseException) -> None:
+        if any(e is exc for e in self.errors):
+            return
+        if isinstance(exc, Exception):
+            logger.error(
+                "asyncflow run %r crashed: %s", self.options.name, format_exception(exc)
+            )
+        self.errors.append(exc)
+
     def _cleanup(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
+            self._close_loop(loop)
+            at = self._errors_at_stop
+            for exc in self.errors[len(self.errors) if at is None else at:]:
+                logger.debug(
+                    "asyncflow pipeline %r: failed after the stop: %s", self.options.name,
+                    describe_exception(exc),
+                )
+        except BaseException as exc:  # reported; the hand-off is closed below all the same
+            logger.warning(
+                "asyncflow run %r: clean-up failed: %s", self.options.name,
+                format_exception(exc),
+            )
+            if not isinstance(exc, Exception):
+                self._crashed(exc)
+        finally:
+            # Whatever failed above, the consumer's loop must end.
+            self.finished_at = time.monotonic()
+            self.handoff.close(self._final_error())
+            if self._stop_requested:
+                self.report_undelivered()
+            with self._lock:
+                self._done.set()
+                waiters, self._done_waiters = self._done_waiters, []
+            for waiter_loop, fut in waiters:
+                try:
+                    waiter_loop.call_soon_threadsafe(_resolve, fut)
+                except RuntimeError:
+                    pass
+
+    def _close_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            _cancel_pending(loop)
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.run_until_complete(loop.shutdown_default_executor())
-        except BaseException:
-            logger.debug("asyncflow: clean-up of the run's loop failed", exc_info=True)
-        stuck = self.pool.shutdown(self.options.stop_timeout)
+        except BaseException as exc:  # clean-up goes on; the error is reported, not raised
+            logger.warning(
+                "asyncflow run %r: clean-up of the run's loop failed: %s",
+                self.options.name, format_exception(exc),
+            )
+            if not isinstance(exc, Exception):
+                self._crashed(exc)
+        try:
+            stuck = self.pool.shutdown(self.options.stop_timeout)
+        finally:
+            for ctx in self.contexts:
+                self._call_stop_callbacks(ctx)
+            asyncio.set_event_loop(None)
+            loop.close()
         for label in stuck:
             for ctx in self.contexts:
                 if ctx.name == label:
@@ -305,20 +436,22 @@ class Runtime:
             )
             self.notes.append(note)
             logger.warning("asyncflow: %s", note)
-        for ctx in self.contexts:
-            self._call_stop_callbacks(ctx)
-        asyncio.set_event_loop(None)
-        loop.close()
-        self.finished_at = time.monotonic()
-        self.handoff.close(self._final_error())
-        with self._lock:
-            self._done.set()
-            waiters, self._done_waiters = self._done_waiters, []
-        for waiter_loop, fut in waiters:
-            try:
-                waiter_loop.call_soon_threadsafe(_resolve, fut)
-            except RuntimeError:
-                pass
+
+    def report_undelivered(self) -> None:
+        """The consumer has left: a failure it was never given is noted and logged, not lost.
+
+        A ``break`` never raises afterwards; the run's error goes to ``stats().notes`` and
+        to a warning instead. Thread-safe; reports at most once.
+        """
+        error = self.handoff.take_pending()
+        if error is None:
+            return
+        note = (
+            "the consumer stopped before it was given the run's error: "
+            f"{describe_exception(error)}"
+        )
+        self.notes.append(note)
+        logger.warning("asyncflow pipeline %r: %s", self.options.name, note)
 
     @staticmethod
     def _call_stop_callbacks(ctx: NodeContext) -> None:
@@ -326,22 +459,49 @@ class Runtime:
         for callback in callbacks:
             try:
                 callback()
-            except Exception:
-                logger.exception("asyncflow: stop callback of stage %r failed", ctx.name)
+            except Exception as exc:
+                logger.error(
+                    "asyncflow: stop callback of stage %r failed: %s", ctx.name,
+                    format_exception(exc),
+                )
 
-    def _final_error(self) -> PipelineError | None:
-        if not self.errors or self._stop_requested:
+    def _final_error(self) -> BaseException | None:
+        """What the consumer gets after the items: ``None``, a :class:`PipelineError` of the
+        stages' exceptions, or a ``BaseException`` raised in a stage (``KeyboardInterrupt``,
+        ``SystemExit``), as itself. Failures after a requested stop are not counted. Never
+        raises."""
+        at = self._errors_at_stop
+        errors = list(self.errors if at is None else self.errors[:at])
+        if not errors:
             return None
-        failed = []
-        for exc in self.errors:
+        try:
+            return self._make_error(errors)
+        except Exception as exc:  # never leave the hand-off open for want of a message
+            logger.warning(
+                "asyncflow run %r: building its error failed: %s", self.options.name,
+                format_exception(exc),
+            )
+            return errors[0]
+
+    def _make_error(self, errors: list[BaseException]) -> BaseException:
+        fatal = next((e for e in errors if not isinstance(e, Exception)), None)
+        if fatal is not None:
+            others = [describe_exception(e) for e in errors if e is not fatal]
+            note = "asyncflow: the run also failed with " + "; ".join(others)
+            if others and note not in getattr(fatal, "__notes__", ()):
+                fatal.add_note(note)
+            return fatal
+        failed: list[str] = []
+        for exc in errors:
             stage = getattr(exc, "_asyncflow_stage", "?")
             if stage not in failed:
                 failed.append(stage)
-        first = self.errors[0]
         where = ", ".join(repr(s) for s in failed)
-        message = f"pipeline {self.options.name!r} failed in stage {where}: " \
-            f"{type(first).__name__}: {first}"
-        return PipelineError(message, [e for e in self.errors if isinstance(e, Exception)])
+        message = (
+            f"pipeline {self.options.name!r} failed in stage {where}: "
+            f"{describe_exception(errors[0])}"
+        )
+        return PipelineError(message, errors)  # type: ignore[arg-type]
 
     # -- the run ------------------------------------------------------------------------
 
@@ -366,6 +526,8 @@ class Runtime:
         node = self.nodes[index]
         inp = self.outputs[index - 1] if index else None
         out = self.outputs[index]
+        ctx = self.contexts[index]
+        ctx.budget.records = ctx.counters.records  # FailureBudgetExceeded carries them
         try:
             await node.run(inp, out)
         except asyncio.CancelledError:
@@ -380,6 +542,16 @@ class Runtime:
                 self._fail(index, failures)
             elif inp is not None:
                 inp.abort()
+        except BaseException as exc:
+            # KeyboardInterrupt, SystemExit, GeneratorExit: caught only to be forwarded, as
+            # itself, to the consumer, after the items already handed over; the run stops.
+            leaves = [
+                e for e in _flatten(exc)
+                if not isinstance(e, ChannelAborted | asyncio.CancelledError)
+            ]
+            self._fail(index, leaves or [exc])
+            self.stop_event.set()
+            self._cancel_main()
         else:
             if index < len(self.nodes) - 1:
                 out.close()  # the hand-off is closed last, with the run's error, in _cleanup
@@ -393,8 +565,10 @@ class Runtime:
                     f"asyncflow: stage {ctx.name!r} ({ctx.counters.kind} #{index}) failed "
                     f"after producing {ctx.counters.items_out} item(s)"
                 )
-            exc._asyncflow_stage = ctx.name  # type: ignore[attr-defined]
-            self.errors.append(exc)
+            if getattr(exc, "_asyncflow_stage", None) is None:
+                exc._asyncflow_stage = ctx.name  # type: ignore[attr-defined]
+            if not any(e is exc for e in self.errors):
+                self.errors.append(exc)
         if index < len(self.nodes) - 1:
             self.outputs[index].close()
         if index:
@@ -407,6 +581,8 @@ class Runtime:
         while True:
             await asyncio.sleep(_SAMPLE_EVERY)
             now = time.monotonic()
+            # How late this wake-up came: the longest callback that held the loop meanwhile.
+            self.loop_delay_max = max(self.loop_delay_max, now - last - _SAMPLE_EVERY)
             for index, ctx in enumerate(self.contexts):
                 counters = ctx.counters
                 counters.fill_area += len(self.outputs[index]) * (now - last)
@@ -443,7 +619,18 @@ class Runtime:
             running=self._started and not self._done.is_set(),
             bottleneck=bottleneck,
             notes=tuple(self.notes),
+            loop_delay_max=self.loop_delay_max,
         )
+
+
+def _cancel_pending(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks a crashed run left behind, and let them finish (as asyncio.run)."""
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if not tasks:
+        return
+    for task in tasks:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

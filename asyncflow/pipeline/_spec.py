@@ -13,6 +13,7 @@ from .._errors import ConfigError
 
 if TYPE_CHECKING:
     from ._node import Node, NodeContext
+    from ._workers import Processes
 
 __all__ = [
     "BatchSpec",
@@ -120,6 +121,11 @@ class MapSpec(StageSpec):
     executor: Executor | None = None
     max_failures: int | float | None = None
     buffer: int | None = None
+    buffer_bytes: int | None = None
+    #: Worker processes instead of threads (``None``: threads).
+    processes: Processes | None = None
+    #: Why the stage runs where it runs, when that was chosen for the user (``stats().notes``).
+    note: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -128,6 +134,7 @@ class MapSpec(StageSpec):
         _check_callable(self.mode, self.fn)
         check_positive("concurrency", self.concurrency)
         check_positive("buffer", self.buffer, allow_none=True)
+        check_positive("buffer_bytes", self.buffer_bytes, allow_none=True)
         check_budget(self.max_failures, allow_none=True)
         if not isinstance(self.ordered, bool):
             raise ConfigError(f"ordered must be True or False, got {self.ordered!r}")
@@ -141,6 +148,23 @@ class MapSpec(StageSpec):
                     f"{self.mode}({fn_name(self.fn)}): an async function runs on the event "
                     "loop and cannot take an executor"
                 )
+        if self.processes is not None:
+            self._check_processes()
+
+    def _check_processes(self) -> None:
+        what = f"{self.mode}({fn_name(self.fn)})"
+        if self.is_async:
+            raise ConfigError(f"{what}: an async function runs on the event loop, not in "
+                              "worker processes")
+        if self.executor is not None:
+            raise ConfigError(f"{what}: give executor= or workers='processes', not both")
+        if self.mode == "flat_map":
+            raise ConfigError(f"{what}: flat_map runs on threads; map to a list in worker "
+                              "processes, then unbatch()")
+        from ._boot import check_picklable
+
+        assert self.processes is not None
+        check_picklable(self.fn, self.processes, self.name or self.default_name())
 
     @property
     def kind(self) -> str:  # type: ignore[override]
@@ -164,10 +188,12 @@ class MapSpec(StageSpec):
             "concurrency": self.concurrency,
             "ordered": self.ordered,
             "runs_on": "loop" if self.is_async else (
-                type(self.executor).__name__ if self.executor else "threads"
+                type(self.executor).__name__ if self.executor
+                else "processes" if self.processes else "threads"
             ),
             "max_failures": self.max_failures,
             "buffer": self.buffer,
+            "buffer_bytes": self.buffer_bytes,
         }
 
 

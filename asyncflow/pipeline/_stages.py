@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from .._errors import ConfigError
-from ._channel import Channel
+from ._channel import Channel, nbytes_of
 from ._node import NodeContext, Receiver, Sender
 from ._offload import FAILED, next_chunk, run_chunk, run_chunk_remote
 from ._spec import BatchSpec, MapSpec, PrefetchSpec, ShuffleSpec
@@ -128,25 +128,37 @@ class MapNode:
         # stays bounded by the queues however cheap the function is.
         # (an ordered stage holds up to 2 x concurrency chunks: those in workers and those
         # waiting in its reorder buffer).
-        holders = 2 * spec.concurrency * (2 if spec.ordered and spec.concurrency > 1 else 1)
+        self.processes = ctx.processes
+        # With worker processes, two chunks per worker: one running, the next in its pipe.
+        concurrency = spec.concurrency * (2 if self.processes is not None else 1)
+        holders = 2 * concurrency * (2 if spec.ordered and concurrency > 1 else 1)
         self.max_chunk = max(1, min(_MAX_CHUNK, ctx.counters.capacity // holders))
         self.fn = spec.fn
         self.filter = spec.mode == "filter"
         self.ordered = spec.ordered
-        self.concurrency = spec.concurrency
+        self.concurrency = concurrency
         self.is_async = spec.is_async
         self.remote = isinstance(spec.executor, ProcessPoolExecutor)
         self._ticket = 0
-        self._reorder = _Reorder(self, 2 * spec.concurrency) if (
-            spec.ordered and spec.concurrency > 1
+        self._taken = 0  # items taken so far: an item's position in the stage's input
+        self._reorder = _Reorder(self, 2 * self.concurrency) if (
+            spec.ordered and self.concurrency > 1
         ) else None
         self._chunk = 1
         self._per_item: float | None = None
         self._checked = False
+        # With a byte budget on the output, what workers hold in hand stays within half of
+        # it too: chunks shrink as the measured output size per item grows.
+        self._max_bytes = getattr(ctx.counters.output, "max_bytes", None)
+        self._holders = holders
+        self._out_size: float | None = None
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
         worker = self._async_worker if self.is_async else self._sync_worker
+        if self.processes is not None:
+            worker = self._process_worker
+            await self.ctx.run_sync(self.processes.start)
         if self.concurrency == 1:
             await worker(inp, out)
         else:
@@ -162,6 +174,13 @@ class MapNode:
         self._per_item = per if self._per_item is None else 0.7 * self._per_item + 0.3 * per
         target = max(1, min(self.max_chunk, int(_TARGET_CHUNK_SECONDS / max(self._per_item, 1e-8))))
         self._chunk = min(target, self._chunk * 2)
+
+    def _fit_bytes(self, values: list[Any]) -> None:
+        per = nbytes_of(values) / max(1, len(values))
+        self._out_size = per if self._out_size is None else 0.7 * self._out_size + 0.3 * per
+        if self._out_size > 0 and self._max_bytes is not None:
+            share = self._max_bytes / 2 / self._holders
+            self._chunk = max(1, min(self._chunk, int(share / self._out_size)))
 
     def _check_result(self, values: list[Any]) -> None:
         self._checked = True
@@ -215,6 +234,7 @@ class MapNode:
             return -1, items
         ticket = self._ticket  # assigned with no await after the get: tickets follow items
         self._ticket += 1
+        self._taken += len(items)
         return ticket, items
 
     async def _sync_worker(self, inp: Receiver, out: Sender) -> None:
@@ -235,8 +255,29 @@ class MapNode:
                 counters.in_flight -= 1
             counters.busy += elapsed
             self._adapt(elapsed, len(items))
+            if self._max_bytes is not None:
+                self._fit_bytes(values)
             if not self._checked:
                 self._check_result(values)
+            await self._deliver(ticket, (items, values, failures), out)
+
+    async def _process_worker(self, inp: Receiver, out: Sender) -> None:
+        ctx, counters, pool = self.ctx, self.ctx.counters, self.processes
+        while True:
+            ticket, items = await self._take(inp, self._chunk)
+            if not items:
+                return
+            first = self._taken - len(items)
+            counters.items_in += len(items)
+            counters.in_flight += 1
+            try:
+                values, failures, elapsed = await pool.submit(items, first, ctx.epoch)
+            finally:
+                counters.in_flight -= 1
+            counters.busy += elapsed
+            self._adapt(elapsed, len(items))
+            if self._max_bytes is not None:
+                self._fit_bytes(values)
             await self._deliver(ticket, (items, values, failures), out)
 
     async def _async_worker(self, inp: Receiver, out: Sender) -> None:

@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._redact import redact
+
 __all__ = ["FailureRecord", "PipelineStats", "StageCounters", "StageStats"]
 
 _MAX_RECORDS = 10_000
@@ -43,7 +45,9 @@ class StageCounters:
     def record(self, item: str, exc: BaseException) -> None:
         self.failures += 1
         if len(self.records) < _MAX_RECORDS:
-            self.records.append(FailureRecord(self.name, item, type(exc).__name__, str(exc)))
+            self.records.append(
+                FailureRecord(self.name, redact(item), type(exc).__name__, redact(str(exc)))
+            )
 
     def snapshot(self, elapsed: float) -> StageStats:
         done = self.items_out if self.kind != "filter" else self.items_in
@@ -120,6 +124,11 @@ class PipelineStats:
         bottleneck: The stage with the highest utilization, or ``"consumer"`` when the
             output stays full (the loader is waiting for the training loop), or ``None``
             before enough is known.
+        notes: What the run wants you to know: which workers a stage runs on and why,
+            stages abandoned while stopping.
+        loop_delay_max: The longest the run's event loop was late to wake up (seconds):
+            the longest callback that ran on it, to within its 50 ms sampling. Blocking work
+            on the loop shows here; under 10 ms is healthy.
     """
 
     stages: tuple[StageStats, ...] = ()
@@ -128,6 +137,7 @@ class PipelineStats:
     running: bool = False
     bottleneck: str | None = None
     notes: tuple[str, ...] = field(default=())
+    loop_delay_max: float = 0.0
 
     @property
     def throughput(self) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -20,9 +21,15 @@ from ._read import ObjectInfo, as_url, check_scheme, scheme_of
 from ._redact import redact_url
 from ._retry import Retry, Timeout, resolve_policy, with_retries
 
-__all__ = ["MANIFEST_SUFFIXES", "list_objects"]
+__all__ = ["MANIFEST_FORMAT", "MANIFEST_SUFFIXES", "list_objects"]
 
 MANIFEST_SUFFIXES = frozenset({".txt", ".lst", ".list", ".manifest"})
+MANIFEST_FORMAT = (
+    "a manifest: UTF-8 plain text with one URL per line (relative ones resolved against the "
+    "manifest's URL; blank lines and lines starting with '#' skipped)"
+)
+# Characters that RFC 3986 never allows in a URL, so a line holding one is not a URL.
+_NOT_IN_A_URL = re.compile(r'[\s<>"{}|\\^`\x00-\x1f\x7f]')
 
 
 @overload
@@ -69,7 +76,9 @@ def list_objects(
     - A manifest of URLs: an ``http(s)://`` URL, or a local file named ``*.txt``, ``*.lst``,
       ``*.list`` or ``*.manifest``, with one URL or path per line (blank lines and lines
       starting with ``#`` skipped; relative ones resolved against the manifest's own URL).
-      A remote manifest may not name local files.
+      A remote manifest may not name local files. An ``http(s)://`` URL is always read as
+      such a manifest: a server's HTML directory page, a JSON document or any line that is
+      not a URL is refused, never turned into URLs.
 
     Args:
         prefix_url: Where to list.
@@ -82,6 +91,8 @@ def list_objects(
     Raises:
         SourcePermissionError: The scheme is not enabled (raised at once, by this call).
         SourceNotFound: The bucket, folder or manifest does not exist (raised on iteration).
+        SourceError: A remote manifest is not a list of URLs (an HTML page, say); the
+            message names the URL, the line and the format accepted (raised on iteration).
 
     Cancellation:
         Cancelling the iterating task cancels the page request in progress. Close an
@@ -169,8 +180,9 @@ async def _list_local(url: str, detail: bool) -> AsyncIterator[Any]:
     kind, files = await asyncio.to_thread(_local_listing, path)
     if kind == "manifest":
         text = (await read_file(path)).decode("utf-8", errors="replace")
+        _check_not_a_document(text, path, local=True)
         folder = os.path.dirname(path)
-        for line in _manifest_lines(text):
+        for _, line in _manifest_lines(text):
             local = "://" not in line and not line.lower().startswith("file:")
             entry = os.path.join(folder, line) if local and not os.path.isabs(line) else line
             yield ObjectInfo(entry) if detail else entry
@@ -180,9 +192,25 @@ async def _list_local(url: str, detail: bool) -> AsyncIterator[Any]:
         yield ObjectInfo(item, size) if detail else item
 
 
-def _manifest_lines(text: str) -> list[str]:
-    stripped = (line.strip() for line in text.splitlines())
-    return [line for line in stripped if line and not line.startswith("#")]
+def _manifest_lines(text: str) -> list[tuple[int, str]]:
+    """``(line number, entry)`` for each line that is neither blank nor a comment."""
+    stripped = enumerate((line.strip() for line in text.removeprefix("\ufeff").splitlines()), 1)
+    return [(number, line) for number, line in stripped if line and not line.startswith("#")]
+
+
+def _check_not_a_document(text: str, where: str, *, local: bool = False) -> None:
+    """Refuses an HTML, XML or JSON document read where a manifest was expected.
+
+    A local path may well begin with ``[`` or ``<``, so a local manifest is refused only when
+    it opens as an HTML or XML document does.
+    """
+    head = text.removeprefix("\ufeff").lstrip()[:9].lower()
+    if local and not head.startswith(("<!doctype", "<html", "<?xml")):
+        return
+    kind = {"<": "an HTML or XML page", "{": "a JSON document", "[": "a JSON document"}
+    if head[:1] in kind:
+        raise SourceError(f"{redact_url(where)}: {kind[head[:1]]}, not a list of URLs; "
+                          f"list_objects reads {MANIFEST_FORMAT}")
 
 
 async def _list_manifest_http(
@@ -196,7 +224,11 @@ async def _list_manifest_http(
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise SourceError(f"{redact_url(url)}: the manifest is not UTF-8 text") from None
-    for number, line in enumerate(_manifest_lines(text), 1):
+    _check_not_a_document(text, url)
+    for number, line in _manifest_lines(text):
+        if _NOT_IN_A_URL.search(line):
+            raise SourceError(f"{redact_url(url)}: line {number} is not a URL; list_objects "
+                              f"reads {MANIFEST_FORMAT}")
         entry = urljoin(url, line)
         if scheme_of(entry) == "file":
             raise SourcePermissionError(

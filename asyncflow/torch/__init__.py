@@ -6,6 +6,7 @@ Importing this package imports torch; ``import asyncflow`` loads it only when on
 
 from __future__ import annotations
 
+from . import _share  # noqa: F401  (registers the tensor reducer for worker processes)
 from ._collate import Padded, default_collate, pad_collate
 from ._loader import DataLoader
 from ._pinned import PinnedPool, PoolStats

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -12,7 +11,8 @@ from torch.utils.data import RandomSampler as TorchRandomSampler
 from torch.utils.data import default_collate, default_convert
 
 from .._errors import ConfigError
-from ..pipeline import Pipeline, PipelineStats
+from ..pipeline import Pipeline, PipelineStats, Processes, WorkerInfo
+from ..pipeline._auto import choose_workers, usable_cpus
 from ..sources._samplers import RandomSampler, SequentialSampler
 from ._state import EpochIterator, LoaderState
 from ._structure import map_tensors
@@ -21,7 +21,73 @@ __all__ = ["DataLoader"]
 
 
 def _default_workers() -> int:
-    return min(8, os.cpu_count() or 1)
+    return usable_cpus()
+
+
+class _Fetch:
+    """Load one batch: ``__getitems__`` or ``__getitem__`` per index, then collate. A class,
+    not a closure, so that worker processes receive the dataset once, with it."""
+
+    def __init__(self, dataset: Any, collate: Callable[[Any], Any], auto: bool,
+                 pin: bool) -> None:
+        self.dataset, self.collate, self.auto, self.pin = dataset, collate, auto, pin
+        self.__name__ = "fetch"
+
+    def __call__(self, indices: Any) -> Any:
+        dataset = self.dataset
+        if not self.auto:
+            out = self.collate(dataset[indices])
+        elif (getitems := getattr(dataset, "__getitems__", None)) is not None:
+            out = self.collate(getitems(list(indices)))
+        else:
+            out = self.collate([dataset[i] for i in indices])
+        return _pin(out) if self.pin else out
+
+    def __repr__(self) -> str:
+        # what an error names when the fetch cannot go to worker processes: the user's objects
+        collate = getattr(self.collate, "__qualname__", type(self.collate).__qualname__)
+        return f"fetch(dataset={type(self.dataset).__qualname__}, collate_fn={collate})"
+
+
+def _pin(batch: Any) -> Any:
+    return map_tensors(torch.Tensor.pin_memory, batch)
+
+
+class _TorchWorkerInit:
+    """In each worker process: make torch's ``get_worker_info()`` answer as in torch's own
+    workers, then call the user's ``worker_init_fn(worker_id)``."""
+
+    def __init__(self, dataset: Any, worker_init_fn: Callable[[int], Any] | None) -> None:
+        self.dataset, self.worker_init_fn = dataset, worker_init_fn
+
+    def __repr__(self) -> str:
+        fn = self.worker_init_fn
+        return f"(worker_init_fn={getattr(fn, '__qualname__', type(fn).__qualname__)})"
+
+    def __call__(self, info: WorkerInfo) -> None:
+        from torch.utils.data._utils import worker
+
+        seed = (info.seed + info.id) & (2**63 - 1)
+        worker._worker_info = worker.WorkerInfo(
+            id=info.id, num_workers=info.num_workers, seed=seed, dataset=self.dataset
+        )
+        torch.manual_seed(seed)
+        if self.worker_init_fn is not None:
+            self.worker_init_fn(info.id)
+
+
+def _start_method(context: Any) -> str:
+    if context is None:
+        return "forkserver"
+    name = context if isinstance(context, str) else getattr(context, "get_start_method",
+                                                            lambda: None)()
+    if name in ("spawn", "forkserver"):
+        return str(name)
+    raise ConfigError(
+        f"multiprocessing_context={context!r}: asyncflow starts workers with 'spawn' or "
+        "'forkserver' only ('fork' is unsafe in a process with threads, and the loader's own "
+        "loop is a thread); pass 'forkserver' (the default) or 'spawn'"
+    )
 
 
 def _check_int(what: str, value: Any, low: int) -> None:
@@ -48,17 +114,18 @@ class _TorchGeneratorOrder:
 
 
 class DataLoader:
-    """Batches from a map-style dataset, loaded by threads, with ``torch.utils.data.DataLoader``'s
-    interface: ``for batch in loader``, ``async for``, ``len(loader)``, ``set_epoch(n)``,
-    ``state_dict()`` / ``load_state_dict()``.
+    """Batches from a map-style dataset, loaded by worker processes or threads, with
+    ``torch.utils.data.DataLoader``'s interface: ``for batch in loader``, ``async for``,
+    ``len(loader)``, ``set_epoch(n)``, ``state_dict()`` / ``load_state_dict()``.
 
     ``dataset`` is anything with ``__len__`` and ``__getitem__`` (a plain list will do); like
     torch, a ``__getitems__(indices)`` method, if present, fetches a whole batch at once.
     Batches come in sampler order. Arguments mean what they mean in torch, except:
 
     Args:
-        dataset: A map-style dataset. Its ``__getitem__`` is called from several threads at
-            once, so it must be thread-safe (reading files and decoding images are).
+        dataset: A map-style dataset. Each worker process has its own copy; on threads its
+            ``__getitem__`` is called from several threads at once, so it must be thread-safe
+            (reading files and decoding images are).
         batch_size: As torch; ``None`` yields single samples (``collate_fn`` defaults to
             ``default_convert`` then).
         shuffle: As torch, but the order is reproducible: it comes from ``seed`` (or
@@ -68,15 +135,14 @@ class DataLoader:
             ``DistributedSampler``, ...) also make resuming exact. Any iterable of indices
             works.
         batch_sampler: As torch.
-        num_workers: **Threads**, not processes: how many batches are fetched at once. ``0``
-            still fetches on one background thread (torch fetches in the main process).
-            Default ``min(8, cpu_count)``. CPU-heavy pure-Python ``__getitem__`` code is
-            limited by the GIL; NumPy, PIL, torch and file reads release it.
+        num_workers: As torch: how many workers fetch batches (processes or threads, see
+            ``workers``). ``0`` fetches in this process, on one background thread. Default:
+            the usable cores.
         collate_fn: As torch: ``default_collate`` (torch's own) by default.
         drop_last: As torch.
-        pin_memory: As torch, done in the worker threads. Ignored (silently, where torch
-            warns) without CUDA, and unneeded with ``device=``, which stages through pinned
-            memory anyway.
+        pin_memory: As torch, done in the worker threads, or in this process after worker
+            processes. Ignored (silently, where torch warns) without CUDA, and unneeded with
+            ``device=``, which stages through pinned memory anyway.
         device: *New.* Copy each batch to this device on a side CUDA stream, overlapping
             compute (see :func:`asyncflow.torch.to_device`). ``None``: batches stay on the CPU.
         prefetch_factor: As torch: batches kept ready per worker (default 2, also with
@@ -92,10 +158,20 @@ class DataLoader:
             raises: ``0`` (default) raises on the first, as torch does; an int allows that
             many; a float in [0, 1] that fraction. Failed batches are skipped, logged and
             listed in :meth:`stats`.
+        workers: *New.* ``"auto"`` (default): worker processes where they are safe, threads
+            otherwise (one worker or core, a dataset, ``collate_fn`` or ``worker_init_fn``
+            that cannot be pickled, a main script without an ``if __name__ == "__main__":``
+            guard), saying which and why in ``stats().notes``; ``"processes"`` or
+            ``"threads"`` forces one.
+        worker_init_fn: As torch: called with the worker's id in each worker process, where
+            ``torch.utils.data.get_worker_info()`` answers as in torch's workers.
+        persistent_workers: As torch: keep the worker processes from epoch to epoch, until
+            the loader is garbage-collected.
+        multiprocessing_context: ``"forkserver"`` (default) or ``"spawn"``, a name or a
+            context; ``"fork"`` is refused (the loader's own loop is a thread).
 
-    Not supported, because threads make them unnecessary: ``worker_init_fn``,
-    ``multiprocessing_context``, ``persistent_workers`` (threads are cheap to start),
-    ``pin_memory_device``, and iterable-style datasets (use ``asyncflow.Pipeline``).
+    Not supported: ``pin_memory_device`` (use ``device=``) and iterable-style datasets (use
+    ``asyncflow.Pipeline``).
 
     Raises:
         ConfigError: Arguments that conflict (as torch's ``ValueError``: ``ConfigError`` is
@@ -119,6 +195,10 @@ class DataLoader:
         generator: torch.Generator | None = None,
         seed: int | None = None,
         max_failures: int | float = 0,
+        workers: str = "auto",
+        worker_init_fn: Callable[[int], Any] | None = None,
+        persistent_workers: bool = False,
+        multiprocessing_context: Any = None,
     ) -> None:
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise ConfigError(
@@ -179,8 +259,21 @@ class DataLoader:
         self.collate_fn = collate_fn or (default_collate if auto else default_convert)
         self._auto_collation = auto
         self._state = LoaderState()
+        self.worker_init_fn = worker_init_fn
+        self.persistent_workers = bool(persistent_workers)
+        self.multiprocessing_context = multiprocessing_context
+        if workers not in ("auto", "threads", "processes"):
+            raise ConfigError(
+                f"workers must be 'auto', 'threads' or 'processes', got {workers!r:.80}"
+            )
+        if persistent_workers and num_workers == 0:
+            raise ConfigError("persistent_workers option needs num_workers > 0")
+        _start_method(multiprocessing_context)  # refused alike whether or not processes run
+        self.workers = workers
         self._pipe: Pipeline | None = None
-        self._check_pipeline()
+        # Built once: each epoch runs it over its own index batches (with_source), so that
+        # persistent worker processes live as long as the loader.
+        self._template = self._pipeline([])
 
     # -- torch's interface ---------------------------------------------------------------
 
@@ -291,40 +384,51 @@ class DataLoader:
             batches.append(current)
         return batches
 
-    def _fetch(self) -> Callable[[Any], Any]:
-        dataset, collate = self.dataset, self.collate_fn
-        getitems = getattr(dataset, "__getitems__", None)
-        pin = self.pin_memory and self.device is None and torch.cuda.is_available()
+    def _processes(self, fetch: _Fetch) -> tuple[Processes | None, str | None]:
+        """Threads or worker processes for the fetch stage, and why (when chosen here)."""
+        if self.num_workers == 0 or self.workers == "threads":
+            return None, None  # num_workers=0: load in this process, as torch does
+        spec = Processes(
+            start_method=_start_method(self.multiprocessing_context),  # type: ignore[arg-type]
+            persistent=self.persistent_workers,
+            init=_TorchWorkerInit(self.dataset, self.worker_init_fn),
+            seed=int(torch.empty((), dtype=torch.int64).random_().item()),
+        )
+        if self.workers == "processes":
+            return spec, None
+        chosen, note = choose_workers(fetch, self.num_workers, stage="fetch")
+        if chosen is not None and self.worker_init_fn is not None:
+            from ..pipeline._boot import check_picklable
 
-        def fetch(indices: Any) -> Any:
-            if not self._auto_collation:
-                out = collate(dataset[indices])
-            elif getitems is not None:
-                out = collate(getitems(list(indices)))
-            else:
-                out = collate([dataset[i] for i in indices])
-            return map_tensors(torch.Tensor.pin_memory, out) if pin else out
-
-        return fetch
+            try:  # choose_workers checked the fetch alone; the init goes to the workers too
+                check_picklable(fetch, spec, "fetch")
+            except ConfigError as exc:
+                return None, f"threads (workers='auto'): {exc}"
+        return (spec if chosen is not None else None), note
 
     def _pipeline(self, batches: list[Any]) -> Pipeline:
         workers = max(1, self.num_workers)
-        pipe = Pipeline(batches, name="DataLoader", max_failures=self.max_failures).map(
-            self._fetch(), concurrency=workers, name="fetch",
-            buffer=self.prefetch_factor * workers,
+        pin = self.pin_memory and self.device is None and torch.cuda.is_available()
+        fetch = _Fetch(self.dataset, self.collate_fn, self._auto_collation, False)
+        processes, note = self._processes(fetch)
+        if processes is None:
+            fetch.pin = pin  # pinned in the loading threads
+        pipe = Pipeline(
+            batches, name="DataLoader", max_failures=self.max_failures,
+            notes=(f"stage 'fetch' runs on {note}",) if note else (),
+        ).map(
+            fetch, concurrency=workers, name="fetch", buffer=self.prefetch_factor * workers,
+            workers=processes or "threads",
         )
+        if processes is not None and pin:
+            pipe = pipe.map(_pin, name="pin")  # page-locked memory is this process's own
         if self.device is not None:
             pipe = pipe.to_device(self.device)
         return pipe
 
-    def _check_pipeline(self) -> None:
-        # Build (and discard) one pipeline now, so that a bad device or max_failures raises
-        # from the constructor rather than from the first iteration.
-        self._pipeline([])
-
     def _start_epoch(self) -> EpochIterator:
         epoch, skip = self._state.begin()
         batches = self._epoch_batches(epoch)
-        self._pipe = self._pipeline(batches[skip:])
+        self._pipe = self._template.with_source(batches[skip:], epoch=epoch)
         run = self._pipe.open(timeout=self.timeout or None)
         return EpochIterator(run, self._state, len(batches))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from asyncflow import Pipeline
@@ -157,3 +159,56 @@ def test_the_entries_kept_of_a_long_listing_mask_secrets() -> None:
         text = str(summary)
         assert "pw@" not in text and "abcdef" not in text, text
         assert "bucket.s3.amazonaws.com/0.jpg" in text and "/99.jpg" in text
+
+
+def _rewrite(file: Path, data: bytes) -> None:
+    """Rewrite ``file`` in place, its modification time a second later than before."""
+    before = file.stat()
+    file.write_bytes(data)
+    os.utime(file, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+
+
+@pytest.mark.parametrize("count", [3, 100])  # listed item by item, and digested
+def test_a_file_rewritten_in_place_changes_the_fingerprint(tmp_path: Path, count: int) -> None:
+    files = [tmp_path / f"{i}.jpg" for i in range(count)]
+    for file in files:
+        file.write_bytes(b"x" * 10)
+    listing = [(str(file), i % 2) for i, file in enumerate(files)]
+
+    def pipe() -> Pipeline:
+        return Pipeline(list(listing)).map(functools.partial(scale, factor=2.0))
+
+    base = fp(pipe())
+    assert fp(pipe()) == base
+    _rewrite(files[1], b"y" * 10)  # the same size, a new modification time
+    same_size = fp(pipe())
+    assert same_size != base
+    _rewrite(files[1], b"y" * 11)  # another size
+    assert fp(pipe()) not in (base, same_size)
+
+
+def test_a_file_changed_in_place_is_described() -> None:
+    def summary(mtime: int) -> Any:
+        state = {"sha256": "a" * 64, "items": 500, "first": "('/d/0.jpg', 0)",
+                 "last": "('/d/499.jpg', 1)",
+                 "files": {"sha256": str(mtime), "items": 500, "newest": "/d/7.jpg"}}
+        return [{"kind": "source", "state": state}]
+
+    assert describe_change(summarize(summary(1)), summarize(summary(2))) == (
+        "upstream[0]['state']: listed files changed in place (size or modification time); "
+        "the last modified is now /d/7.jpg")
+
+
+def test_a_short_listing_names_the_changed_file(tmp_path: Path) -> None:
+    file = tmp_path / "a.jpg"
+    file.write_bytes(b"x" * 10)
+    old = summarize(_description(Pipeline([str(file)])))
+    _rewrite(file, b"x" * 12)
+    change = describe_change(old, summarize(_description(Pipeline([str(file)]))))
+    assert change == "upstream[0]['state'][0]['bytes']: 10 -> 12"
+
+
+def test_names_that_are_not_local_files_are_left_as_they_are(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    names = ["https://host/a.jpg", "s3://bucket/a.jpg", "no/such/file.jpg", str(tmp_path / "d")]
+    assert state_of(names) == names

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
+import mmap
 import os
 import threading
 import time
@@ -14,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from asyncflow import ConfigError, Pipeline, PipelineError
+from asyncflow import ConfigError, Pipeline, PipelineError, SourceError
 from asyncflow.cache import CachedPipeline, _replay
+from asyncflow.cache._checks import Checks
 from asyncflow.cache._pipeline import _layout
-from asyncflow.cache._store import leftovers
+from asyncflow.cache._store import HEADER_BYTES, Reader, Writer, leftovers
 
 
 class Decode:
@@ -289,3 +292,106 @@ def test_the_kept_mapping_lives_as_long_as_the_pipeline(tmp_path: Path) -> None:
     del pipe
     gc.collect()
     assert fds() == before
+
+
+# -- damaged and stale data ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_a_flipped_byte_fails_the_epoch_naming_it_and_the_next_rebuilds(
+    tmp_path: Path, caplog: Any, shuffled: bool
+) -> None:
+    decode = Decode(size=40)  # 4,800 bytes an image: a checksum each
+    pipe = images(count=12, batch=4, decode=decode).cache(tmp_path / "c")
+    expected = labels(pipe)
+    with open(tmp_path / "c" / "field0.npy", "r+b") as fh:
+        fh.seek(HEADER_BYTES + 9 * 4800 + 100)
+        fh.write(b"\x01")
+    epoch = pipe.shuffle(seed=1) if shuffled else pipe
+    with pytest.raises(PipelineError) as err:
+        list(epoch)
+    assert [type(e) for e in err.value.exceptions] == [SourceError]
+    assert str(err.value.exceptions[0]).startswith(
+        f"cache {tmp_path / 'c'}: field0.npy (field item[0]) is damaged: row 9, bytes "
+        f"{HEADER_BYTES + 9 * 4800}-{HEADER_BYTES + 10 * 4800 - 1} of the file")
+    caplog.set_level(logging.INFO, "asyncflow.cache")
+    assert labels(pipe) == expected and decode.calls == 24  # rebuilt
+    assert "is damaged: row 9" in caplog.text and "rebuilding" in caplog.text
+    assert labels(pipe) == expected and decode.calls == 24
+
+
+def test_a_source_file_rewritten_in_place_rebuilds(tmp_path: Path, caplog: Any) -> None:
+    files = [tmp_path / f"{i}.bin" for i in range(3)]
+    for file in files:
+        file.write_bytes(b"old!")
+
+    def cached() -> Pipeline:
+        read = lambda f: np.frombuffer(Path(f).read_bytes(), np.uint8)  # noqa: E731
+        return Pipeline([str(f) for f in files]).map(read).cache(tmp_path / "c")
+
+    assert [bytes(x) for x in cached()] == [b"old!"] * 3
+    before = files[1].stat()
+    files[1].write_bytes(b"new!")  # the same size
+    os.utime(files[1], ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+    caplog.set_level(logging.INFO, "asyncflow.cache")
+    assert [bytes(x) for x in cached()] == [b"old!", b"new!", b"old!"]
+    assert "['mtime_ns']" in caplog.text and "rebuilding" in caplog.text
+
+
+# -- blocking work stays off the run's event loop -------------------------------------------
+
+
+def _record_threads(monkeypatch: Any) -> list[tuple[str, str, bool]]:
+    """Patch the cache's writes, fsync, mapping and checks to record where each runs: the
+    thread's name and whether an event loop runs in it."""
+    calls: list[tuple[str, str, bool]] = []
+
+    def record(what: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                asyncio.get_running_loop()
+                on_loop = True
+            except RuntimeError:
+                on_loop = False
+            calls.append((what, threading.current_thread().name, on_loop))
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(Writer, "write", record("write", Writer.write))
+    monkeypatch.setattr(Writer, "commit", record("commit", Writer.commit))
+    monkeypatch.setattr(Reader, "open", record("open", Reader.open))
+    monkeypatch.setattr(Checks, "verify", record("verify", Checks.verify))
+    monkeypatch.setattr(os, "fsync", record("fsync", os.fsync))
+    monkeypatch.setattr(mmap, "mmap", record("mmap", mmap.mmap))
+    return calls
+
+
+def _assert_off_the_loops(calls: list[tuple[str, str, bool]], kinds: set[str]) -> None:
+    assert {what for what, _, _ in calls} == kinds
+    for what, thread, on_loop in calls:
+        # asyncflow-pipeline: the run's loop thread (the cached run's and upstream's)
+        assert thread != "asyncflow-pipeline" and not on_loop, (what, thread)
+
+
+def test_writes_fsync_and_mapping_run_off_the_runs_loop(
+    tmp_path: Path, monkeypatch: Any, leak_check: None
+) -> None:
+    calls = _record_threads(monkeypatch)
+    pipe = images(count=12, batch=4, decode=Decode(size=40)).cache(tmp_path / "c", durable=True)
+    list(pipe)  # fills: writes, commit, fsync
+    _assert_off_the_loops(calls, {"open", "write", "commit", "fsync"})
+    calls.clear()
+    assert flat(pipe) == list(range(12))  # replays in order: maps and checks
+    assert sorted(flat(pipe.shuffle(seed=1))) == list(range(12))
+    assert flat(pipe.map(lambda b: b)) == list(range(12))  # a stage after it
+    _assert_off_the_loops(calls, {"open", "mmap", "verify"})
+
+
+async def test_async_for_maps_and_checks_off_every_loop(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    pipe = images(count=12, batch=4, decode=Decode(size=40)).cache(tmp_path / "c")
+    calls = _record_threads(monkeypatch)
+    assert flat([b async for b in pipe]) == list(range(12))
+    assert sorted(flat([b async for b in pipe.shuffle(seed=2)])) == list(range(12))
+    _assert_off_the_loops(calls, {"open", "write", "commit", "mmap", "verify"})

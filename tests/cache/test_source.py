@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncflow import ConfigError
+from asyncflow import ConfigError, SourceError
 from asyncflow.cache._lock import WriterLock
 from asyncflow.cache._source import CacheSource
-from asyncflow.cache._store import Reader, leftovers
+from asyncflow.cache._store import HEADER_BYTES, Reader, leftovers
 
 from .test_store import write
 
@@ -221,3 +222,49 @@ def test_shuffled_order_depends_on_seed_and_epoch(tmp_path: Path) -> None:
     assert labels(two()) == first and labels(two()) == second
     assert labels(src.shuffled(1)()) != first
     assert sorted(labels(src.shuffled(None)())) == list(range(20))
+
+
+def test_a_damaged_block_fails_its_epoch_and_the_next_rebuilds(
+    tmp_path: Path, caplog: Any
+) -> None:
+    up = Upstream(shape=(3, 40, 40))  # 4,800 bytes a sample: a checksum each
+    src = source(tmp_path / "c", up)
+    collect(src())
+    with open(tmp_path / "c" / "field0.npy", "r+b") as fh:
+        fh.seek(HEADER_BYTES + 6 * 4800 + 3)
+        fh.write(b"\xff")
+    with pytest.raises(SourceError, match=rf"^cache {tmp_path / 'c'}: field0\.npy \(field "
+                                          r"item\[0\]\) is damaged: row 6, bytes"):
+        collect(src())
+    assert not src.ready()  # so a run is built to fill it
+    caplog.set_level(logging.INFO, "asyncflow.cache")
+    assert labels(src()) == list(range(20)) and up.passes == 2 and src.ready()
+    assert "cannot be used: field0.npy (field item[0]) is damaged: row 6" in caplog.text
+    assert "rebuilding" in caplog.text
+    assert labels(src()) == list(range(20)) and up.passes == 2
+
+
+async def test_an_epoch_cancelled_while_taking_the_lock_gives_it_back(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    entered, taken = threading.Event(), threading.Event()
+    real = WriterLock.acquire
+
+    def slow(self: WriterLock, **options: Any) -> bool:
+        entered.set()
+        time.sleep(0.2)  # the epoch is cancelled meanwhile
+        got = real(self, **options)
+        taken.set()
+        return got
+
+    monkeypatch.setattr(WriterLock, "acquire", slow)
+    epoch = source(tmp_path / "c", Upstream())()
+    task = asyncio.ensure_future(epoch.__anext__())
+    await asyncio.to_thread(entered.wait, 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(taken.wait, 5)
+    async with asyncio.timeout(5):
+        while WriterLock(tmp_path / "c").holder() is not None:
+            await asyncio.sleep(0.01)

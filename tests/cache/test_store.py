@@ -14,6 +14,7 @@ import torch
 
 from asyncflow import ConfigError
 from asyncflow.cache import _store
+from asyncflow.cache._format import manifest_digest
 from asyncflow.cache._replay import replay
 from asyncflow.cache._store import (
     HEADER_BYTES,
@@ -49,7 +50,8 @@ def test_commit_publishes_a_complete_cache_and_nothing_before(tmp_path: Path) ->
     assert not path.exists() and leftovers(path) == [writer.tmp]
     writer.commit()
     assert path.is_dir() and leftovers(path) == []
-    assert sorted(p.name for p in path.iterdir()) == ["field0.npy", "field1.npy", "manifest.json"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "field0.crc32", "field0.npy", "field1.crc32", "field1.npy", "manifest.json"]
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["count"] == 4 and manifest["batch_size"] == 4
     assert manifest["layout"] == "batches"
@@ -111,6 +113,16 @@ def test_truncated_file_is_refused_with_its_name(tmp_path: Path) -> None:
         (lambda p: _edit(p, version=99), "format version 99"),
         (lambda p: _edit(p, layout="rows"), "garbles"),
         (lambda p: _edit(p, count=11), "truncated"),
+        # damage in place: a byte changed, the sizes kept
+        (lambda p: _replace(p / "manifest.json", b'"count": 10', b'"count": 11'),
+         r"manifest\.json does not match its checksum \(damaged\)"),
+        (lambda p: _replace(p / "manifest.json", b'"uint8"', b'"uint7"'), "does not match its"),
+        (lambda p: _flip(p / "field0.crc32", 2),
+         r"field0\.crc32 does not match its checksum in the manifest \(damaged\)"),
+        (lambda p: _flip(p / "field1.npy", 40),
+         r"field1\.npy: its \.npy header differs from the manifest's field item\[1\] at byte 40"),
+        (lambda p: (p / "field1.crc32").unlink(), r"field1\.crc32 is missing"),
+        (lambda p: _append(p / "field0.crc32"), r"field0\.crc32 holds 5 bytes, expected 4"),
     ],
 )
 def test_damaged_caches_are_refused(tmp_path: Path, damage: Any, message: str) -> None:
@@ -125,9 +137,25 @@ def _append(path: Path) -> None:
         fh.write(b"x")
 
 
+def _replace(file: Path, old: bytes, new: bytes) -> None:
+    data = file.read_bytes()
+    assert data.count(old) == 1
+    file.write_bytes(data.replace(old, new))
+
+
+def _flip(file: Path, offset: int) -> None:
+    with open(file, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)[0]
+        fh.seek(offset)
+        fh.write(bytes([byte ^ 0x01]))
+
+
 def _edit(path: Path, **changes: Any) -> None:
+    """Change the manifest as a writer would have written it (its checksum updated)."""
     manifest = json.loads((path / "manifest.json").read_text())
     manifest.update(changes)
+    manifest["manifest_crc32"] = manifest_digest(manifest)
     (path / "manifest.json").write_text(json.dumps(manifest))
 
 

@@ -41,6 +41,11 @@ def jpeg(width: int, height: int, seed: int = 0, quality: int = 90) -> bytes:
     return encode(Image.fromarray(smooth(width, height, seed)), "JPEG", quality=quality)
 
 
+def progressive_jpeg(width: int, height: int, seed: int = 0, quality: int = 90) -> bytes:
+    return encode(Image.fromarray(smooth(width, height, seed)), "JPEG", quality=quality,
+                  progressive=True)
+
+
 def with_orientation(im: Image.Image, orientation: int) -> bytes:
     """A JPEG of ``im`` stored so that EXIF ``orientation`` turns it back into ``im``."""
     inverse = {
@@ -110,3 +115,29 @@ def write_tree(root: Path, per_class: dict[str, int], size: tuple[int, int] = (9
         folder.mkdir(parents=True, exist_ok=True)
         for i in range(count):
             (folder / f"{i:03d}.jpg").write_bytes(jpeg(*size, seed=100 * ci + i))
+
+
+EOI = b"\xff\xd9"
+
+
+def cut(data: bytes, at: int, eoi: bool = True) -> bytes:
+    """``data`` cut after ``at`` bytes (from the end when negative), an end-of-image marker
+    appended if ``eoi``: the damage that libjpeg decodes to grey rows without an error."""
+    return data[:at] + (EOI if eoi else b"")
+
+
+def scan_starts(data: bytes) -> list[int]:
+    """Where each start-of-scan marker of a JPEG made here is (none hides in an APP segment)."""
+    return [i for i in range(len(data) - 1) if data[i] == 0xFF and data[i + 1] == 0xDA]
+
+
+def with_frame_size(data: bytes, width: int, height: int) -> bytes:
+    """``data`` (a baseline or progressive JPEG) with its frame header claiming another size."""
+    at = next(i for i in range(len(data) - 1) if data[i] == 0xFF and data[i + 1] in (0xC0, 0xC2))
+    return data[: at + 5] + struct.pack(">HH", height, width) + data[at + 9 :]
+
+
+def mpo(*arrays: np.ndarray) -> bytes:
+    """A multi-picture (stereo camera) file of the given pictures."""
+    first, *rest = (Image.fromarray(a) for a in arrays)
+    return encode(first, "MPO", save_all=True, append_images=rest)

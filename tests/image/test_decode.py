@@ -19,10 +19,13 @@ from ._pictures import (
     mad,
     png_bomb,
     png_with_bad_crc,
+    progressive_jpeg,
     reference,
     smooth,
+    with_frame_size,
     with_orientation,
 )
+from ._pictures import cut as cut_short
 
 # -- shapes, dtypes, output buffers -------------------------------------------------------
 
@@ -329,6 +332,31 @@ def test_truncated_jpeg_names_the_file(tmp_path: Path) -> None:
         with pytest.raises(DecodeError):
             image.decode(path)  # full size, no draft
     assert ImageFile.LOAD_TRUNCATED_IMAGES is False
+
+
+def test_cut_jpeg_with_an_end_marker_appended_names_the_file(tmp_path: Path) -> None:
+    """Issue 13: libjpeg decodes this to grey rows with no error; it must be a DecodeError."""
+    for kind, data in (("base", jpeg(300, 200)), ("prog", progressive_jpeg(300, 200))):
+        for cut_at in (len(data) // 3, len(data) // 2, len(data) - 200):
+            path = tmp_path / f"{kind}{cut_at}.jpg"
+            path.write_bytes(cut_short(data, cut_at))
+            with pytest.raises(DecodeError, match=rf"{kind}{cut_at}\.jpg"):
+                image.decode(path, size=64)
+            with pytest.raises(DecodeError, match=rf"{kind}{cut_at}\.jpg"):
+                image.decode(path)
+            with pytest.raises(DecodeError, match=r"<\d+ bytes>"):
+                image.decode(path.read_bytes())
+    assert ImageFile.LOAD_TRUNCATED_IMAGES is False
+
+
+def test_header_claiming_more_pixels_than_the_data_holds(tmp_path: Path) -> None:
+    """Issue 13: 9000x9000 declared over 16x16 of data decoded to an all-grey picture."""
+    path = tmp_path / "claims.jpg"
+    path.write_bytes(with_frame_size(jpeg(16, 16), 9000, 9000))
+    with pytest.raises(DecodeError, match=r"claims\.jpg"):
+        image.decode(path, size=224)
+    with pytest.raises(DecodeError, match=r"claims\.jpg"):
+        image.decode(path)
 
 
 def test_truncated_jpeg_leaves_out_untouched(tmp_path: Path) -> None:

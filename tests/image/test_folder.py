@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from asyncflow import ConfigError, DecodeError, Pipeline, PipelineError, SourceNotFound, image
+from asyncflow.image._folder import scan
 
 from ._pictures import jpeg, write_tree
 
@@ -207,7 +209,7 @@ def test_train_crops_are_those_of_decode_with_seed_epoch_and_index(tree: Path) -
 
 
 def test_describe_shows_the_batch_stage(tree: Path) -> None:
-    pipe = image.folder(tree, batch_size=4, size=16).map(lambda b: b)
+    pipe = image.folder(tree, batch_size=4, size=16, workers="threads").map(lambda b: b)
     kinds = [(s["kind"], s["name"]) for s in pipe.describe()]
     assert kinds == [("source", "source"), ("map", "decode"), ("unbatch", "rows"),
                      ("assemble", "batch"), ("map", "map")]
@@ -220,3 +222,45 @@ def test_an_epoch_where_every_image_fails_is_an_error(tmp_path: Path) -> None:
         (tmp_path / name / "x.jpg").write_bytes(b"not a picture")
     with pytest.raises(Exception, match="every one"):
         _collect(image.folder(tmp_path, batch_size=2, size=16, max_failures=1.0))
+
+
+def test_a_directory_link_loop_is_walked_once(tmp_path: Path) -> None:
+    root = tmp_path / "train"
+    write_tree(root, {"cat": 1, "dog": 1})
+    (root / "cat" / "again").symlink_to(root / "cat")  # a loop
+    (root / "cat" / "up").symlink_to(root)  # a loop through the root
+    (root / "dog" / "deeper").mkdir()
+    (root / "dog" / "deeper" / "back").symlink_to(root / "dog")
+    _, samples = scan(root)
+    relative = sorted((os.path.relpath(p, root), label) for p, label in samples)
+    # each folder once per class: cat's walk reaches dog's folder once, through 'up'
+    assert relative == [("cat/000.jpg", 0), ("cat/up/dog/000.jpg", 0), ("dog/000.jpg", 1)]
+
+
+def test_a_linked_folder_outside_the_tree_is_followed(tmp_path: Path) -> None:
+    root = tmp_path / "train"
+    write_tree(root, {"cat": 2})
+    write_tree(tmp_path / "elsewhere", {"dog": 3})
+    (root / "dog").symlink_to(tmp_path / "elsewhere" / "dog")
+    classes, samples = scan(root)
+    assert classes == ["cat", "dog"] and len(samples) == 5
+
+
+def test_many_concurrent_iterations_lose_no_batch(tmp_path: Path) -> None:
+    root = tmp_path / "train"
+    write_tree(root, {"cat": 6, "dog": 6})
+    pipe = image.folder(root, batch_size=2, size=16, workers="threads", decode_concurrency=1)
+    iterators = [iter(pipe) for _ in range(6)]
+    firsts = [next(it) for it in iterators]  # six iterations open at once
+    counts = [len(f[1]) + sum(len(y) for _, y in it) for f, it in zip(firsts, iterators,
+                                                                   strict=True)]
+    assert counts == [12] * 6
+
+
+@pytest.mark.parametrize("workers", ["threads", "processes"])
+def test_decoders_never_wait_on_rows_they_hold(tmp_path: Path, workers: str) -> None:
+    root = tmp_path / "train"
+    write_tree(root, {"cat": 40, "dog": 40})
+    pipe = image.folder(root, batch_size=2, size=8, workers=workers, decode_concurrency=1)
+    assert sum(len(y) for _, y in pipe) == 80
+    assert pipe._assembler.stalls == 0

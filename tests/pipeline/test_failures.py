@@ -8,7 +8,7 @@ import traceback
 
 import pytest
 
-from asyncflow import AsyncflowError, Pipeline, PipelineError
+from asyncflow import AsyncflowError, FailureBudgetExceeded, Pipeline, PipelineError
 
 pytestmark = pytest.mark.usefixtures("leak_check")
 
@@ -230,3 +230,118 @@ def test_report_every_logs_the_stats_table(caplog) -> None:
     list(Pipeline(range(40), report_every=0.1, name="reported").map(slow, name="slowstage"))
     reports = [r.getMessage() for r in caplog.records if "reported" in r.getMessage()]
     assert reports and "slowstage" in reports[0]
+
+
+# -- RELIABILITY 33: a BaseException in a stage ends the consumer's loop, as itself ----------
+
+_BASE_EXCEPTIONS = [KeyboardInterrupt, SystemExit, GeneratorExit]
+
+
+def _raise_at_5(exc_type: type[BaseException]) -> object:
+    def fail(x: int) -> int:
+        if x == 5:
+            raise exc_type("from a stage")
+        return x
+
+    return fail
+
+
+def _build(kind: str, exc_type: type[BaseException]) -> Pipeline:
+    fail = _raise_at_5(exc_type)
+    if kind == "source":
+        def gen():  # type: ignore[no-untyped-def]
+            for x in range(100):
+                fail(x)
+                yield x
+
+        return Pipeline(gen).map(lambda x: x, concurrency=2)
+    if kind == "async":
+        async def afail(x: int) -> int:
+            return fail(x)  # type: ignore[operator, no-any-return]
+
+        return Pipeline(range(100)).map(afail, concurrency=4)
+    concurrency = 1 if kind == "sync" else 4
+    return Pipeline(range(100)).map(fail, concurrency=concurrency)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["source", "sync", "sync-concurrent", "async"])
+@pytest.mark.parametrize("exc_type", _BASE_EXCEPTIONS)
+def test_a_base_exception_in_a_stage_ends_for_as_itself(
+    kind: str, exc_type: type[BaseException]
+) -> None:
+    seen: list[int] = []
+    with pytest.raises(exc_type) as info:
+        for x in _build(kind, exc_type):
+            seen.append(x)
+    assert str(info.value) == "from a stage"
+    assert any("asyncflow: stage" in n for n in info.value.__notes__)
+    assert 5 not in seen and len(seen) <= 5
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["source", "sync-concurrent", "async"])
+@pytest.mark.parametrize("exc_type", _BASE_EXCEPTIONS)
+async def test_a_base_exception_in_a_stage_ends_async_for_as_itself(
+    kind: str, exc_type: type[BaseException]
+) -> None:
+    with pytest.raises(exc_type):
+        async for _ in _build(kind, exc_type):
+            pass
+
+
+@pytest.mark.timeout(30)
+def test_a_failing_clean_up_still_ends_the_consumers_loop(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from asyncflow.pipeline._offload import WorkerPool
+
+    shutdown = WorkerPool.shutdown
+
+    def broken(self: WorkerPool, timeout: float) -> list[str]:
+        shutdown(self, timeout)
+        raise RuntimeError("clean-up broke")
+
+    monkeypatch.setattr(WorkerPool, "shutdown", broken)
+    with pytest.raises(PipelineError, match="Boom: at 3"):
+        for _ in Pipeline(range(10), name="fragile").map(_raise_boom_at_3):
+            pass
+    assert list(Pipeline(range(3), name="fragile").map(lambda x: x)) == [0, 1, 2]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("'fragile'" in r.getMessage() and "clean-up broke" in r.getMessage()
+               for r in warnings)
+
+
+def _raise_boom_at_3(x: int) -> int:
+    if x == 3:
+        raise Boom("at 3")
+    return x
+
+
+# -- an exhausted failure budget is a named error that carries the failures -----------------
+
+
+def test_an_exhausted_budget_raises_failure_budget_exceeded_with_the_failures() -> None:
+    def fail_first(x: int) -> int:
+        if x == 0:
+            raise Boom("aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
+        return x
+
+    # 1 of 10 failed = 10% > 5%: within the grace mid-run, over the budget at the end.
+    with pytest.raises(PipelineError) as info:
+        list(Pipeline(range(10)).map(fail_first, name="f", max_failures=0.05))
+    [exceeded] = info.value.exceptions
+    assert isinstance(exceeded, FailureBudgetExceeded) and isinstance(exceeded, AsyncflowError)
+    assert exceeded.stage == "f" and "over the budget" in str(exceeded)
+    assert [(r.stage, r.item, r.error_type) for r in exceeded.failures] == [("f", "0", "Boom")]
+    assert "wJalr" not in exceeded.failures[0].message
+
+
+def test_an_epoch_where_every_item_failed_is_a_failure_budget_exceeded() -> None:
+    def always(x: int) -> int:
+        raise Boom(str(x))
+
+    with pytest.raises(PipelineError) as info:
+        list(Pipeline(range(5), max_failures=1000).map(always))
+    [exceeded] = [e for e in info.value.exceptions if isinstance(e, FailureBudgetExceeded)]
+    assert len(exceeded.failures) == 5

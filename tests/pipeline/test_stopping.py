@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import signal
 import threading
 import time
 
 import pytest
 
-from asyncflow import Pipeline
+from asyncflow import Pipeline, PipelineError
 from tests.doubles import run_child, start_child
 
 pytestmark = pytest.mark.usefixtures("leak_check")
@@ -322,3 +323,82 @@ def test_a_sync_source_generator_is_closed_after_break() -> None:
         if i == 5:
             break
     assert closed.wait(2.0)
+
+
+# -- a stop never hides a failure that came before it -----------------------------------------
+
+
+class Boom(Exception):
+    pass
+
+
+def _stuck_after(n: int) -> object:
+    async def stuck(x: int) -> int:
+        if x >= n:
+            await asyncio.sleep(3600)  # until the run is stopped
+        return x
+
+    return stuck
+
+
+def _fail_at(n: int) -> object:
+    async def fail(x: int) -> int:
+        if x == n:
+            raise Boom(f"item {x}")
+        return x
+
+    return fail
+
+
+def _wait_for(condition: object, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while not condition() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.01)
+    assert condition()  # type: ignore[operator]
+
+
+@pytest.mark.timeout(30)
+def test_a_failure_before_a_stop_reaches_a_consumer_still_waiting() -> None:
+    # The stage after "stuck" fails on item 0 while "stuck" still runs: the run has failed
+    # but not ended when another thread stops it; the consumer waiting in `for` gets the error.
+    pipe = Pipeline(range(10)).map(_stuck_after(1), name="stuck").map(_fail_at(0), name="f")
+    run = pipe.open()
+    got: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            for _ in run:
+                pass
+        except BaseException as exc:
+            got.append(exc)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    _wait_for(lambda: run.stats().failures)
+    run.close()
+    consumer.join(10)
+    assert not consumer.is_alive()
+    [error] = got
+    assert isinstance(error, PipelineError) and "Boom: item 0" in str(error)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("ended", [True, False], ids=["run-ended", "run-still-going"])
+def test_break_after_a_failure_does_not_raise_but_is_noted_and_logged(
+    ended: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    pipe = Pipeline(range(10), name="noisy").map(_fail_at(3), name="f")
+    if not ended:
+        pipe = Pipeline(range(10), name="noisy").map(_stuck_after(4)).map(_fail_at(3), name="f")
+    with pipe.open() as run:
+        for _ in run:
+            _wait_for(lambda: run.stats().failures)
+            if ended:
+                _wait_for(lambda: not run.stats().running)
+            break  # leaving the block closes the run: no error is raised here
+    notes = run.stats().notes
+    assert any("before it was given the run's error" in n and "Boom: item 3" in n
+               for n in notes), notes
+    assert any(r.levelno == logging.WARNING and "'noisy'" in r.getMessage()
+               and "Boom: item 3" in r.getMessage() for r in caplog.records)
+    assert list(run) == []  # a closed run yields nothing and raises nothing more

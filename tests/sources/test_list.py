@@ -7,7 +7,7 @@ import pathlib
 import pytest
 
 import asyncflow
-from asyncflow import Pipeline, SourceNotFound, SourcePermissionError, sources
+from asyncflow import Pipeline, SourceError, SourceNotFound, SourcePermissionError, sources
 from asyncflow.sources import ObjectInfo
 from tests.servers import FaultServer, generated
 
@@ -99,3 +99,67 @@ async def test_a_listing_is_a_pipeline_source(tree: pathlib.Path) -> None:
     pipe = Pipeline(lambda: sources.list_objects(tree / "b")).map(asyncflow.read_bytes)
     for _ in range(2):  # a factory source: a fresh listing every epoch
         assert [b async for b in pipe] == [b"b/10.jpg", b"b/2.jpg"]
+
+
+APACHE_INDEX = b"""<!DOCTYPE HTML PUBLIC "-//W3C//DTD HTML 3.2 Final//EN">
+<html><head><title>Index of /train</title></head><body>
+<h1>Index of /train</h1>
+<a href="0001.jpg">0001.jpg</a>
+</body></html>
+"""
+
+
+@pytest.mark.parametrize("page", [
+    APACHE_INDEX,
+    b"\xef\xbb\xbf\n\n  <html><body><a href='a.jpg'>a.jpg</a></body></html>",
+    b'<?xml version="1.0"?><ListBucketResult></ListBucketResult>',
+    b'{"urls": ["a.jpg", "b.jpg"]}',
+    b'["a.jpg", "b.jpg"]',
+])
+async def test_a_document_is_refused_not_turned_into_urls(
+    http_server: FaultServer, unique: str, page: bytes
+) -> None:
+    url = http_server.put(f"{unique}/index.html", page) + "?sig=s3cr3t"
+    with pytest.raises(SourceError, match="not a list of URLs") as info:
+        await collect(sources.list_objects(url))
+    message = str(info.value)
+    assert f"/store/{unique}/index.html?sig=***" in message and "s3cr3t" not in message
+    assert "one URL per line" in message
+
+
+@pytest.mark.parametrize(("body", "bad"), [
+    (b"a.jpg\nb.jpg\nIndex of /train\n", 3),
+    (b"# list\n\na.jpg\n<a href='b.jpg'>b</a>\n", 4),
+    (b'a.jpg\n"b.jpg"\n', 2),
+    (b"a.jpg\nb\x00.jpg\n", 2),
+])
+async def test_a_line_that_is_not_a_url_is_refused(
+    http_server: FaultServer, unique: str, body: bytes, bad: int
+) -> None:
+    url = http_server.put(f"{unique}/list.txt", body)
+    with pytest.raises(SourceError, match=f"line {bad} is not a URL.*one URL per line"):
+        await collect(sources.list_objects(url))
+
+
+async def test_a_local_html_page_is_refused(tree: pathlib.Path) -> None:
+    page = tree / "index.txt"
+    page.write_bytes(APACHE_INDEX)
+    with pytest.raises(SourceError, match="an HTML or XML page, not a list of URLs"):
+        await collect(sources.list_objects(page))
+
+
+async def test_local_paths_may_begin_with_brackets(tree: pathlib.Path) -> None:
+    manifest = tree / "odd.txt"
+    manifest.write_text("[2020] a.jpg\n<b>.jpg\n")
+    assert await collect(sources.list_objects(manifest)) == [
+        str(tree / "[2020] a.jpg"), str(tree / "<b>.jpg")]
+
+
+async def test_manifest_with_a_bom_and_percent_encoded_names(
+    http_server: FaultServer, unique: str
+) -> None:
+    url = http_server.put(f"{unique}/list.txt", "\ufeffa%20b.jpg\r\nc\u00e9.jpg\r\n".encode())
+    assert await collect(sources.list_objects(url)) == [
+        http_server.url(f"/store/{unique}/a%20b.jpg"),
+        http_server.url(f"/store/{unique}/c\u00e9.jpg"),
+    ]

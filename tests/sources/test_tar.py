@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gzip
 import io
@@ -218,7 +219,8 @@ async def test_unsafe_members_are_refused(
     with pytest.raises(SourceError, match=reason):
         async for sample in sources.tar_samples(shard):
             seen.append(sample["__key__"])
-    assert seen == ["ok/0"]  # samples that ended before the bad member were delivered
+    # ok/1 is whole once a member with another key begins, even a refused one.
+    assert seen == ["ok/0", "ok/1"]
 
 
 def test_unsafe_members_are_refused_under_python_O(tmp_path: pathlib.Path) -> None:
@@ -301,3 +303,29 @@ async def test_a_shard_that_never_answers_times_out(http_server: FaultServer, un
     with pytest.raises(SourceTimeout, match=r"read timed out.* at byte 0 \(gave up after 2"):
         await collect(sources.tar_samples(url, retry=Retry(attempts=2, backoff=0),
                                           timeout=Timeout(read=0.2)))
+
+
+async def test_a_shard_served_without_its_end_marker_is_an_error(
+    http_server: FaultServer, unique: str
+) -> None:
+    members = dataset(5)
+    raw = make_tar(members)
+    boundary = -(-len(raw.rstrip(b"\x00")) // 512) * 512  # just after the last member
+    url = http_server.put(f"{unique}/cut.tar", raw[:boundary])
+    seen: list[str] = []
+    with pytest.raises(SourceError, match=rf"{url}: truncated shard: no end-of-archive marker "
+                                          rf"after a member at byte {boundary}"):
+        async for sample in sources.tar_samples(url):
+            seen.append(sample["__key__"])
+    assert seen == [f"train/{i:04d}" for i in range(4)]  # the last sample may be partial
+
+
+async def test_a_plain_shard_is_read_up_to_its_end_marker(
+    http_server: FaultServer, unique: str
+) -> None:
+    # The stream may stall in the record padding after the end blocks: it is never needed.
+    members = dataset(3)
+    url = http_server.put(f"{unique}/s.tar", make_tar(members) + b"\x00" * 65536) + "?stall=5"
+    async with asyncio.timeout(4):
+        got = await collect(sources.tar_samples(url, timeout=Timeout(read=10)))
+    assert [s["__key__"] for s in got] == [f"train/{i:04d}" for i in range(3)]

@@ -1,0 +1,432 @@
+"""Worker processes for one sync stage: start, dispatch chunks, collect results, replace the dead.
+
+The parent keeps one duplex pipe per worker and sends each chunk to the worker with the least
+work queued (at most a few chunks each), so it always knows which chunks a worker holds; the
+shared status file says which item of its current chunk. One reader thread per pool waits on
+every pipe and every worker's process sentinel at once (``multiprocessing.connection.wait``),
+unpickles results (mapping their shared-memory segments) and settles the futures on the run's
+loop. Results are tied to no loop, so persistent workers serve one run after another.
+
+A worker that dies is reported with the item it held: that item fails with a
+:class:`~asyncflow.WorkerError` (which counts against the stage's failure budget), the other
+items of its chunks go to the other workers, and a new worker takes its number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import mmap
+import multiprocessing
+import os
+import secrets
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from .._errors import WorkerError
+from . import _shm
+from ._boot import boot_payload, check_picklable, start_context
+from ._failures import describe_item
+from ._offload import FAILED, ChunkResult
+from ._worker import STATUS, send, worker_main
+from ._workers import Processes
+
+__all__ = ["ProcessPool", "check_picklable"]
+
+logger = logging.getLogger("asyncflow")
+
+_PER_WORKER = 2  # chunks queued per worker: one running, one ready to start
+
+
+class _Job:
+    __slots__ = ("by_value", "epoch", "first", "fut", "items", "jid", "loop", "origin",
+                 "skipped")
+
+    def __init__(self, jid: int, items: list[Any], first: int, epoch: int,
+                 loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> None:
+        # A copy: a dead worker's item is taken out of it, and the caller still reads its own.
+        self.jid, self.items, self.first, self.epoch = jid, list(items), first, epoch
+        self.loop, self.fut = loop, fut
+        self.origin: list[int] = list(range(len(items)))  # index in the caller's chunk
+        self.skipped: list[tuple[int, BaseException]] = []
+        self.by_value = False  # the worker could not load the items by reference
+
+
+class _Slot:
+    __slots__ = ("conn", "jobs", "process", "ready", "wid")
+
+    def __init__(self, wid: int, process: Any, conn: Connection) -> None:
+        self.wid, self.process, self.conn = wid, process, conn
+        self.jobs: deque[_Job] = deque()
+        self.ready = False
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class ProcessPool:
+    """``size`` worker processes running ``fn`` for the stage ``stage``.
+
+    Args:
+        fn: The stage function; pickled once, by value if it cannot be by reference.
+        size: How many workers.
+        spec: Start method, init hook, seed.
+        stage: The stage's name, for messages and the workers' :class:`WorkerInfo`.
+
+    Raises:
+        ConfigError: ``fn`` or ``spec.init`` cannot be pickled (names it; suggests threads).
+    """
+
+    def __init__(self, fn: Callable[[Any], Any], size: int, spec: Processes, stage: str):
+        self.size = size
+        self.spec = spec
+        self.stage = stage
+        self.token = secrets.token_hex(4)
+        self.prefix = _shm.segment_prefix(self.token)
+        self.boot = boot_payload(fn, size, spec, stage, self.prefix)
+        self.deaths = 0
+        self._jids = itertools.count()
+        self._names = itertools.count()
+        self._lock = threading.Lock()
+        self._slots: list[_Slot] = []
+        self._broken: BaseException | None = None
+        self._waiting: list[_Job] = []  # submitted while the only worker is being replaced
+        self._closed = False
+        self._started = False
+        self._reader: threading.Thread | None = None
+        self._wake_r, self._wake_w = -1, -1
+        self._status: mmap.mmap | None = None
+        self._status_path = os.path.join(_shm.SHM_DIR, f"{self.prefix}status")
+
+    # -- lifetime -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the workers (blocking: call it off the run's loop). Idempotent."""
+        with self._lock:
+            if self._started:
+                return
+            if self._closed:
+                raise RuntimeError("the process pool is shut down")
+            self._started = True
+        _shm.sweep_stale()
+        fd = os.open(self._status_path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, STATUS.size * self.size)
+            self._status = mmap.mmap(fd, STATUS.size * self.size)
+        finally:
+            os.close(fd)
+        self._wake_r, self._wake_w = os.pipe()
+        self._context = start_context(self.spec)
+        for wid in range(self.size):
+            self._slots.append(self._spawn(wid))
+        self._reader = threading.Thread(
+            target=self._read_loop, name=f"asyncflow-{self.stage}-results", daemon=True
+        )
+        self._reader.start()
+
+    def _spawn(self, wid: int) -> _Slot:
+        parent, child = multiprocessing.Pipe(duplex=True)
+        process = self._context.Process(
+            target=worker_main, args=(child, self.boot, self._status_path, wid),
+            name=f"asyncflow-{self.stage}-{wid}", daemon=True,
+        )
+        process.start()
+        child.close()
+        return _Slot(wid, process, parent)
+
+    def shutdown(self, timeout: float = 2.0) -> None:
+        """Stop every worker (asked, then terminated, then killed) and sweep their segments."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            slots = list(self._slots)
+            pending = [job for slot in slots for job in slot.jobs] + self._waiting
+            self._waiting = []
+            for slot in slots:
+                slot.jobs.clear()
+        for slot in slots:
+            with contextlib.suppress(OSError, ValueError):
+                send(slot.conn, "stop", b"", [])
+        deadline = time.monotonic() + timeout
+        for slot in slots:
+            slot.process.join(max(0.0, deadline - time.monotonic()))
+        for slot in slots:
+            if slot.process.is_alive():
+                slot.process.terminate()
+                slot.process.join(1.0)
+            if slot.process.is_alive():
+                slot.process.kill()
+                slot.process.join(1.0)
+        if self._wake_w >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout + 1.0)
+        for slot in slots:
+            slot.conn.close()
+            with contextlib.suppress(ValueError):
+                slot.process.close()
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
+        if self._status is not None:
+            self._status.close()
+        _shm.sweep(self.prefix)
+        error = RuntimeError("the process pool was shut down")
+        for job in pending:
+            _settle(job, None, error)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- work ---------------------------------------------------------------------------
+
+    def submit(self, items: list[Any], first: int, epoch: int) -> asyncio.Future[ChunkResult]:
+        """Run ``fn`` on ``items`` (positions ``first``, ``first + 1``, ... in the stage's
+        input; seeded from them and ``epoch``) in a worker.
+
+        Returns:
+            A future of the running loop: ``(values with FAILED at failed places,
+            [(index, exception)], seconds the worker spent)``.
+
+        Cancellation:
+            Cancelling the future drops the result; the worker finishes the chunk.
+        """
+        loop = asyncio.get_running_loop()
+        job = _Job(next(self._jids), items, first, epoch, loop, loop.create_future())
+        self._dispatch(job)
+        return job.fut
+
+    def _dispatch(self, job: _Job) -> None:
+        try:
+            offsets = job.origin if job.skipped else None
+            message = (job.jid, job.items, job.first, job.epoch, offsets)
+            payload, segments = _shm.dumps(message, self._name, by_value=job.by_value)
+        except Exception as exc:
+            _settle(job, None, exc)
+            return
+        with self._lock:
+            if self._broken is not None or self._closed:
+                _shm.discard(segments)
+                _settle(job, None, self._broken or RuntimeError("the process pool is shut down"))
+                return
+            if not self._slots:  # the one worker died: its replacement sends this on
+                _shm.discard(segments)
+                self._waiting.append(job)
+                return
+            slot = min(self._slots, key=lambda s: len(s.jobs))
+            slot.jobs.append(job)
+            # Sent under the lock: the reader matches each answer to the oldest job of its
+            # slot, so jobs must reach a worker in the order they were queued for it, also
+            # when the loop (submit) and the reader thread (resubmit) dispatch at once.
+            try:
+                send(slot.conn, "job", payload, segments)
+            except (OSError, ValueError):
+                _shm.discard(segments)  # the worker died: the reader thread resubmits the job
+
+    def _name(self) -> str:
+        return f"{self.prefix}p{next(self._names)}"
+
+    @property
+    def busy(self) -> int:
+        with self._lock:
+            return sum(len(s.jobs) for s in self._slots)
+
+    # -- the reader thread --------------------------------------------------------------
+
+    def _read_loop(self) -> None:
+        while not self._closed:
+            with self._lock:
+                by_conn = {s.conn: s for s in self._slots}
+                by_sentinel = {s.process.sentinel: s for s in self._slots}
+            ready = wait([*by_conn, *by_sentinel, self._wake_r])
+            if self._closed:
+                return
+            for obj in ready:
+                if obj in by_conn:
+                    self._receive(by_conn[obj])
+                elif obj in by_sentinel:
+                    slot = by_sentinel[obj]
+                    self._drain(slot)
+                    self._died(slot)
+
+    def _receive(self, slot: _Slot) -> bool:
+        """Handle one message; ``False`` when the pipe is at its end (the worker is gone)."""
+        try:
+            kind, payload, segments = _unpack(slot.conn.recv_bytes())
+        except (EOFError, OSError):
+            return False  # the sentinel reports the death
+        if kind == "ready":
+            slot.ready = True
+        elif kind == "boot_error":
+            self._fail_pool(WorkerError(
+                f"worker {slot.wid} of stage {self.stage!r} could not start:\n"
+                f"{payload.decode(errors='replace')}"
+            ))
+        elif kind == "result":
+            self._result(slot, payload, segments)
+        elif kind == "unloadable":
+            self._unloadable(slot, payload.decode(errors="replace"))
+        return True
+
+    def _drain(self, slot: _Slot) -> None:
+        """Read what a dead worker sent before it died (a result, a boot error)."""
+        with contextlib.suppress(EOFError, OSError):
+            # poll() is true at the end of the pipe too: stop there, or this spins forever.
+            while slot.conn.poll() and self._receive(slot):
+                pass
+
+    def _result(self, slot: _Slot, payload: bytes, segments: list[tuple[str, int]]) -> None:
+        try:
+            _, values, failures, elapsed = _shm.loads(payload, segments)
+        except Exception as exc:
+            values, failures, elapsed = [], [], 0.0
+            error: BaseException | None = exc
+        else:
+            error = None
+        with self._lock:
+            job = slot.jobs.popleft() if slot.jobs else None
+        if job is None:
+            return
+        if error is not None:
+            _settle(job, None, error)
+            return
+        _settle(job, _merge(job, values, failures, elapsed), None)
+
+    def _unloadable(self, slot: _Slot, text: str) -> None:
+        """The worker could not unpickle a job: send it again by value, or fail its items."""
+        with self._lock:
+            job = slot.jobs.popleft() if slot.jobs else None
+        if job is None:
+            return
+        if not job.by_value:
+            job.by_value = True
+            self._dispatch(job)
+            return
+        failures: list[tuple[int, BaseException]] = [(i, WorkerError(
+            f"worker {slot.wid} of stage {self.stage!r} could not unpickle item "
+            f"{describe_item(item)}: {text}"
+        )) for i, item in enumerate(job.items)]
+        _settle(job, _merge(job, [], failures, 0.0), None)
+
+    def _died(self, slot: _Slot) -> None:
+        slot.process.join(0.5)
+        reason = _exit_reason(slot.process.exitcode)
+        with self._lock:
+            if self._closed:
+                return
+            jobs = list(slot.jobs)
+            slot.jobs.clear()
+            self._slots.remove(slot)
+            self.deaths += 1
+        slot.conn.close()
+        pid = slot.process.pid
+        with contextlib.suppress(ValueError):
+            slot.process.close()  # its sentinel: a descriptor per death otherwise
+        if not slot.ready:
+            self._fail_pool(WorkerError(
+                f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died while "
+                f"starting ({reason})"
+            ))
+            for job in jobs:
+                _settle(job, None, self._broken)
+            return
+        if jobs:  # before the replacement, which writes its own status in the same slot
+            self._blame(slot.wid, pid, jobs[0], reason)
+        replacement = self._spawn(slot.wid)
+        with self._lock:
+            closed = self._closed  # shut down while it started: shutdown() did not see it
+            if not closed:
+                self._slots.append(replacement)
+                jobs += self._waiting
+                self._waiting = []
+        if closed:
+            replacement.process.kill()
+            replacement.process.join()
+            replacement.conn.close()
+            replacement.process.close()
+            for job in jobs:
+                _settle(job, None, RuntimeError("the process pool was shut down"))
+            return
+        for job in jobs:
+            if job.items:
+                self._dispatch(job)
+            else:
+                _settle(job, _merge(job, [], [], 0.0), None)
+        logger.warning("asyncflow: worker %d of stage %r (pid %s) died (%s); replaced",
+                       slot.wid, self.stage, pid, reason)
+
+    def _blame(self, wid: int, pid: int | None, job: _Job, reason: str) -> None:
+        assert self._status is not None
+        jid, index = STATUS.unpack_from(self._status, wid * STATUS.size)
+        if jid != job.jid or not 0 <= index < len(job.items):
+            return  # it died between items: the chunk is simply sent again
+        error = WorkerError(
+            f"worker {wid} of stage {self.stage!r} (pid {pid}) died "
+            f"({reason}) while processing item {describe_item(job.items[index])}"
+        )
+        job.skipped.append((job.origin[index], error))
+        del job.items[index], job.origin[index]  # the others keep their positions (seeds)
+
+    def _fail_pool(self, error: BaseException) -> None:
+        with self._lock:
+            if self._broken is None:
+                self._broken = error
+            jobs = [job for slot in self._slots for job in slot.jobs] + self._waiting
+            self._waiting = []
+            for slot in self._slots:
+                slot.jobs.clear()
+        for job in jobs:
+            _settle(job, None, self._broken)
+
+
+def _merge(job: _Job, values: list[Any], failures: list[tuple[int, BaseException]],
+           elapsed: float) -> ChunkResult:
+    """The worker's results in the caller's indexing, with the skipped items failed."""
+    total = len(job.origin) + len(job.skipped)
+    out: list[Any] = [FAILED] * total
+    failed = {i for i, _ in failures}
+    for k, orig in enumerate(job.origin):
+        if k < len(values) and k not in failed:
+            out[orig] = values[k]
+    merged = [(job.origin[i], exc) for i, exc in failures] + job.skipped
+    merged.sort(key=lambda pair: pair[0])
+    return out, merged, elapsed
+
+
+def _settle(job: _Job, result: Any, error: BaseException | None) -> None:
+    def settle() -> None:
+        if job.fut.done():
+            return
+        if error is not None:
+            job.fut.set_exception(error)
+        else:
+            job.fut.set_result(result)
+
+    with contextlib.suppress(RuntimeError):  # the run's loop is closed: nobody waits
+        job.loop.call_soon_threadsafe(settle)
+
+
+def _unpack(message: bytes) -> tuple[str, bytes, list[tuple[str, int]]]:
+    import pickle
+
+    kind, payload, segments = pickle.loads(message)
+    return kind, payload, segments

@@ -1,0 +1,282 @@
+"""Pickling across processes with large buffers in shared memory, not in the pipe.
+
+Pickle protocol 5 hands every large contiguous buffer (a NumPy array's data, a tensor's storage
+through a registered reducer) to a callback instead of copying it into the byte stream. Here
+each such buffer is written once into a file of its own in ``/dev/shm`` (a segment); only its
+name and size travel through the pipe. The receiver maps the segment, unlinks its name at once
+and rebuilds the array on the mapping, with no further copy: the memory is freed when the last
+array that uses it is.
+
+Segment names carry the creating pool's process id and token
+(``asyncflow-<pid>-<token>-...``), so a pool can sweep whatever its workers wrote and nobody
+received (a worker killed mid-write, a run stopped with results in the pipe), and a later pool
+can sweep what a crashed process left behind.
+
+The engine knows no tensor type: a feature registers a reducer for its types with
+:func:`register_reducer` (``asyncflow.torch`` does, for CPU tensors), and the reducer's module
+is imported in every worker, so that both sides agree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import io
+import mmap
+import os
+import pickle
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = [
+    "SHM_DIR",
+    "SHM_THRESHOLD",
+    "discard",
+    "dumps",
+    "load_reducer_modules",
+    "loads",
+    "reducer_modules",
+    "register_lazy_reducers",
+    "register_reducer",
+    "segment_prefix",
+    "sweep",
+    "sweep_stale",
+]
+
+#: Where segments live: tmpfs on Linux; the temporary directory elsewhere.
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+#: Buffers of at least this many bytes go through shared memory; smaller ones in the pipe.
+SHM_THRESHOLD = 64 * 1024
+
+_NAME = re.compile(r"^asyncflow-(\d+)-")
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+_reducers: dict[type, Callable[[Any], Any]] = {}
+_lazy: dict[str, str] = {}
+_lookups: dict[type, Callable[[Any], Any] | None] = {}
+_modules: dict[str, None] = {}
+
+
+def register_reducer(cls: type, reducer: Callable[[Any], Any]) -> None:
+    """Pickle instances of ``cls`` (and its subclasses) with ``reducer`` between processes.
+
+    ``reducer(obj)`` returns what ``__reduce__`` would (a callable and its arguments), or
+    ``NotImplemented`` for the default. Wrap large buffers in :class:`pickle.PickleBuffer` to
+    send them through shared memory. The reducer's module is imported in every worker.
+    """
+    _reducers[cls] = reducer
+    _lookups.clear()
+    _modules[reducer.__module__] = None
+
+
+def register_lazy_reducers(trigger: str, provider: str) -> None:
+    """Import ``provider`` (which registers reducers) once ``trigger`` has been imported.
+
+    The public face uses it to wire ``asyncflow.torch``'s tensor reducer in whenever torch is
+    loaded, without the engine importing either.
+    """
+    _lazy[trigger] = provider
+
+
+def _load_lazy() -> None:
+    for trigger, provider in list(_lazy.items()):
+        if trigger in sys.modules:
+            del _lazy[trigger]
+            importlib.import_module(provider)
+
+
+def reducer_modules() -> list[str]:
+    """The modules that registered reducers in this process (for the workers to import)."""
+    _load_lazy()
+    return list(_modules)
+
+
+def load_reducer_modules(names: Iterable[str]) -> None:
+    """Import the modules that registered reducers in the parent (in a worker, at start)."""
+    for name in names:
+        if name not in sys.modules:
+            importlib.import_module(name)
+
+
+def _lookup(cls: type) -> Callable[[Any], Any] | None:
+    try:
+        return _lookups[cls]
+    except KeyError:
+        found = next((_reducers[k] for k in cls.__mro__ if k in _reducers), None)
+        _lookups[cls] = found
+        return found
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        reducer = _lookup(type(obj)) if _reducers else None
+        return NotImplemented if reducer is None else reducer(obj)
+
+
+@functools.cache
+def _cloud_pickler() -> type[pickle.Pickler]:
+    import cloudpickle  # only when plain pickle fails: keeps the common path light
+
+    class CloudPickler(cloudpickle.Pickler):  # type: ignore[misc]
+        def reducer_override(self, obj: Any) -> Any:
+            reducer = _lookup(type(obj)) if _reducers else None
+            if reducer is not None:
+                result = reducer(obj)
+                if result is not NotImplemented:
+                    return result
+            return super().reducer_override(obj)
+
+    return CloudPickler
+
+
+def segment_prefix(token: str) -> str:
+    """The name prefix of the segments of the pool ``token`` of this process."""
+    return f"asyncflow-{os.getpid()}-{token}-"
+
+
+def dumps(
+    obj: Any, name: Callable[[], str] | None = None, *, by_value: bool = False
+) -> tuple[bytes, list[tuple[str, int]]]:
+    """Pickle ``obj``; buffers of ``SHM_THRESHOLD`` bytes or more go to new segments.
+
+    Args:
+        obj: What to send.
+        name: Returns a fresh segment file name for each large buffer (``None``: every
+            buffer stays in the byte stream).
+        by_value: Pickle classes and functions of ``__main__`` by value at once (cloudpickle),
+            for a receiver that could not load them by reference.
+
+    Returns:
+        ``(payload, segments)``: the pickle, and ``(path, size)`` of each segment, in order.
+
+    Raises:
+        pickle.PicklingError, TypeError, AttributeError: ``obj`` cannot be pickled, even by
+            value (cloudpickle is tried when plain pickle fails).
+    """
+    if _lazy:
+        _load_lazy()
+    big: list[pickle.PickleBuffer] = []
+
+    def keep(buffer: pickle.PickleBuffer) -> bool:
+        if name is None or buffer.raw().nbytes < SHM_THRESHOLD:
+            return True  # in band
+        big.append(buffer)
+        return False
+
+    stream = io.BytesIO()
+    try:
+        if by_value:
+            _cloud_pickler()(stream, protocol=5, buffer_callback=keep).dump(obj)
+        else:
+            _Pickler(stream, protocol=5, buffer_callback=keep).dump(obj)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        if by_value:
+            raise
+        # Classes and functions of __main__ (a notebook cell) travel by value.
+        big.clear()
+        stream = io.BytesIO()
+        _cloud_pickler()(stream, protocol=5, buffer_callback=keep).dump(obj)
+    segments: list[tuple[str, int]] = []
+    try:
+        for buffer in big:
+            path = os.path.join(SHM_DIR, name()) if name is not None else ""
+            segments.append((path, _write_segment(path, buffer.raw())))
+    except BaseException:
+        for path, _ in segments:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise
+    return stream.getvalue(), segments
+
+
+def _write_segment(path: str, data: memoryview) -> int:
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        view = data.cast("B")
+        done = 0
+        while done < len(view):  # a write to tmpfs is whole, but a short one must not be lost
+            done += os.write(fd, view[done:])
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)
+    return len(view)
+
+
+def _attach(path: str, size: int) -> Any:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.unlink(path)
+        if size == 0:
+            return bytearray()
+        if os.fstat(fd).st_size != size:
+            raise OSError(f"shared-memory segment {path} holds {os.fstat(fd).st_size} bytes, "
+                          f"expected {size}")
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+    finally:
+        os.close(fd)
+
+
+def loads(payload: bytes, segments: list[tuple[str, int]]) -> Any:
+    """Unpickle what :func:`dumps` made, mapping (and unlinking) its segments.
+
+    Raises:
+        OSError: A segment is missing or has the wrong size (its names are unlinked anyway).
+    """
+    buffers: list[Any] = []
+    try:
+        for path, size in segments:
+            buffers.append(_attach(path, size))
+    except BaseException:
+        discard(segments)
+        raise
+    return pickle.loads(payload, buffers=buffers)
+
+
+def discard(segments: Iterable[tuple[str, int]]) -> None:
+    """Unlink segments that will not be loaded."""
+    for path, _ in segments:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def sweep(prefix: str) -> int:
+    """Unlink every segment whose name starts with ``prefix``; return how many there were."""
+    count = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(SHM_DIR):
+            if entry.name.startswith(prefix):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    count += 1
+    return count
+
+
+def sweep_stale() -> int:
+    """Unlink segments left by asyncflow processes that no longer exist."""
+    count = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(SHM_DIR):
+            match = _NAME.match(entry.name)
+            if match is None or _alive(int(match.group(1))):
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                count += 1
+    return count
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,184 @@
+"""The main function of a worker process (see ``_procpool.py`` for the parent's side).
+
+A worker boots once (the stage function, the init hook and the reducer modules arrive in one
+pickle), then runs chunks of items as they come, seeding before each item and writing which
+item it is on into its slot of a shared status file, so that the parent can name the item if
+the worker dies. A thread of its own keeps reading the pipe, so that the parent's sends never
+wait for a busy worker; when the pipe breaks (the parent is gone) the worker exits at once.
+
+Messages are ``(kind, payload, segments)`` tuples; payloads go through ``_shm``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import queue
+import signal
+import struct
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .._redact import redact
+from . import _shm
+from ._workers import WorkerInfo, item_seed, seed_everything, set_worker_info
+
+__all__ = ["STATUS", "send", "worker_main"]
+
+#: Per worker: the job id and the index in it of the item being processed (int64 each).
+STATUS = struct.Struct("<qq")
+
+
+def send(conn: Connection, kind: str, payload: bytes, segments: list[tuple[str, int]]) -> None:
+    conn.send_bytes(pickle.dumps((kind, payload, segments), protocol=5))
+
+
+def _describe_failure(exc: BaseException) -> BaseException:
+    """The exception with its traceback as a note (a pickled exception loses its traceback)."""
+    exc.add_note(redact("".join(traceback.format_exception(exc)).rstrip()))
+    exc.__traceback__ = None
+    return exc
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    try:
+        _shm.loads(*_shm.dumps(exc))
+    except Exception:
+        from .._errors import WorkerError
+
+        stand_in = WorkerError(redact(f"{type(exc).__qualname__}: {exc} (the exception itself "
+                                      "could not be pickled back from the worker)"))
+        for note in getattr(exc, "__notes__", ()):
+            stand_in.add_note(note)
+        return stand_in
+    return exc
+
+
+class _Unloadable:
+    """A job whose items could not be unpickled here (a class of the parent's ``__main__``
+    that this process cannot import, say); the parent sends it again by value, or fails it."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.text = "".join(traceback.format_exception_only(exc)).strip()
+
+
+def _receive(conn: Connection, jobs: queue.SimpleQueue[Any]) -> None:
+    try:
+        while True:
+            kind, payload, segments = pickle.loads(conn.recv_bytes())
+            if kind == "stop":
+                break
+            try:
+                job = _shm.loads(payload, segments)
+            except Exception as exc:  # answered in turn by the main thread: results are FIFO
+                job = _Unloadable(exc)
+            jobs.put(job)
+    except (EOFError, OSError):
+        os._exit(0)  # the parent is gone or closed the pipe: nobody waits for results
+    jobs.put(None)
+
+
+class _Worker:
+    def __init__(self, conn: Connection, wid: int, setup: dict[str, Any], status_path: str):
+        self.conn = conn
+        self.fn = setup["fn"]
+        self.seed = setup["info"]["seed"]
+        # The pid too: a dead worker's replacement takes its number, and a segment the dead one
+        # wrote but never sent must not collide with the replacement's names.
+        self.prefix = f"{setup['prefix']}w{wid}-{os.getpid()}-"
+        self.count = 0
+        fd = os.open(status_path, os.O_RDWR)
+        try:
+            self.status = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        self.offset = wid * STATUS.size
+
+    def name(self) -> str:
+        self.count += 1
+        return f"{self.prefix}{self.count}"
+
+    def run_job(self, jid: int, items: list[Any], first: int, epoch: int,
+                offsets: list[int] | None) -> None:
+        values: list[Any] = []
+        failures: list[tuple[int, BaseException]] = []
+        start = time.perf_counter()
+        for index, item in enumerate(items):
+            STATUS.pack_into(self.status, self.offset, jid, index)
+            position = first + (index if offsets is None else offsets[index])
+            seed_everything(item_seed(self.seed, epoch, position))
+            try:
+                values.append(self.fn(item))
+            except BaseException as exc:  # returned to the parent, which decides
+                values.append(None)
+                failures.append((index, _describe_failure(exc)))
+        STATUS.pack_into(self.status, self.offset, jid, -1)
+        self.reply(jid, values, failures, time.perf_counter() - start)
+
+    def reply(self, jid: int, values: list[Any], failures: list[tuple[int, BaseException]],
+              elapsed: float) -> None:
+        # An exception may pickle and yet not unpickle (an ``__init__`` with two arguments):
+        # the parent would then lose the whole chunk, so each is tried both ways here.
+        failures = [(i, _picklable(exc)) for i, exc in failures]
+        try:
+            payload, segments = _shm.dumps((jid, values, failures, elapsed), self.name)
+        except Exception:
+            values, failures = self._salvage(values, failures)
+            payload, segments = _shm.dumps((jid, values, failures, elapsed), self.name)
+        try:
+            send(self.conn, "result", payload, segments)
+        except BaseException:
+            _shm.discard(segments)
+            raise
+
+    @staticmethod
+    def _salvage(
+        values: list[Any], failures: list[tuple[int, BaseException]]
+    ) -> tuple[list[Any], list[tuple[int, BaseException]]]:
+        """Turn each value that cannot be pickled into a failure of its item."""
+        from .._errors import WorkerError
+
+        failed = {i for i, _ in failures}
+        out = [(i, _picklable(e)) for i, e in failures]
+        for i, value in enumerate(values):
+            if i in failed:
+                continue
+            try:
+                pickle.dumps(value, protocol=5)
+            except Exception as exc:
+                values[i] = None
+                out.append((i, WorkerError(redact(
+                    f"the result ({type(value).__qualname__}) could not be pickled back from "
+                    f"the worker: {exc}"))))
+        return values, sorted(out, key=lambda pair: pair[0])
+
+
+def worker_main(conn: Connection, boot: bytes, status_path: str, wid: int) -> None:
+    """Boot, then run jobs until told to stop. Never raises: errors go to the parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    try:
+        setup = pickle.loads(boot)
+        _shm.load_reducer_modules(setup["modules"])
+        info = WorkerInfo(id=wid, pid=os.getpid(), **setup["info"])
+        set_worker_info(info)
+        for hook in setup["setups"]:
+            hook()
+        if setup["init"] is not None:
+            setup["init"](info)
+        worker = _Worker(conn, wid, setup, status_path)
+    except BaseException as exc:
+        text = redact("".join(traceback.format_exception(exc)).rstrip())
+        send(conn, "boot_error", text.encode(), [])
+        return
+    send(conn, "ready", b"", [])
+    jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    threading.Thread(target=_receive, args=(conn, jobs), daemon=True).start()
+    while (job := jobs.get()) is not None:
+        if isinstance(job, _Unloadable):
+            send(conn, "unloadable", job.text.encode(), [])
+        else:
+            worker.run_job(*job)

@@ -1,0 +1,175 @@
+"""How a sync stage's work is spread: threads (the default) or worker processes.
+
+Threads suit work that releases the GIL (file reads, NumPy, most of PIL's decoding); processes
+suit work that holds it (pure-Python transforms, a Dataset's ``__getitem__``), and free the
+consumer's own Python (a training step) from competing with the workers for the GIL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import struct
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .._errors import ConfigError
+
+__all__ = [
+    "Processes",
+    "WorkerInfo",
+    "item_seed",
+    "register_worker_setup",
+    "resolve_workers",
+    "seed_everything",
+    "worker_info",
+    "worker_setups",
+]
+
+StartMethod = Literal["forkserver", "spawn"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerInfo:
+    """Who this worker process is (see :func:`worker_info`).
+
+    Attributes:
+        id: The worker's number, ``0 <= id < num_workers``. A replacement for a dead worker
+            takes its number.
+        num_workers: How many worker processes the stage has.
+        seed: The stage's base seed; each item is seeded from it, the epoch and the item's
+            position (see :class:`Processes`).
+        stage: The stage's name.
+        pid: The worker's process id.
+    """
+
+    id: int
+    num_workers: int
+    seed: int
+    stage: str
+    pid: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Processes:
+    """Run a sync stage in worker processes: ``pipe.map(fn, workers=Processes(...))``.
+
+    The function (with its closure or dataset) is sent to each worker once, at start: by
+    reference when it can be imported there, by value otherwise (cloudpickle: functions and
+    classes defined in a notebook cell work). Items go in adaptive chunks; NumPy arrays and
+    tensors in the results come back through shared memory, not through the pipe. Exceptions
+    keep their remote traceback (as a note); a worker that dies (a segfault, the OOM killer) is
+    reported with the item it held, and replaced.
+
+    Before each item the worker seeds ``random``, NumPy's global generator and torch's (those
+    that are imported) from ``(seed, epoch, position of the item in the stage's input)``: random
+    augmentations are reproducible whichever worker takes the item.
+
+    Args:
+        start_method: ``"forkserver"`` (default: workers fork from a clean server process that
+            has imported NumPy, PIL and torch once, if the parent had) or ``"spawn"``. Never
+            ``fork``: a process with threads cannot fork safely. As with torch's DataLoader, a
+            script that starts workers needs the ``if __name__ == "__main__":`` guard.
+        persistent: Keep the workers from one run (epoch) to the next. They then belong to the
+            pipeline object, and stop when it is garbage-collected or at interpreter exit.
+            ``False`` (default): they belong to the run, and stop with it.
+        init: Called in each worker once, after start, with its :class:`WorkerInfo` (torch's
+            ``worker_init_fn`` takes ``info.id``). Sent like the function.
+        seed: The base seed (default: drawn once, when the stage is added).
+
+    Raises:
+        ConfigError: An option is invalid.
+    """
+
+    start_method: StartMethod = "forkserver"
+    persistent: bool = False
+    init: Callable[[WorkerInfo], Any] | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.start_method not in ("forkserver", "spawn"):
+            raise ConfigError(
+                f"start_method must be 'forkserver' or 'spawn', got {self.start_method!r} "
+                "('fork' is unsafe once threads exist, and the run's loop is a thread)"
+            )
+        if not isinstance(self.persistent, bool):
+            raise ConfigError(f"persistent must be True or False, got {self.persistent!r}")
+        if self.init is not None and not callable(self.init):
+            raise ConfigError(f"init must be callable, got {self.init!r:.80}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        ):
+            raise ConfigError(f"seed must be an int, got {self.seed!r}")
+
+
+def resolve_workers(workers: Any) -> Processes | None:
+    """``None`` for threads, a :class:`Processes` with a seed for processes.
+
+    Raises:
+        ConfigError: ``workers`` is not ``"threads"``, ``"processes"`` or a ``Processes``.
+    """
+    if workers == "threads":
+        return None
+    if workers == "processes":
+        workers = Processes()
+    if not isinstance(workers, Processes):
+        raise ConfigError(
+            f"workers must be 'threads', 'processes' or an asyncflow.Processes(...), got "
+            f"{workers!r:.80}"
+        )
+    spec: Processes = workers
+    if spec.seed is None:
+        from dataclasses import replace
+
+        spec = replace(spec, seed=random.SystemRandom().getrandbits(63))
+    return spec
+
+
+_current: WorkerInfo | None = None
+
+
+def worker_info() -> WorkerInfo | None:
+    """The current worker process's :class:`WorkerInfo`; ``None`` outside a worker."""
+    return _current
+
+
+def set_worker_info(info: WorkerInfo) -> None:
+    global _current
+    _current = info
+
+
+def item_seed(seed: int, epoch: int, position: int) -> int:
+    """A 64-bit seed for one item, stable across processes and Python versions."""
+    digest = hashlib.blake2b(struct.pack("<QQQ", seed & (2**64 - 1), epoch, position),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def seed_everything(seed: int) -> None:
+    """Seed ``random``, and NumPy's and torch's global generators if they are imported."""
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "manual_seed"):
+        torch.manual_seed(seed)
+
+
+_setups: dict[Callable[[], Any], None] = {}
+
+
+def register_worker_setup(hook: Callable[[], Any]) -> None:
+    """Call ``hook()`` in every worker process at start, before the stage's ``init``.
+
+    ``hook`` must be importable by reference (a module-level function): ``asyncflow.torch``
+    registers one that limits torch to one thread per worker, as torch's DataLoader does.
+    """
+    _setups[hook] = None
+
+
+def worker_setups() -> list[Callable[[], Any]]:
+    return list(_setups)
+
