@@ -356,13 +356,15 @@ def folder(
         # an evaluation pipeline is the same in every process (and its cache is reused).
         seed = secrets.randbits(63) if (shuffled or train) else 0
     seed = int(seed)
-    listing = _Listing(samples, shuffled, seed, group=min(8, batch_size))
+    # A decoder takes a group of items per hand-off: a process worker's hand-off (two pickles,
+    # two pipe messages, a wake-up of the parent's loop) costs more than a thread's.
+    group = min(16 if processes is not None else 8, batch_size)
+    listing = _Listing(samples, shuffled, seed, group=group)
     dtype = torch.float32 if normalize else torch.uint8
-    group = min(8, batch_size)
     assembler = BatchAssembler(
         batch_size, out_h, out_w, len(samples), dtype, drop_last=drop_last,
-        # Enough batches open for every decoder to have two groups in hand.
-        ahead=max(4, -(-2 * threads * group // batch_size)),
+        # Enough batches open for every decoder to have its groups in hand (4 per process).
+        ahead=max(4, -(-(4 if processes else 2) * threads * group // batch_size)),
         slabs=SharedSlabs() if processes is not None else None,
     )
     options = {

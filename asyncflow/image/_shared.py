@@ -36,6 +36,7 @@ __all__ = ["ClaimRows", "DecodeIntoSharedRow", "SharedSlabs"]
 # Slabs a worker keeps mapped: the assembler's pool, and a few made beyond it (whose names
 # are gone once their batch is complete, so a mapping kept longer would only hold memory).
 _MAPPED = 16
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 class SharedSlabs:
@@ -53,7 +54,7 @@ class SharedSlabs:
         fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, size)
-            mapping = mmap.mmap(fd, size)
+            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
         finally:
             os.close(fd)
         # np.ndarray over the mapping, not frombuffer().reshape(): the pool tells a free buffer
@@ -135,7 +136,8 @@ class DecodeIntoSharedRow:
             return slab
         fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
         try:
-            mapping = mmap.mmap(fd, os.fstat(fd).st_size)
+            # Pre-faulted: one call maps every page, instead of a fault per page on first write.
+            mapping = mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED | _POPULATE)
         finally:
             os.close(fd)
         slab = np.ndarray(self.shape, self.dtype, buffer=mapping)

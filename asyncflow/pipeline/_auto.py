@@ -55,15 +55,28 @@ def main_is_safe() -> str | None:
         with open(path, encoding="utf-8") as fh:
             source = fh.read()
     except (OSError, UnicodeDecodeError):
-        return None  # nothing to re-run: a frozen or generated main
+        # `python - < script.py` (its file is '<stdin>'), a deleted or unreadable script:
+        # a worker would try to run it again, and nothing shows that it is guarded.
+        return (f"the main script {path!r} cannot be read to check for an "
+                "`if __name__ == \"__main__\":` guard, which worker processes need")
     if _guarded(source):
         return None
     return (f"the main script {path} has no `if __name__ == \"__main__\":` guard, so each "
             "worker process would run it again")
 
 
-def choose_workers(fn: Any, workers: int, *, stage: str) -> tuple[Processes | None, str]:
-    """What ``workers="auto"`` picks for a sync stage: processes where they are safe.
+def choose_workers(
+    fn: Any, workers: int, *, stage: str, min_cores: int = 2, small: str = ""
+) -> tuple[Processes | None, str]:
+    """What ``workers="auto"`` picks for a sync stage: processes where they are safe and
+    there are at least ``min_cores`` usable cores.
+
+    Args:
+        fn: The stage function (it must pickle).
+        workers: How many workers the stage would have.
+        stage: The stage's name, for messages.
+        min_cores: Fewer usable cores than this: threads (``small`` says why).
+        small: Why threads win below ``min_cores``, with the figures behind it.
 
     Returns:
         ``(Processes or None for threads, the reason)``; the reason is shown in ``stats()``.
@@ -77,6 +90,8 @@ def choose_workers(fn: Any, workers: int, *, stage: str) -> tuple[Processes | No
     why_not = None
     if cores < 2 or workers < 2:
         why_not = f"{min(cores, workers)} worker(s) on {cores} usable core(s) gain nothing"
+    elif cores < min_cores:
+        why_not = f"{cores} usable cores: {small}"
     elif multiprocessing.current_process().daemon:
         why_not = "this is already a worker process (daemonic processes cannot have children)"
     elif not os.access(SHM_DIR, os.W_OK):

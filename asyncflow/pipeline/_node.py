@@ -82,6 +82,9 @@ class NodeContext:
         self._pool = pool
         #: The stage's worker processes (a ``ProcessPool``), when it runs on processes.
         self.processes: Any = None
+        #: The position in the epoch of the stage's first input item (non-zero when a resumed
+        #: run starts part-way and the stages before map source items 1:1).
+        self.start = 0
         self.receive_hooks: list[ReceiveHook] = []
         self.stop_callbacks: list[Callable[[], None]] = []
 

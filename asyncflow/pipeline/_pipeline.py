@@ -208,7 +208,7 @@ class Pipeline:
         new._pools = PoolHolder()  # a new pipeline object: persistent workers of its own
         return new
 
-    def with_source(self, source: Any, *, epoch: int = 0) -> Self:
+    def with_source(self, source: Any, *, epoch: int = 0, start: int = 0) -> Self:
         """The same stages over another source, sharing this pipeline's persistent workers.
 
         For a loader that builds each epoch's source itself (a new list of index batches),
@@ -219,13 +219,16 @@ class Pipeline:
             source: As for :class:`Pipeline`.
             epoch: The number of the copy's first run (it seeds shuffles and the per-item
                 seeds of worker processes).
+            start: The position in the epoch of ``source``'s first item, when it resumes an
+                epoch part-way: per-item seeds then match those of an uninterrupted run.
 
         Raises:
             ConfigError: ``source`` is not an iterable, an async iterable or a callable, or
                 ``epoch`` is not an int >= 0.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
+        for what, value in (("epoch", epoch), ("start", start)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{what} must be an int >= 0, got {value!r}")
         if source is None or not (
             callable(source) or hasattr(source, "__iter__") or hasattr(source, "__aiter__")
         ):
@@ -236,6 +239,7 @@ class Pipeline:
         new = copy.copy(self)
         new._source = _Source(source)
         new._source.runs = new._source.first = epoch
+        new._source.resume_offset = start
         new._last = []
         return new
 
@@ -405,7 +409,8 @@ class Pipeline:
         """A new run's runtime, opening its source with ``open_source`` (subclasses may open
         it otherwise, or change the options, when no stage follows the source, say)."""
         epoch = self._source.next_epoch()
-        rt = Runtime(open_source, self._stages, options, epoch, pools=self._pools)
+        rt = Runtime(open_source, self._stages, options, epoch, pools=self._pools,
+                     start=self._source.resume_offset)
         rt.start_offset, self._source.resume_offset = self._source.resume_offset, 0
         self._last[:] = [rt]
         return rt

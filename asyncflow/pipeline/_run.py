@@ -27,6 +27,7 @@ from .._scope import RunScope, use_scope
 from ._bridge import Handoff
 from ._channel import Channel, ChannelAborted
 from ._failures import FailureBudget
+from ._map import MapNode
 from ._node import Node, NodeContext, ReceiveHook
 from ._offload import WorkerPool
 from ._spec import (
@@ -41,7 +42,6 @@ from ._spec import (
 from ._stages import (
     BatchNode,
     FlatMapNode,
-    MapNode,
     PrefetchNode,
     ShuffleNode,
     SourceNode,
@@ -151,6 +151,7 @@ class Runtime:
         options: RunOptions,
         epoch: int,
         pools: PoolHolder | None = None,
+        start: int = 0,
     ) -> None:
         self.options = options
         self._pools = pools if pools is not None else PoolHolder()
@@ -160,7 +161,7 @@ class Runtime:
         self.errors: list[BaseException] = []
         self.notes: list[str] = list(options.notes)
         self.delivered = 0
-        self.start_offset = 0  # source items skipped by a resumed run
+        self.start_offset = start  # source items skipped by a resumed run
         self.consumer: Callable[[], Any] | None = None  # weak reference to the Run
         self.started_at = time.monotonic()
         self.finished_at: float | None = None
@@ -197,6 +198,7 @@ class Runtime:
     ) -> None:
         names: set[str] = set()
         stages: list[StageSpec | None] = [None, *specs]
+        in_step = True  # every stage so far maps source items 1:1, in order
         batched = False
         for index, spec in enumerate(stages):
             if isinstance(spec, BatchSpec):
@@ -227,6 +229,11 @@ class Runtime:
                 stop=self.stop_event, scope=self.scope, epoch=epoch,
                 executor=getattr(spec, "executor", None),
             )
+            if in_step:
+                ctx.start = self.start_offset  # positions count from the resumed one
+            in_step = in_step and (spec is None or (
+                isinstance(spec, MapSpec) and spec.mode == "map" and spec.ordered
+            ) or isinstance(spec, PrefetchSpec))
             if isinstance(spec, MapSpec) and spec.processes is not None:
                 ctx.processes = self._process_pool(index, spec, name, ctx)
             if isinstance(spec, MapSpec) and spec.note:

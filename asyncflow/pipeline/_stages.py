@@ -1,5 +1,6 @@
 """The stage coroutines of a run: source, map / filter, flat_map, batch, unbatch, prefetch,
-shuffle. Each reads chunks from its input channel and writes to its output."""
+shuffle. Each reads chunks from its input channel and writes to its output (``map`` and
+``filter`` are in ``_map.py``)."""
 
 from __future__ import annotations
 
@@ -8,19 +9,17 @@ import inspect
 import random
 import time
 from collections.abc import Callable, Mapping, MappingView, Sequence, Set
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from .._errors import ConfigError
-from ._channel import Channel, nbytes_of
+from ._channel import Channel
 from ._node import NodeContext, Receiver, Sender
-from ._offload import FAILED, next_chunk, run_chunk, run_chunk_remote
+from ._offload import next_chunk
 from ._spec import BatchSpec, MapSpec, PrefetchSpec, ShuffleSpec
 
 __all__ = [
     "BatchNode",
     "FlatMapNode",
-    "MapNode",
     "PrefetchNode",
     "ShuffleNode",
     "SourceNode",
@@ -31,6 +30,7 @@ _SOURCE_CHUNK = 256
 _TARGET_CHUNK_SECONDS = 0.002
 _MAX_CHUNK = 512
 _DRAIN = 4096
+_PER_PROCESS = 4  # chunks in flight per worker process
 
 
 def _progress(ctx: NodeContext, produced: int) -> None:
@@ -116,243 +116,6 @@ class SourceNode:
             close = getattr(it, "close", None)
             if close is not None and not running:
                 close()
-
-
-class MapNode:
-    """``map`` and ``filter``: sync functions on worker threads in adaptive chunks, async
-    functions on the loop, ``concurrency`` at a time, in input order when ``ordered``."""
-
-    def __init__(self, ctx: NodeContext, spec: MapSpec) -> None:
-        self.ctx = ctx
-        # Results in workers' hands stay within half the output queue's capacity, so memory
-        # stays bounded by the queues however cheap the function is.
-        # (an ordered stage holds up to 2 x concurrency chunks: those in workers and those
-        # waiting in its reorder buffer).
-        self.processes = ctx.processes
-        # With worker processes, two chunks per worker: one running, the next in its pipe.
-        concurrency = spec.concurrency * (2 if self.processes is not None else 1)
-        holders = 2 * concurrency * (2 if spec.ordered and concurrency > 1 else 1)
-        self.max_chunk = max(1, min(_MAX_CHUNK, ctx.counters.capacity // holders))
-        self.fn = spec.fn
-        self.filter = spec.mode == "filter"
-        self.ordered = spec.ordered
-        self.concurrency = concurrency
-        self.is_async = spec.is_async
-        self.remote = isinstance(spec.executor, ProcessPoolExecutor)
-        self._ticket = 0
-        self._taken = 0  # items taken so far: an item's position in the stage's input
-        self._reorder = _Reorder(self, 2 * self.concurrency) if (
-            spec.ordered and self.concurrency > 1
-        ) else None
-        self._chunk = 1
-        self._per_item: float | None = None
-        self._checked = False
-        # With a byte budget on the output, what workers hold in hand stays within half of
-        # it too: chunks shrink as the measured output size per item grows.
-        self._max_bytes = getattr(ctx.counters.output, "max_bytes", None)
-        self._holders = holders
-        self._out_size: float | None = None
-
-    async def run(self, inp: Receiver | None, out: Sender) -> None:
-        assert inp is not None
-        worker = self._async_worker if self.is_async else self._sync_worker
-        if self.processes is not None:
-            worker = self._process_worker
-            await self.ctx.run_sync(self.processes.start)
-        if self.concurrency == 1:
-            await worker(inp, out)
-        else:
-            async with asyncio.TaskGroup() as tg:
-                workers = [tg.create_task(worker(inp, out)) for _ in range(self.concurrency)]
-                if self._reorder is not None:
-                    tg.create_task(self._reorder.emit_all(workers, out))
-        counters = self.ctx.counters
-        self.ctx.budget.check_end(counters.failures, counters.items_in)
-
-    def _adapt(self, elapsed: float, count: int) -> None:
-        per = elapsed / count
-        self._per_item = per if self._per_item is None else 0.7 * self._per_item + 0.3 * per
-        target = max(1, min(self.max_chunk, int(_TARGET_CHUNK_SECONDS / max(self._per_item, 1e-8))))
-        self._chunk = min(target, self._chunk * 2)
-
-    def _fit_bytes(self, values: list[Any]) -> None:
-        per = nbytes_of(values) / max(1, len(values))
-        self._out_size = per if self._out_size is None else 0.7 * self._out_size + 0.3 * per
-        if self._out_size > 0 and self._max_bytes is not None:
-            share = self._max_bytes / 2 / self._holders
-            self._chunk = max(1, min(self._chunk, int(share / self._out_size)))
-
-    def _check_result(self, values: list[Any]) -> None:
-        self._checked = True
-        for value in values:
-            if inspect.iscoroutine(value):
-                for other in values:
-                    if inspect.iscoroutine(other):
-                        other.close()
-                raise ConfigError(
-                    f"stage {self.ctx.name!r}: the function returned a coroutine; declare it "
-                    "with `async def` so that it runs on the event loop"
-                )
-
-    def _outputs(self, items: list[Any], values: list[Any], upto: int, clean: bool) -> list[Any]:
-        if self.filter:
-            pairs = zip(items[:upto], values[:upto], strict=False)  # values end early on stop
-            return [x for x, keep in pairs if keep is not FAILED and keep]
-        if clean:
-            return values if upto >= len(values) else values[:upto]
-        return [v for v in values[:upto] if v is not FAILED]
-
-    async def _emit(
-        self, items: list[Any], values: list[Any], failures: list[tuple[int, BaseException]],
-        out: Sender,
-    ) -> None:
-        for index, exc in failures:
-            try:
-                self.ctx.item_failed(items[index], exc)
-            except BaseException:
-                before = self._outputs(items, values, index, clean=False)
-                if before:
-                    await out.put_many(before)
-                    _progress(self.ctx, len(before))
-                raise
-        outs = self._outputs(items, values, len(values), clean=not failures)
-        if outs:
-            await out.put_many(outs)
-        _progress(self.ctx, len(outs))
-
-    async def _deliver(self, ticket: int, result: _Single, out: Sender) -> None:
-        if self._reorder is not None:
-            self._reorder.put(ticket, result)
-        else:
-            await self._emit(result[0], result[1], result[2], out)
-
-    async def _take(self, inp: Receiver, limit: int) -> tuple[int, list[Any]]:
-        if self._reorder is not None:
-            await self._reorder.room()
-        items = await inp.get_many(limit)
-        if not items:
-            return -1, items
-        ticket = self._ticket  # assigned with no await after the get: tickets follow items
-        self._ticket += 1
-        self._taken += len(items)
-        return ticket, items
-
-    async def _sync_worker(self, inp: Receiver, out: Sender) -> None:
-        ctx, counters, fn = self.ctx, self.ctx.counters, self.fn
-        while True:
-            ticket, items = await self._take(inp, self._chunk)
-            if not items:
-                return
-            counters.items_in += len(items)
-            counters.in_flight += 1
-            try:
-                if self.remote:
-                    job = ctx.run_sync(run_chunk_remote, fn, items)
-                else:
-                    job = ctx.run_sync(run_chunk, fn, items, ctx.stop)
-                values, failures, elapsed = await job
-            finally:
-                counters.in_flight -= 1
-            counters.busy += elapsed
-            self._adapt(elapsed, len(items))
-            if self._max_bytes is not None:
-                self._fit_bytes(values)
-            if not self._checked:
-                self._check_result(values)
-            await self._deliver(ticket, (items, values, failures), out)
-
-    async def _process_worker(self, inp: Receiver, out: Sender) -> None:
-        ctx, counters, pool = self.ctx, self.ctx.counters, self.processes
-        while True:
-            ticket, items = await self._take(inp, self._chunk)
-            if not items:
-                return
-            first = self._taken - len(items)
-            counters.items_in += len(items)
-            counters.in_flight += 1
-            try:
-                values, failures, elapsed = await pool.submit(items, first, ctx.epoch)
-            finally:
-                counters.in_flight -= 1
-            counters.busy += elapsed
-            self._adapt(elapsed, len(items))
-            if self._max_bytes is not None:
-                self._fit_bytes(values)
-            await self._deliver(ticket, (items, values, failures), out)
-
-    async def _async_worker(self, inp: Receiver, out: Sender) -> None:
-        counters, fn = self.ctx.counters, self.fn
-        while True:
-            ticket, items = await self._take(inp, 1)
-            if not items:
-                return
-            counters.items_in += 1
-            counters.in_flight += 1
-            start = time.perf_counter()
-            try:
-                value = fn(items[0])
-                if inspect.isawaitable(value):
-                    value = await value
-                result: _Single = (items, [value], [])
-            except Exception as exc:
-                result = (items, [FAILED], [(0, exc)])
-            finally:
-                counters.in_flight -= 1
-                counters.busy += time.perf_counter() - start
-            await self._deliver(ticket, result, out)
-            del items, result
-
-
-_Single = tuple[list[Any], list[Any], list[tuple[int, BaseException]]]
-
-
-class _Reorder:
-    """Puts the results of an ordered stage back in input order, so that a worker that
-    finishes early takes new work instead of waiting for its turn. The window of tickets
-    taken but not yet emitted is bounded (twice the concurrency), which bounds memory."""
-
-    def __init__(self, node: MapNode, window: int) -> None:
-        self.node = node
-        self.window = window
-        self.ready: dict[int, Any] = {}
-        self.emitted = 0
-        self._wake_emitter: asyncio.Future[None] | None = None
-        self._room_waiters: list[asyncio.Future[None]] = []
-
-    async def room(self) -> None:
-        while self.node._ticket - self.emitted >= self.window:
-            fut = asyncio.get_running_loop().create_future()
-            self._room_waiters.append(fut)
-            await fut
-
-    def put(self, ticket: int, result: Any) -> None:
-        self.ready[ticket] = result
-        if ticket == self.emitted:
-            self._wake()
-
-    def _wake(self) -> None:
-        fut, self._wake_emitter = self._wake_emitter, None
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-
-    async def emit_all(self, workers: list[asyncio.Task[None]], out: Sender) -> None:
-        for worker in workers:
-            worker.add_done_callback(lambda _: self._wake())
-        while True:
-            result = self.ready.pop(self.emitted, None)
-            if result is None:
-                if all(w.done() for w in workers) and self.emitted >= self.node._ticket:
-                    return
-                self._wake_emitter = asyncio.get_running_loop().create_future()
-                await self._wake_emitter
-                continue
-            items, values, failures = result
-            await self.node._emit(items, values, failures, out)
-            self.emitted += 1
-            waiters, self._room_waiters = self._room_waiters, []
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
 
 
 def _expand_start(

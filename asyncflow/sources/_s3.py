@@ -166,20 +166,62 @@ async def fetch(
         )
 
 
+class S3Resume:
+    """What the first answer said of an object (its ETag and size), which a resumed read must
+    match: a resumed ``GetObject`` carries ``IfMatch``, so an object replaced between tries
+    is an error, never two versions spliced together."""
+
+    __slots__ = ("etag", "total")
+
+    def __init__(self) -> None:
+        self.etag: str | None = None
+        self.total: int | None = None
+
+
+def _check_resumed(resp: dict[str, Any], offset: int, resume: S3Resume, what: object) -> None:
+    answered = resp.get("ContentRange")
+    want = f"bytes {offset}-{(resume.total or 0) - 1}/{resume.total}"
+    if resume.total is not None and answered != want:
+        raise SourceError(f"{what}: asked for bytes {offset}- of {resume.total}, the answer "
+                          f"holds {answered!r}; refusing to splice it")
+
+
 async def stream(
-    client: Any, url: str, offset: int, *, what: object, retry: Retry
+    client: Any, url: str, offset: int, *, what: object, retry: Retry,
+    resume: S3Resume | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """One try at the object's bytes from ``offset`` on, in chunks (raises ``Transient``)."""
+    """One try at the object's bytes from ``offset`` on, in chunks (raises ``Transient``).
+
+    Give one ``resume`` record to every try of one read: the first answer fills it in, and a
+    resumed try proves it continues the same object (``IfMatch`` on the ETag, the range
+    checked).
+
+    Raises:
+        SourceError: The object changed since the first try, or answered another range.
+    """
     bucket, key = split_s3_url(url)
-    extra = {"Range": f"bytes={offset}-"} if offset else {}
+    extra: dict[str, Any] = {"Range": f"bytes={offset}-"} if offset else {}
+    if offset and resume is not None and resume.etag:
+        extra["IfMatch"] = resume.etag
     try:
         resp = await client.get_object(Bucket=bucket, Key=key, **extra)
     except ClientError as exc:
         if offset and _error_code(exc)[0] == "InvalidRange":
             return  # resumed exactly at the end: nothing is left
+        if offset and _error_code(exc)[0] in ("PreconditionFailed", "412"):
+            raise SourceError(f"{what}: the object changed while it was being read (its "
+                              f"ETag is no longer {resume.etag if resume else '?'}); a "
+                              "resumed read would splice two versions") from None
         raise _translate(exc, what, retry) from None
     except _SDK_ERRORS as exc:
         raise _translate(exc, what, retry) from None
+    if resume is not None:
+        if not offset:
+            resume.etag = resp.get("ETag")
+            length = resp.get("ContentLength")
+            resume.total = length if isinstance(length, int) else None
+        else:
+            _check_resumed(resp, offset, resume, what)
     expected = resp.get("ContentLength")
     got = 0
     async with resp["Body"] as body:

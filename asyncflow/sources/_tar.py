@@ -96,7 +96,9 @@ def _client(scheme: str, timeout: Timeout, endpoint_url: str | None) -> Any:
 
 def _resume_record(scheme: str) -> Any:
     if scheme == "s3":
-        return None
+        from ._s3 import S3Resume
+
+        return S3Resume()
     from ._http import Resume
 
     return Resume()
@@ -115,7 +117,7 @@ def _open(
     if scheme == "s3":
         from . import _s3
 
-        return _s3.stream(client, url, offset, what=what, retry=retry)
+        return _s3.stream(client, url, offset, what=what, retry=retry, resume=resume)
     from . import _http
 
     return _http.stream(client, url, offset, what=what, retry=retry, timeout=timeout,

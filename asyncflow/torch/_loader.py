@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -14,10 +15,21 @@ from .._errors import ConfigError
 from ..pipeline import Pipeline, PipelineStats, Processes, WorkerInfo
 from ..pipeline._auto import choose_workers, usable_cpus
 from ..sources._samplers import RandomSampler, SequentialSampler
-from ._state import EpochIterator, LoaderState
+from ._state import EpochIterator, Indexed, LoaderState, Positioned
 from ._structure import map_tensors
 
 __all__ = ["DataLoader"]
+
+
+# Below this many cores a loader's threads beat its processes: a PIL-decoding Dataset holds
+# the GIL 7-16% of its time (measured: benchmarks/bench_gil.py), so two threads hardly wait for
+# it, while a process pays ~0.6 ms per image to send its collated float batch back. From 4
+# cores on, the GIL caps threads (PIL decoding stopped scaling near 4 threads on a 16-core
+# machine) and processes win. docs/performance.md has the figures.
+_PROCESS_CORES = 4
+_SMALL = ("a PIL-style Dataset's threads wait little for the GIL, and sending each batch back "
+          "from a process costs more (docs/performance.md); pass workers='processes' for a "
+          "Dataset whose Python holds the GIL")
 
 
 def _default_workers() -> int:
@@ -33,7 +45,8 @@ class _Fetch:
         self.dataset, self.collate, self.auto, self.pin = dataset, collate, auto, pin
         self.__name__ = "fetch"
 
-    def __call__(self, indices: Any) -> Any:
+    def __call__(self, item: Indexed) -> Positioned:
+        position, indices = item
         dataset = self.dataset
         if not self.auto:
             out = self.collate(dataset[indices])
@@ -41,7 +54,7 @@ class _Fetch:
             out = self.collate(getitems(list(indices)))
         else:
             out = self.collate([dataset[i] for i in indices])
-        return _pin(out) if self.pin else out
+        return Positioned(position, _pin(out) if self.pin else out)
 
     def __repr__(self) -> str:
         # what an error names when the fetch cannot go to worker processes: the user's objects
@@ -166,7 +179,8 @@ class DataLoader:
         worker_init_fn: As torch: called with the worker's id in each worker process, where
             ``torch.utils.data.get_worker_info()`` answers as in torch's workers.
         persistent_workers: As torch: keep the worker processes from epoch to epoch, until
-            the loader is garbage-collected.
+            the loader is garbage-collected. When ``workers="auto"`` picks processes, they
+            persist anyway.
         multiprocessing_context: ``"forkserver"`` (default) or ``"spawn"``, a name or a
             context; ``"fork"`` is refused (the loader's own loop is a thread).
 
@@ -396,7 +410,9 @@ class DataLoader:
         )
         if self.workers == "processes":
             return spec, None
-        chosen, note = choose_workers(fetch, self.num_workers, stage="fetch")
+        chosen, note = choose_workers(
+            fetch, self.num_workers, stage="fetch", min_cores=_PROCESS_CORES, small=_SMALL
+        )
         if chosen is not None and self.worker_init_fn is not None:
             from ..pipeline._boot import check_picklable
 
@@ -404,7 +420,11 @@ class DataLoader:
                 check_picklable(fetch, spec, "fetch")
             except ConfigError as exc:
                 return None, f"threads (workers='auto'): {exc}"
-        return (spec if chosen is not None else None), note
+        if chosen is None:
+            return None, note
+        # Chosen for the user: workers that live as long as the loader, since starting them
+        # (and sending the dataset) every epoch is what makes torch's default slow.
+        return replace(spec, persistent=True), note
 
     def _pipeline(self, batches: list[Any]) -> Pipeline:
         workers = max(1, self.num_workers)
@@ -429,6 +449,9 @@ class DataLoader:
     def _start_epoch(self) -> EpochIterator:
         epoch, skip = self._state.begin()
         batches = self._epoch_batches(epoch)
-        self._pipe = self._template.with_source(batches[skip:], epoch=epoch)
+        # Each batch carries its position in the epoch, so that a resumed state counts the
+        # batches consumed, failed ones included, not only those delivered.
+        source = [Indexed(i, b) for i, b in enumerate(batches[skip:], start=skip)]
+        self._pipe = self._template.with_source(source, epoch=epoch, start=skip)
         run = self._pipe.open(timeout=self.timeout or None)
         return EpochIterator(run, self._state, len(batches))

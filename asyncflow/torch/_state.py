@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._errors import ConfigError
 from ..pipeline import PipelineStats, Run
 
-__all__ = ["EpochIterator", "LoaderState"]
+__all__ = ["EpochIterator", "Indexed", "LoaderState", "Positioned"]
+
+
+class Indexed(NamedTuple):
+    """An epoch's batch of indices and its position; it shows as the indices (in failure
+    records, as before)."""
+
+    position: int
+    indices: Any
+
+    def __repr__(self) -> str:
+        return repr(self.indices)
+
+
+class Positioned(NamedTuple):
+    """A batch and its position in the epoch's list of index batches."""
+
+    position: int
+    batch: Any
 
 
 class LoaderState:
@@ -67,9 +85,11 @@ class EpochIterator:
     def __len__(self) -> int:
         return self._length
 
-    def _delivered(self) -> None:
+    def _delivered(self, item: Positioned) -> Any:
         if self._state.serial == self._serial:
-            self._state.delivered += 1
+            # Every batch before this one was delivered or failed (fetch keeps their order).
+            self._state.delivered = item.position + 1
+        return item.batch
 
     def _ended(self) -> None:
         if self._state.serial == self._serial:
@@ -80,24 +100,22 @@ class EpochIterator:
 
     def __next__(self) -> Any:
         try:
-            batch = next(self._run)
+            item = next(self._run)
         except StopIteration:
             self._ended()
             raise
-        self._delivered()
-        return batch
+        return self._delivered(item)
 
     def __aiter__(self) -> EpochIterator:
         return self
 
     async def __anext__(self) -> Any:
         try:
-            batch = await self._run.__anext__()
+            item = await self._run.__anext__()
         except StopAsyncIteration:
             self._ended()
             raise
-        self._delivered()
-        return batch
+        return self._delivered(item)
 
     def close(self) -> None:
         """Stop the epoch's pipeline; the batches not yet received are dropped."""

@@ -374,7 +374,9 @@ def test_a_failure_before_a_stop_reaches_a_consumer_still_waiting() -> None:
 
     consumer = threading.Thread(target=consume)
     consumer.start()
-    _wait_for(lambda: run.stats().failures)
+    # The run's own record of the error (its stats show the failure a moment earlier, while
+    # the error is still on its way up the failing stage).
+    _wait_for(lambda: run._rt is not None and run._rt.errors)
     run.close()
     consumer.join(10)
     assert not consumer.is_alive()

@@ -324,3 +324,40 @@ def test_in_asyncio_run_with_a_blocking_consumer() -> None:
         return count
 
     assert asyncio.run(main()) == 7
+
+
+class _FailsAt:
+    """Items 0..n-1; fetching index ``bad`` raises."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.bad:
+            raise KeyError(i)
+        return i
+
+
+@pytest.mark.parametrize("stop_after", [1, 2, 3, 4])
+def test_resume_under_max_failures_repeats_and_loses_no_batch(stop_after: int) -> None:
+    # batches [0,1] [2,3] [4,5] [6,7] [8,9]; the one holding 5 fails and is skipped
+    def loader() -> DataLoader:
+        return DataLoader(_FailsAt(10, 5), batch_size=2, num_workers=1, max_failures=1,
+                          workers="threads")
+
+    whole = [b.tolist() for b in loader()]
+    assert whole == [[0, 1], [2, 3], [6, 7], [8, 9]]
+    first = loader()
+    seen = []
+    for batch in first:
+        seen.append(batch.tolist())
+        if len(seen) == stop_after:
+            break
+    state = first.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = [b.tolist() for b in resumed]
+    assert seen + rest == whole

@@ -8,6 +8,7 @@ import gc
 import multiprocessing
 import os
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -28,6 +29,15 @@ from asyncflow.pipeline._shm import SHM_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_two_cores = pytest.mark.skipif(usable_cpus() < 2, reason="needs 2 usable cores")
+
+
+@pytest.fixture
+def big_box(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make this machine count as one where a loader's processes beat its threads (4 cores
+    and up): the tests below are about the other reasons to choose threads."""
+    import asyncflow.torch._loader as loader_module
+
+    monkeypatch.setattr(loader_module, "_PROCESS_CORES", 2)
 
 
 # -- datasets (module level: a worker imports them by reference) ------------------------
@@ -286,20 +296,15 @@ def test_worker_init_fn_runs_once_in_each_worker(leak_check: None) -> None:
 
 def test_an_exception_in_worker_init_fn_names_the_stage(leak_check: None) -> None:
     loader = DataLoader(Pairs(8), batch_size=2, num_workers=2, workers="processes",
-                        worker_init_fn=failing_init, timeout=60)
-    with pytest.raises((WorkerError, PipelineError)) as info:
+                        worker_init_fn=failing_init)
+    started = time.monotonic()
+    with pytest.raises(PipelineError) as info:
         list(loader)
-    error = info.value
-    if isinstance(error, PipelineError):
-        assert info.group_contains(WorkerError)
-        match = error.subgroup(WorkerError)
-        assert match is not None
-        error = match.exceptions[0]
-        while isinstance(error, BaseExceptionGroup):
-            error = error.exceptions[0]
-    assert isinstance(error, WorkerError)
-    assert "'fetch'" in str(error) and "could not start" in str(error)
-    assert "RuntimeError: worker_init_fn failed in worker" in str(error)
+    assert time.monotonic() - started < 10
+    assert info.group_contains(
+        WorkerError,
+        match=r"(?s)stage 'fetch' could not start.*RuntimeError: worker_init_fn failed in worker",
+    )
 
 
 # -- 4. persistent workers -------------------------------------------------------------------
@@ -386,8 +391,6 @@ def test_random_augmentation_is_reproducible_whatever_the_workers(leak_check: No
     assert not torch.equal(first, torch.cat(_noise(2, seed=1)[0]))  # another seed, others
 
 
-@pytest.mark.xfail(strict=True, reason="engine: a stage's per-item seeds count positions "
-                   "from its run's first item, and a resumed epoch's source starts mid-epoch")
 def test_a_resumed_epoch_gets_the_augmentations_of_an_uninterrupted_one(
     leak_check: None,
 ) -> None:
@@ -415,6 +418,8 @@ _SCRIPT = """
 import os
 import torch
 import asyncflow
+import asyncflow.torch._loader
+asyncflow.torch._loader._PROCESS_CORES = 2  # as on a machine of 4 cores or more
 print("started", flush=True)
 
 class Squares(torch.utils.data.Dataset):
@@ -480,7 +485,7 @@ def test_an_unpicklable_dataset_with_processes_is_a_config_error() -> None:
 
 
 @needs_two_cores
-def test_an_unpicklable_dataset_falls_back_to_threads_under_auto() -> None:
+def test_an_unpicklable_dataset_falls_back_to_threads_under_auto(big_box: None) -> None:
     loader = DataLoader(Locked(6), batch_size=2, num_workers=2)
     assert [y.tolist() for _, y in loader] == [[0, 7], [14, 21], [28, 35]]
     notes = " ".join(loader.stats().notes)
@@ -488,10 +493,22 @@ def test_an_unpicklable_dataset_falls_back_to_threads_under_auto() -> None:
 
 
 @needs_two_cores
-def test_auto_picks_processes_for_a_picklable_dataset(leak_check: None) -> None:
+def test_auto_picks_processes_for_a_picklable_dataset(big_box: None, leak_check: None) -> None:
     loader = DataLoader(Pids(6), batch_size=2, num_workers=2)
     assert os.getpid() not in {p for b in loader for p in b[0].tolist()}
     assert "processes (workers='auto')" in " ".join(loader.stats().notes)
+
+
+def test_auto_picks_threads_below_four_cores_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, leak_check: None
+) -> None:
+    import asyncflow.pipeline._auto as auto
+
+    monkeypatch.setattr(auto, "usable_cpus", lambda: 3)
+    loader = DataLoader(Pids(6), batch_size=2, num_workers=3)
+    assert {p for b in loader for p in b[0].tolist()} == {os.getpid()}
+    notes = " ".join(loader.stats().notes)
+    assert "threads (workers='auto'): 3 usable cores" in notes and "GIL" in notes
 
 
 def _locked_init() -> Callable[[int], None]:
@@ -510,7 +527,7 @@ def test_an_unpicklable_worker_init_fn_with_processes_is_a_config_error() -> Non
 
 
 @needs_two_cores
-def test_an_unpicklable_worker_init_fn_falls_back_to_threads_under_auto() -> None:
+def test_an_unpicklable_worker_init_fn_falls_back_to_threads_under_auto(big_box: None) -> None:
     loader = DataLoader(Pairs(4), batch_size=2, num_workers=2, worker_init_fn=_locked_init())
     assert [y.tolist() for _, y in loader] == [[0, 7], [14, 21]]
     notes = " ".join(loader.stats().notes)
@@ -518,8 +535,6 @@ def test_an_unpicklable_worker_init_fn_falls_back_to_threads_under_auto() -> Non
 
 
 @needs_two_cores
-@pytest.mark.xfail(strict=True, reason="engine bug (_auto.main_is_safe): a main read from "
-                   "stdin counts as safe, and every worker then dies re-running '<stdin>'")
 def test_a_script_piped_to_python_runs(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-"], input=_SCRIPT.format(body=_BODY),
@@ -617,6 +632,69 @@ def test_an_exception_in_the_consumer_leaves_no_worker(leak_check: None) -> None
         train()
     assert _settles(lambda: _descendants() <= before), _descendants() - before
     assert _settles(lambda: _segments() <= segments), _segments() - segments
+
+
+_INTERRUPTED = """
+import os, sys, time
+import torch
+import asyncflow
+
+class Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return 100_000
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return os.getpid()
+
+if __name__ == "__main__":
+    loader = asyncflow.DataLoader(Slow(), batch_size=2, num_workers=2, workers="processes",
+                                  persistent_workers=sys.argv[1] == "persistent")
+    pids = set()
+    try:
+        for batch in loader:
+            pids.update(batch.tolist())
+            if len(pids) == 2:
+                print("ready", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", *sorted(pids), flush=True)
+        raise
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("persistent", ["persistent", "per-epoch"])
+def test_ctrl_c_ends_the_loop_and_the_workers(tmp_path: Path, persistent: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_INTERRUPTED)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with subprocess.Popen(
+        [sys.executable, str(script), persistent], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=env,
+        # a shell's background job ignores SIGINT, and Python then installs no handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    ) as child:
+        try:
+            assert child.stdout is not None
+            for line in child.stdout:
+                if line.strip() == "ready":
+                    break
+            child.send_signal(signal.SIGINT)
+            out, err = child.communicate(timeout=5)  # one Ctrl-C is enough
+        finally:
+            child.kill()
+    assert child.returncode == -signal.SIGINT, err[-2000:]
+    assert "Traceback" in err and "Exception ignored" not in err
+    last = out.splitlines()[-1].split()
+    assert last[0] == "interrupted" and len(last) == 3
+    workers = [int(pid) for pid in last[1:]]
+    assert _settles(lambda: all(_gone(pid) for pid in workers)), workers
 
 
 # -- 11. pin_memory ------------------------------------------------------------------------
