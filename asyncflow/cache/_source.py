@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import Checks
+from ._checks import ALL_CHECKED, Checks
 from ._fingerprint import describe_change
 from ._format import read_manifest
 from ._lock import WriterLock
@@ -166,13 +166,21 @@ class CacheSource:
     async def _replay(self, reader: Reader, epoch: int, *, defer: bool
                       ) -> AsyncGenerator[Any, None]:
         order = self._order(reader.count, epoch)
+        # Deferred copies of blocks all checked already: advancing costs microseconds (row
+        # indices, a residency probe), less than a thread hand-off; the consumer copies.
+        inline = defer and reader.layout == "batches" and self.checks.complete(reader)
         # replay() maps the files a shuffled replay reads through: on a thread too
         items = await asyncio.to_thread(replay, reader, order, self.buffers, self.kept,
-                                        defer=defer, checks=self.checks)
+                                        defer=defer,
+                                        checks=ALL_CHECKED if inline else self.checks)
         # Items that hold no memory of their own (single samples, views of the mapping,
         # deferred copies) are taken from the thread several at a time, so that the hand-offs
         # cost little per item; copied batches one at a time, so that few buffers are in use.
         copies = reader.layout == "batches" and not defer and (order is not None or reader.copy)
+        if inline:
+            for item in items:
+                yield item
+            return
         size = 1 if copies else _CHUNK[reader.layout]
         while chunk := await asyncio.to_thread(_take, items, size):
             for item in chunk:

@@ -342,9 +342,12 @@ class ProcessPool:
         with contextlib.suppress(ValueError):
             slot.process.close()  # its sentinel: a descriptor per death otherwise
         if not slot.ready:
+            from ._auto import main_is_safe
+
+            hint = main_is_safe()  # the usual cause: the worker ran the main script again
             self._fail_pool(WorkerError(
                 f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died while "
-                f"starting ({reason})"
+                f"starting ({reason})" + (f"; likely because {hint}" if hint else "")
             ))
             for job in jobs:
                 _settle(job, None, self._broken)
