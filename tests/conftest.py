@@ -32,7 +32,8 @@ def _warm_process_wide_resources() -> None:
     import asyncflow.torch  # noqa: F401  (the tensor reducer: torch is preloaded too)
     from asyncflow.pipeline import Processes, _boot
 
-    _boot.start_context(Processes())
+    # (a payload naming torch: the server preloads it, since the tests start workers often)
+    _boot.start_context(Processes(), __import__("pickle").dumps((b"torch", {})))
     forkserver.ensure_running()
 
 

@@ -38,8 +38,9 @@ from ..pipeline._auto import choose_workers, usable_cpus
 from ._batch import IMAGENET_MEAN, IMAGENET_STD
 from ._decode import DEFAULT_MAX_PIXELS, decode
 from ._geometry import target_size
-from ._shared import ClaimRows, DecodeIntoSharedRow, SharedSlabs
-from ._slots import BatchAssembler, Ticket
+from ._rows import DecodeIntoSharedRow, Failed, Ticket
+from ._shared import ClaimRows, SharedSlabs
+from ._slots import BatchAssembler
 
 __all__ = ["IMG_EXTENSIONS", "Failed", "ImageFolder", "Sample", "folder", "scan"]
 
@@ -166,17 +167,6 @@ class _Listing:
                 group = []
         if group:
             yield group
-
-
-class Failed(NamedTuple):
-    """A row whose image could not be decoded (its repr names the file)."""
-
-    path: str
-    error: Exception
-    ticket: Ticket
-
-    def __repr__(self) -> str:  # short, the file name last: failure reports truncate the middle
-        return f"Failed({self.path!r})"
 
 
 class _DecodeIntoRow:

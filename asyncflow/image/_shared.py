@@ -9,6 +9,8 @@ only tickets and small failure records come back. Pixels never cross a pipe, and
 consumer receives is a tensor over the slab, as in thread mode: the output is bit for bit the
 same, with the same seeded crops.
 
+The workers' side (what they receive and run) is ``_rows.py``, which imports no torch.
+
 Slabs are named ``asyncflow-<pid>-<token>-slab<n>`` files in ``/dev/shm``. Those the
 assembler keeps for reuse live as long as it does (a finalizer unlinks them, at exit too); one
 made beyond the pool (the consumer holds many batches) is unlinked as soon as its batch is
@@ -22,20 +24,16 @@ import mmap
 import os
 import secrets
 import weakref
-from collections import OrderedDict
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from ..pipeline._shm import SHM_DIR, segment_prefix, sweep
-from ._decode import decode
-from ._slots import BatchAssembler, Ticket
+from ._rows import Claimed
+from ._slots import BatchAssembler
 
-__all__ = ["ClaimRows", "DecodeIntoSharedRow", "SharedSlabs"]
+__all__ = ["ClaimRows", "SharedSlabs"]
 
-# Slabs a worker keeps mapped: the assembler's pool, and a few made beyond it (whose names
-# are gone once their batch is complete, so a mapping kept longer would only hold memory).
-_MAPPED = 16
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
@@ -70,16 +68,6 @@ class SharedSlabs:
             pass
 
 
-class Claimed(NamedTuple):
-    """An item with its row's address, on its way to a worker."""
-
-    path: str
-    epoch: int
-    sample: int
-    ticket: Ticket
-    slab: str
-
-
 class ClaimRows:
     """The claim stage (one thread, in listing order): give each item of a group its row."""
 
@@ -93,55 +81,3 @@ class ClaimRows:
             ticket, slab = self.assembler.claim_shared(item.run, item.pos, item.label)
             out.append(Claimed(item.path, item.epoch, item.sample, ticket, slab))
         return out
-
-
-class DecodeIntoSharedRow:
-    """The decode stage's function in a worker process: decode each item into its row.
-
-    Returns, per item, its ticket, or a ``Failed`` record (the decode error names the file);
-    the batch stage raises the errors, where they count against ``max_failures``.
-    """
-
-    def __init__(self, seed: int, options: dict[str, Any], shape: tuple[int, ...],
-                 dtype: str) -> None:
-        self.seed = seed
-        self.options = options
-        self.shape = shape
-        self.dtype = dtype
-        self.__name__ = "decode"
-        self._slabs: OrderedDict[str, np.ndarray] = OrderedDict()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_slabs": OrderedDict()}  # mappings stay in their process
-
-    def __call__(self, items: list[Claimed]) -> list[Any]:
-        from ._folder import Failed
-
-        out: list[Any] = []
-        for item in items:
-            try:
-                row = self._slab(item.slab)[item.ticket.row]
-                decode(item.path, out=row, layout="chw", seed=self.seed, epoch=item.epoch,
-                       index=item.sample, **self.options)
-            except Exception as exc:
-                out.append(Failed(item.path, exc, item.ticket))
-            else:
-                out.append(item.ticket)
-        return out
-
-    def _slab(self, name: str) -> np.ndarray:
-        slab = self._slabs.get(name)
-        if slab is not None:
-            self._slabs.move_to_end(name)
-            return slab
-        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
-        try:
-            # Pre-faulted: one call maps every page, instead of a fault per page on first write.
-            mapping = mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED | _POPULATE)
-        finally:
-            os.close(fd)
-        slab = np.ndarray(self.shape, self.dtype, buffer=mapping)
-        self._slabs[name] = slab
-        while len(self._slabs) > _MAPPED:
-            self._slabs.popitem(last=False)
-        return slab

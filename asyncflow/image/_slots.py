@@ -26,25 +26,18 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
+
+from ._rows import Ticket
 
 __all__ = ["BatchAssembler", "Ticket"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 _RUNS = 64  # open iterations of one pipeline kept before the idlest is dropped
-
-
-class Ticket(NamedTuple):
-    """Where a decoded image went: its listing (run), batch number and row; and its label."""
-
-    run: int
-    number: int
-    row: int
-    label: int
 
 
 class _Open:

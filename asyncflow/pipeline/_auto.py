@@ -3,13 +3,12 @@ reason shown in ``stats()``."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from .._errors import ConfigError
 from ._workers import Processes, resolve_workers
 
-__all__ = ["choose_workers", "main_is_safe", "usable_cpus"]
+__all__ = ["choose_workers", "usable_cpus"]
 
 
 def usable_cpus() -> int:
@@ -20,49 +19,6 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
-
-
-def _guarded(source: str) -> bool:
-    """Whether a script's top level has an ``if __name__ == "__main__":`` block."""
-    import ast
-
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return False
-    for node in tree.body:
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
-            names = [n for n in ast.walk(node.test) if isinstance(n, ast.Name)]
-            consts = [n.value for n in ast.walk(node.test) if isinstance(n, ast.Constant)]
-            if any(n.id == "__name__" for n in names) and "__main__" in consts:
-                return True
-    return False
-
-
-def main_is_safe() -> str | None:
-    """``None`` when worker processes can start from this ``__main__``; else why not.
-
-    A worker process imports the parent's main script again (as every ``spawn`` and
-    ``forkserver`` child does); a script whose pipeline code is not under an
-    ``if __name__ == "__main__":`` guard would run again in each worker. Notebooks, the REPL,
-    ``python -c`` and guarded scripts are safe.
-    """
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if main is None or path is None:
-        return None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            source = fh.read()
-    except (OSError, UnicodeDecodeError):
-        # `python - < script.py` (its file is '<stdin>'), a deleted or unreadable script:
-        # a worker would try to run it again, and nothing shows that it is guarded.
-        return (f"the main script {path!r} cannot be read to check for an "
-                "`if __name__ == \"__main__\":` guard, which worker processes need")
-    if _guarded(source):
-        return None
-    return (f"the main script {path} has no `if __name__ == \"__main__\":` guard, so each "
-            "worker process would run it again")
 
 
 def choose_workers(
@@ -87,7 +43,7 @@ def choose_workers(
     from ._shm import SHM_DIR
 
     cores = usable_cpus()
-    why_not = None
+    why_not: str | None = None
     if cores < 2 or workers < 2:
         why_not = f"{min(cores, workers)} worker(s) on {cores} usable core(s) gain nothing"
     elif cores < min_cores:
@@ -96,8 +52,6 @@ def choose_workers(
         why_not = "this is already a worker process (daemonic processes cannot have children)"
     elif not os.access(SHM_DIR, os.W_OK):
         why_not = f"shared memory ({SHM_DIR}) is not writable"
-    else:
-        why_not = main_is_safe()
     if why_not is None:
         try:
             from ._boot import check_picklable

@@ -8,29 +8,67 @@ a forkserver that has imported the heavy modules once.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import pickle
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from multiprocessing import spawn
 from typing import Any
 
 from .._errors import ConfigError
 from . import _shm
 from ._workers import Processes, worker_setups
 
-__all__ = ["boot_payload", "check_picklable", "start_context"]
+__all__ = ["boot_payload", "check_picklable", "start_context", "without_main"]
+
+_starting = threading.local()
+_preparation_data = spawn.get_preparation_data
+
+
+def _without_main_data(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = _preparation_data(name)
+    if getattr(_starting, "active", False):
+        # Our workers need nothing of the main script: the function, its init and any class of
+        # __main__ arrive by value. Importing it again would run an unguarded script's code in
+        # every worker, and load whatever it imports (torch) into workers that need none of it.
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+    return data
+
+
+if getattr(spawn.get_preparation_data, "__name__", "") != "_without_main_data":
+    spawn.get_preparation_data = _without_main_data
+
+
+@contextlib.contextmanager
+def without_main() -> Iterator[None]:
+    """Start worker processes in this block without importing the parent's main module."""
+    _starting.active = True
+    try:
+        yield
+    finally:
+        _starting.active = False
 
 
 def boot_payload(fn: Callable[[Any], Any], size: int, spec: Processes, stage: str,
                   prefix: str) -> bytes:
     import cloudpickle
 
+    providers = _shm.lazy_providers()
     setup = {
-        "fn": fn, "init": spec.init, "setups": worker_setups(),
-        "modules": _shm.reducer_modules(), "prefix": prefix,
+        "fn": fn, "init": spec.init, "prefix": prefix,
+        # A lazy provider (asyncflow.torch's tensor reducer) and its setup hook load in a
+        # worker only once the worker has imported its trigger (torch): an image decoder's
+        # workers never import torch.
+        "setups": [h for h in worker_setups() if h.__module__ not in providers.values()],
+        "modules": _shm.eager_reducer_modules(),
         "info": {"num_workers": size, "seed": spec.seed or 0, "stage": stage},
     }
     try:
-        return bytes(cloudpickle.dumps(setup, protocol=5))
+        # (what the worker runs, the lazy providers): start_context reads the first part
+        return pickle.dumps((bytes(cloudpickle.dumps(setup, protocol=5)), providers))
     except Exception as exc:
         what = "init" if _pickles(fn) else "function"
         obj = spec.init if what == "init" else fn
@@ -59,14 +97,23 @@ def _pickles(obj: Any) -> bool:
 _preloaded = False
 
 
-def start_context(spec: Processes) -> Any:
+def start_context(spec: Processes, boot: bytes = b"") -> Any:
+    """The start context; for the first forkserver pool, the server's preload list.
+
+    Workers fork from the server with the preloaded modules already imported: a worker starts
+    in milliseconds instead of importing NumPy and PIL again. A lazy provider (torch's) is
+    preloaded only when the first pool's boot payload names its trigger: a loader of torch
+    Datasets gets torch preloaded, an image decoder's workers stay without it.
+    """
     global _preloaded
     context = multiprocessing.get_context(spec.start_method)
     if spec.start_method == "forkserver" and not _preloaded:
         _preloaded = True
-        # Workers fork from the server with these already imported: a worker starts in
-        # milliseconds instead of importing NumPy, PIL and torch again.
-        heavy = ["asyncflow.pipeline._worker", *_shm.reducer_modules()]
+        heavy = ["asyncflow.pipeline._worker", *_shm.eager_reducer_modules()]
         heavy += [m for m in ("numpy", "PIL.Image") if m in sys.modules]
+        core = pickle.loads(boot)[0] if boot else b""
+        for trigger, provider in _shm.lazy_providers().items():
+            if trigger.encode() in core:  # the function or its Dataset refers to torch
+                heavy.append(provider)
         context.set_forkserver_preload(heavy)
     return context

@@ -286,8 +286,8 @@ class Pipeline:
             workers: ``"threads"`` (default), ``"processes"``, an
                 :class:`~asyncflow.Processes` with options (persistent workers, an init hook,
                 the seed, the start method), or ``"auto"``: processes where they are safe
-                (two or more usable cores, a picklable ``fn``, a main script with an
-                ``if __name__ == "__main__":`` guard, not already in a worker), threads
+                (two or more usable cores, a picklable ``fn``, not already in a worker),
+                threads
                 otherwise; ``stats().notes`` says which, and why.
             name: The stage's name in stats and errors (default: ``fn``'s name).
             max_failures: This stage's failure budget (default: the pipeline's).

@@ -32,7 +32,7 @@ from typing import Any
 
 from .._errors import WorkerError
 from . import _shm
-from ._boot import boot_payload, check_picklable, start_context
+from ._boot import boot_payload, check_picklable, start_context, without_main
 from ._failures import describe_item
 from ._offload import FAILED, ChunkResult
 from ._worker import STATUS, send, worker_main
@@ -131,7 +131,7 @@ class ProcessPool:
         finally:
             os.close(fd)
         self._wake_r, self._wake_w = os.pipe()
-        self._context = start_context(self.spec)
+        self._context = start_context(self.spec, self.boot)
         for wid in range(self.size):
             self._slots.append(self._spawn(wid))
         self._reader = threading.Thread(
@@ -145,7 +145,8 @@ class ProcessPool:
             target=worker_main, args=(child, self.boot, self._status_path, wid),
             name=f"asyncflow-{self.stage}-{wid}", daemon=True,
         )
-        process.start()
+        with without_main():
+            process.start()
         child.close()
         return _Slot(wid, process, parent)
 
@@ -342,12 +343,9 @@ class ProcessPool:
         with contextlib.suppress(ValueError):
             slot.process.close()  # its sentinel: a descriptor per death otherwise
         if not slot.ready:
-            from ._auto import main_is_safe
-
-            hint = main_is_safe()  # the usual cause: the worker ran the main script again
             self._fail_pool(WorkerError(
                 f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died while "
-                f"starting ({reason})" + (f"; likely because {hint}" if hint else "")
+                f"starting ({reason})"
             ))
             for job in jobs:
                 _settle(job, None, self._broken)

@@ -37,6 +37,9 @@ __all__ = [
     "SHM_THRESHOLD",
     "discard",
     "dumps",
+    "eager_reducer_modules",
+    "lazy_providers",
+    "load_lazy",
     "load_reducer_modules",
     "loads",
     "reducer_modules",
@@ -57,7 +60,8 @@ _NAME = re.compile(r"^asyncflow-(\d+)-")
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 _reducers: dict[type, Callable[[Any], Any]] = {}
-_lazy: dict[str, str] = {}
+_lazy: dict[str, str] = {}  # trigger -> provider, not yet imported
+_lazy_all: dict[str, str] = {}  # every lazy registration, imported or not
 _lookups: dict[type, Callable[[Any], Any] | None] = {}
 _modules: dict[str, None] = {}
 
@@ -81,6 +85,27 @@ def register_lazy_reducers(trigger: str, provider: str) -> None:
     loaded, without the engine importing either.
     """
     _lazy[trigger] = provider
+    _lazy_all[trigger] = provider
+
+
+def lazy_providers() -> dict[str, str]:
+    """Every ``trigger -> provider`` registered with :func:`register_lazy_reducers`."""
+    return dict(_lazy_all)
+
+
+def load_lazy() -> None:
+    """Import the providers whose trigger module is imported now (a worker calls it once its
+    function is unpickled; :func:`dumps` calls it on the way too)."""
+    if _lazy:
+        _load_lazy()
+
+
+def eager_reducer_modules() -> list[str]:
+    """The modules that registered reducers, less the lazy providers: what every worker
+    imports at start whatever its function needs."""
+    _load_lazy()
+    providers = set(_lazy_all.values())
+    return [m for m in _modules if m not in providers]
 
 
 def _load_lazy() -> None:

@@ -161,10 +161,14 @@ def worker_main(conn: Connection, boot: bytes, status_path: str, wid: int) -> No
     """Boot, then run jobs until told to stop. Never raises: errors go to the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
-        setup = pickle.loads(boot)
-        _shm.load_reducer_modules(setup["modules"])
+        core, lazy = pickle.loads(boot)
+        setup = pickle.loads(core)
         info = WorkerInfo(id=wid, pid=os.getpid(), **setup["info"])
         set_worker_info(info)
+        for trigger, provider in lazy.items():
+            _shm.register_lazy_reducers(trigger, provider)
+        _shm.load_reducer_modules(setup["modules"])
+        _shm.load_lazy()  # the function's own imports (torch for a Dataset) bring these in
         for hook in setup["setups"]:
             hook()
         if setup["init"] is not None:

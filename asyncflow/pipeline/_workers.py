@@ -71,7 +71,9 @@ class Processes:
         start_method: ``"forkserver"`` (default: workers fork from a clean server process that
             has imported NumPy, PIL and torch once, if the parent had) or ``"spawn"``. Never
             ``fork``: a process with threads cannot fork safely. As with torch's DataLoader, a
-            script that starts workers needs the ``if __name__ == "__main__":`` guard.
+            worker does not import the main script again (unlike a plain multiprocessing child): a
+            script needs no ``if __name__ == "__main__":`` guard, and its top-level code runs
+            once.
         persistent: Keep the workers from one run (epoch) to the next. They then belong to the
             pipeline object, and stop when it is garbage-collected or at interpreter exit.
             ``False`` (default): they belong to the run, and stop with it.

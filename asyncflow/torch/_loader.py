@@ -171,11 +171,12 @@ class DataLoader:
             raises: ``0`` (default) raises on the first, as torch does; an int allows that
             many; a float in [0, 1] that fraction. Failed batches are skipped, logged and
             listed in :meth:`stats`.
-        workers: *New.* ``"auto"`` (default): worker processes where they are safe, threads
-            otherwise (one worker or core, a dataset, ``collate_fn`` or ``worker_init_fn``
-            that cannot be pickled, a main script without an ``if __name__ == "__main__":``
-            guard), saying which and why in ``stats().notes``; ``"processes"`` or
-            ``"threads"`` forces one.
+        workers: *New.* ``"auto"`` (default): worker processes on 4 or more usable cores,
+            where they are safe; threads otherwise (fewer cores, where a PIL-style Dataset's
+            threads win: docs/performance.md; one worker; a dataset, ``collate_fn`` or
+            ``worker_init_fn`` that cannot be pickled), saying which and why in
+            ``stats().notes``; ``"processes"`` or ``"threads"`` forces one. Workers never
+            import the main script again: no ``if __name__ == "__main__":`` guard needed.
         worker_init_fn: As torch: called with the worker's id in each worker process, where
             ``torch.utils.data.get_worker_info()`` answers as in torch's workers.
         persistent_workers: As torch: keep the worker processes from epoch to epoch, until

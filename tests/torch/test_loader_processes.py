@@ -446,7 +446,7 @@ print("result", values, "here" if here else "elsewhere", "|".join(loader.stats()
 
 @needs_two_cores
 @pytest.mark.parametrize("guarded", [True, False])
-def test_a_main_script_gets_processes_only_with_a_main_guard(
+def test_a_main_script_gets_processes_with_or_without_a_main_guard(
     tmp_path: Path, guarded: bool
 ) -> None:
     body = _BODY
@@ -464,13 +464,9 @@ def test_a_main_script_gets_processes_only_with_a_main_guard(
     expected = f"result {[i * i for i in range(10)]}"
     assert results[0].startswith(expected), results[0]
     where, notes = results[0][len(expected) + 1:].split(" ", 1)
-    if guarded:
-        assert where == "elsewhere"
-        assert "processes (workers='auto')" in notes
-    else:
-        assert where == "here"
-        assert lines.count("started") == 1  # nothing imported the script again
-        assert "threads (workers='auto')" in notes and "guard" in notes
+    assert where == "elsewhere"  # loaded in worker processes, the Dataset sent by value
+    assert "processes (workers='auto')" in notes
+    assert lines.count("started") == 1  # no worker imported the script again
 
 
 # -- 8. a dataset that cannot be pickled --------------------------------------------------
@@ -541,7 +537,8 @@ def test_a_script_piped_to_python_runs(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     results = [line for line in out.stdout.splitlines() if line.startswith("result ")]
-    assert len(results) == 1 and "threads (workers='auto')" in results[0]
+    assert len(results) == 1 and "processes (workers='auto')" in results[0]
+    assert out.stdout.splitlines().count("started") == 1
 
 
 # -- 9. failures in a worker ---------------------------------------------------------------

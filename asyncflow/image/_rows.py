@@ -1,0 +1,104 @@
+"""The worker side of ``image.folder`` on processes: what a decode worker receives and runs.
+
+Torch-free on purpose (NumPy, PIL and the decode kernel only): a decode worker never imports
+torch, which keeps each worker process small (see ``_shared.py`` for the parent's side).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections import OrderedDict
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..pipeline._shm import SHM_DIR
+from ._decode import decode
+
+__all__ = ["Claimed", "DecodeIntoSharedRow", "Failed", "Ticket"]
+
+# Slabs a worker keeps mapped: the assembler's pool, and a few made beyond it (whose names
+# are gone once their batch is complete, so a mapping kept longer would only hold memory).
+_MAPPED = 16
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+class Ticket(NamedTuple):
+    """Where a decoded image went: its listing (run), batch number and row; and its label."""
+
+    run: int
+    number: int
+    row: int
+    label: int
+
+
+class Failed(NamedTuple):
+    """A row whose image could not be decoded (its repr names the file)."""
+
+    path: str
+    error: Exception
+    ticket: Ticket
+
+    def __repr__(self) -> str:  # short, the file name last: failure reports truncate the middle
+        return f"Failed({self.path!r})"
+
+
+class Claimed(NamedTuple):
+    """An item with its row's address, on its way to a worker."""
+
+    path: str
+    epoch: int
+    sample: int
+    ticket: Ticket
+    slab: str
+
+
+class DecodeIntoSharedRow:
+    """The decode stage's function in a worker process: decode each item into its row.
+
+    Returns, per item, its ticket, or a ``Failed`` record (the decode error names the file);
+    the batch stage raises the errors, where they count against ``max_failures``.
+    """
+
+    def __init__(self, seed: int, options: dict[str, Any], shape: tuple[int, ...],
+                 dtype: str) -> None:
+        self.seed = seed
+        self.options = options
+        self.shape = shape
+        self.dtype = dtype
+        self.__name__ = "decode"
+        self._slabs: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_slabs": OrderedDict()}  # mappings stay in their process
+
+    def __call__(self, items: list[Claimed]) -> list[Any]:
+        out: list[Any] = []
+        for item in items:
+            try:
+                row = self._slab(item.slab)[item.ticket.row]
+                decode(item.path, out=row, layout="chw", seed=self.seed, epoch=item.epoch,
+                       index=item.sample, **self.options)
+            except Exception as exc:
+                out.append(Failed(item.path, exc, item.ticket))
+            else:
+                out.append(item.ticket)
+        return out
+
+    def _slab(self, name: str) -> np.ndarray:
+        slab = self._slabs.get(name)
+        if slab is not None:
+            self._slabs.move_to_end(name)
+            return slab
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+        try:
+            # Pre-faulted: one call maps every page, instead of a fault per page on first write.
+            mapping = mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED | _POPULATE)
+        finally:
+            os.close(fd)
+        slab = np.ndarray(self.shape, self.dtype, buffer=mapping)
+        self._slabs[name] = slab
+        while len(self._slabs) > _MAPPED:
+            self._slabs.popitem(last=False)
+        return slab
