@@ -383,10 +383,12 @@ def folder(
         decoder = DecodeIntoSharedRow(seed, options, (batch_size, 3, out_h, out_w),
                                       str(assembler._np_dtype))
         pipe = (
-            # One group per hand-off (buffer=2 makes the chunks single groups): a claim that
-            # waits for the oldest batch must never hold back rows it has already claimed.
+            # Rows claimed and not yet released are bounded by these queues: the claim stage's
+            # two groups, four per worker process in flight, two per worker decoded and
+            # waiting, and the rows queue; about as many batches as `ahead` allows threads.
             pipe.map(ClaimRows(assembler), name="claim", buffer=2)
-            .map(decoder, concurrency=threads, ordered=False, name="decode", workers=processes)
+            .map(decoder, concurrency=threads, ordered=False, name="decode", workers=processes,
+                 buffer=2 * threads)
         )
     pipe = (
         pipe.unbatch(name="rows")

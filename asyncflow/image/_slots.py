@@ -106,7 +106,9 @@ class BatchAssembler:
         self._pool_max = pool
         self._slabs = slabs
 
-    def claim(self, run: int, pos: int, label: int) -> tuple[Ticket, np.ndarray]:
+    def claim(
+        self, run: int, pos: int, label: int, *, wait: bool = True
+    ) -> tuple[Ticket, np.ndarray]:
         """The ticket for item ``pos`` of listing ``run``, and its row as a writable array.
 
         ``run`` numbers the listings, not the epochs: two runs of one epoch at the same time
@@ -117,7 +119,7 @@ class BatchAssembler:
             state = self._run(run)
             # Soft back-pressure: never an unbounded wait (a stopped run releases nothing).
             deadline = time.monotonic() + 1.0
-            while number >= state.next + self._ahead:
+            while wait and number >= state.next + self._ahead:
                 if time.monotonic() >= deadline:
                     self.stalls += 1  # gave up waiting: a decoder held rows of older batches
                     break
@@ -131,8 +133,12 @@ class BatchAssembler:
         return Ticket(run, number, row, label), entry.array[row]
 
     def claim_shared(self, run: int, pos: int, label: int) -> tuple[Ticket, str]:
-        """As :meth:`claim`, for a worker process: the ticket and the slab's name."""
-        ticket, _ = self.claim(run, pos, label)
+        """As :meth:`claim`, for a worker process: the ticket and the slab's name.
+
+        It never waits: in process mode the pipeline's own queues bound the rows claimed
+        ahead (see ``image.folder``), and a wait here would show as the claim stage's work.
+        """
+        ticket, _ = self.claim(run, pos, label, wait=False)
         with self._lock:
             entry = self._runs[run].open[ticket.number]
             return ticket, entry.slab

@@ -25,7 +25,7 @@ import torch.utils.data as tud
 
 from asyncflow import ConfigError, DataLoader, PipelineError, StallError, WorkerError
 from asyncflow.pipeline._auto import usable_cpus
-from asyncflow.pipeline._shm import SHM_DIR
+from tests.conftest import _children, _segments
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_two_cores = pytest.mark.skipif(usable_cpus() < 2, reason="needs 2 usable cores")
@@ -176,31 +176,6 @@ def same(a: Any, b: Any) -> bool:
             return False
         return all(same(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
-
-
-def _descendants() -> set[int]:
-    pids: set[int] = set()
-    todo = ["self"]
-    while todo:
-        pid = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{task}/children") as fh:
-                    found = [int(p) for p in fh.read().split()]
-            except OSError:
-                continue
-            pids.update(found)
-            todo.extend(str(p) for p in found)
-    return pids
-
-
-def _segments() -> set[str]:
-    mine = f"asyncflow-{os.getpid()}-"
-    return {name for name in os.listdir(SHM_DIR) if name.startswith(mine)}
 
 
 def _settles(check: Callable[[], bool], seconds: float = 5.0) -> bool:
@@ -591,14 +566,14 @@ def test_timeout_stops_a_worker_stuck_in_getitem(leak_check: None) -> None:
 
 @pytest.mark.parametrize("persistent", [False, True])
 def test_break_mid_epoch_leaves_no_worker(persistent: bool, leak_check: None) -> None:
-    before, segments = _descendants(), _segments()
+    before, segments = _children(), _segments()
     loader = DataLoader(Slow(400), batch_size=2, num_workers=2, workers="processes",
                         persistent_workers=persistent)
     for i, _ in enumerate(loader):
         if i == 3:
             break
     if not persistent:  # the epoch's workers stop with it, while the loader lives on
-        assert _settles(lambda: _descendants() <= before), _descendants() - before
+        assert _settles(lambda: _children() <= before), _children() - before
         assert _settles(lambda: _segments() <= segments), _segments() - segments
     assert len(next(iter(loader))) == 2  # and the loader still works
     del loader
@@ -606,18 +581,18 @@ def test_break_mid_epoch_leaves_no_worker(persistent: bool, leak_check: None) ->
 
 
 def test_deleting_a_loader_stops_its_persistent_workers(leak_check: None) -> None:
-    before = _descendants()
+    before = _children()
     loader = DataLoader(Slow(40), batch_size=2, num_workers=2, workers="processes",
                         persistent_workers=True)
     assert len(list(loader)) == 20
-    assert len(_descendants() - before) == 2  # alive between epochs
+    assert len(_children() - before) == 2  # alive between epochs
     del loader
     gc.collect()
-    assert _settles(lambda: _descendants() <= before), _descendants() - before
+    assert _settles(lambda: _children() <= before), _children() - before
 
 
 def test_an_exception_in_the_consumer_leaves_no_worker(leak_check: None) -> None:
-    before, segments = _descendants(), _segments()
+    before, segments = _children(), _segments()
     loader = DataLoader(Slow(400), batch_size=2, num_workers=2, workers="processes")
 
     def train() -> None:
@@ -627,7 +602,7 @@ def test_an_exception_in_the_consumer_leaves_no_worker(leak_check: None) -> None
 
     with pytest.raises(ZeroDivisionError):
         train()
-    assert _settles(lambda: _descendants() <= before), _descendants() - before
+    assert _settles(lambda: _children() <= before), _children() - before
     assert _settles(lambda: _segments() <= segments), _segments() - segments
 
 
