@@ -60,7 +60,6 @@ class MapNode:
         assert inp is not None
         worker = self._async_worker if self.is_async else self._sync_worker
         if self.processes is not None:
-            worker = self._process_worker
             await self.ctx.run_sync(self.processes.start)
         if self.concurrency == 1:
             await worker(inp, out)
@@ -140,8 +139,18 @@ class MapNode:
         self._taken += len(items)
         return ticket, items
 
+    def _submit(self, items: list[Any]) -> Any:
+        """Run the function on a chunk: in a worker process, the stage's executor or a thread."""
+        ctx = self.ctx
+        if self.processes is not None:
+            # positions are assigned with no await since the take: items[0] is _taken - len
+            return self.processes.submit(items, self._taken - len(items), ctx.epoch)
+        if self.remote:
+            return ctx.run_sync(run_chunk_remote, self.fn, items)
+        return ctx.run_sync(run_chunk, self.fn, items, ctx.stop)
+
     async def _sync_worker(self, inp: Receiver, out: Sender) -> None:
-        ctx, counters, fn = self.ctx, self.ctx.counters, self.fn
+        counters = self.ctx.counters
         while True:
             ticket, items = await self._take(inp, self._chunk)
             if not items:
@@ -149,11 +158,7 @@ class MapNode:
             counters.items_in += len(items)
             counters.in_flight += 1
             try:
-                if self.remote:
-                    job = ctx.run_sync(run_chunk_remote, fn, items)
-                else:
-                    job = ctx.run_sync(run_chunk, fn, items, ctx.stop)
-                values, failures, elapsed = await job
+                values, failures, elapsed = await self._submit(items)
             finally:
                 counters.in_flight -= 1
             counters.busy += elapsed
@@ -162,25 +167,6 @@ class MapNode:
                 self._fit_bytes(values)
             if not self._checked:
                 self._check_result(values)
-            await self._deliver(ticket, (items, values, failures), out)
-
-    async def _process_worker(self, inp: Receiver, out: Sender) -> None:
-        ctx, counters, pool = self.ctx, self.ctx.counters, self.processes
-        while True:
-            ticket, items = await self._take(inp, self._chunk)
-            if not items:
-                return
-            first = self._taken - len(items)
-            counters.items_in += len(items)
-            counters.in_flight += 1
-            try:
-                values, failures, elapsed = await pool.submit(items, first, ctx.epoch)
-            finally:
-                counters.in_flight -= 1
-            counters.busy += elapsed
-            self._adapt(elapsed, len(items))
-            if self._max_bytes is not None:
-                self._fit_bytes(values)
             await self._deliver(ticket, (items, values, failures), out)
 
     async def _async_worker(self, inp: Receiver, out: Sender) -> None:
