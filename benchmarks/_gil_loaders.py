@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _loaders import _collate_normalize, _Folder, list_images
+from _loaders import _collate_normalize, _Folder, list_images, tree_cpu_seconds
 
 Make = Callable[[str, int, int, int], Any]
 
@@ -74,31 +74,6 @@ KINDS: dict[str, Make] = {
     "loader-threads": _loader("threads"),
     "loader-processes": _loader("processes"),
 }
-
-
-def tree_cpu_seconds() -> float:
-    """CPU seconds of this process tree, counting workers that exited (and were reaped).
-
-    ``_loaders.tree_cpu_seconds`` sums live processes only: worker processes that exit within
-    an epoch would drop out. Here each live process adds its reaped children's time too.
-    """
-    tick = os.sysconf("SC_CLK_TCK")
-    total, todo = 0.0, [os.getpid()]
-    while todo:
-        p = todo.pop()
-        try:
-            with open(f"/proc/{p}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            total += sum(int(f) for f in fields[11:15]) / tick  # utime stime cutime cstime
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as fh:
-                    todo.extend(int(c) for c in fh.read().split())
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
-# -- the consumer ------------------------------------------------------------------------
 
 
 def _spin(n: int) -> int:

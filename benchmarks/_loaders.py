@@ -146,7 +146,8 @@ LOADERS = {"dataloader": dataloader, "spdl": spdl, "asyncflow": asyncflow}
 
 
 def tree_cpu_seconds(pid: int | None = None) -> float:
-    """User + system CPU time of a live process and all its live descendants."""
+    """User + system CPU time of a process and all its descendants: the live ones, and those
+    that exited and were reaped (their time is in their parent's cutime / cstime)."""
     tick = os.sysconf("SC_CLK_TCK")
     total, todo = 0.0, [pid or os.getpid()]
     while todo:
@@ -154,7 +155,7 @@ def tree_cpu_seconds(pid: int | None = None) -> float:
         try:
             with open(f"/proc/{p}/stat") as fh:
                 fields = fh.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
+            total += sum(int(f) for f in fields[11:15]) / tick  # utime stime cutime cstime
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as fh:
                     todo.extend(int(c) for c in fh.read().split())

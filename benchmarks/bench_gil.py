@@ -35,9 +35,7 @@ import itertools
 import json
 import os
 import re
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,7 +49,8 @@ sys.path.insert(0, str(HERE))
 from _common import table  # noqa: E402
 from _imagedata import build_dataset  # noqa: E402
 from _loaders import _Folder, list_images  # noqa: E402
-from bench_images import _env, _machine_busy_seconds, _own_cpu_seconds  # noqa: E402
+from bench_images import _env  # noqa: E402
+from bench_images import run_child as run_race  # noqa: E402
 
 RESULTS = HERE / "results"
 SIZE, BATCH = 224, 32
@@ -108,36 +107,8 @@ def tree_memory(pid: int) -> tuple[int, int]:
 
 def run_child(cmd: list[str], timeout: float) -> dict[str, Any]:
     """Run one contender; add its peak PSS / RSS and how busy other programs kept the cores."""
-    busy0, own0, t0 = _machine_busy_seconds(), _own_cpu_seconds(), time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(), cwd=HERE.parent)
-    peak = [0, 0]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            pss, rss = tree_memory(proc.pid)
-            peak[0], peak[1] = max(peak[0], pss), max(peak[1], rss)
-            done.wait(0.05)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        err += f"\n(timed out after {timeout:.0f} s)"
-    done.set()
-    sampler.join()
-    wall = time.perf_counter() - t0
-    others = max(0.0, (_machine_busy_seconds() - busy0) - (_own_cpu_seconds() - own0)) / wall
-    extra = {"peak_pss": peak[0], "peak_rss": peak[1], "others": others}
-    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (err or out).strip().splitlines()[-3:]
-        return {"error": " | ".join(tail) or f"exit {proc.returncode}", **extra}
-    return {**json.loads(lines[-1]), **extra}
+    result, (pss, rss) = run_race(cmd, _env(), timeout, measure=tree_memory)
+    return {**result, "peak_pss": pss, "peak_rss": rss}
 
 
 # -- single-thread kernels -------------------------------------------------------------------

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,18 +84,22 @@ def _own_cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def _run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[dict[str, Any], int]:
-    """Run one race; also note how many cores other programs kept busy meanwhile."""
+def run_child(
+    cmd: list[str], env: dict[str, str], timeout: float,
+    measure: Callable[[int], tuple[int, ...]] = lambda pid: (_tree_rss(pid),),
+) -> tuple[dict[str, Any], tuple[int, ...]]:
+    """Run one race, sampling ``measure(pid)`` (memory figures of the child's tree) for their
+    peaks; also note how many cores other programs kept busy meanwhile."""
     busy0, own0, t0 = _machine_busy_seconds(), _own_cpu_seconds(), time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=HERE.parent)
-    peak = 0
+    peaks: list[int] = []
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak
         while not done.is_set():
-            peak = max(peak, _tree_rss(proc.pid))
+            now = measure(proc.pid)
+            peaks[:] = [max(a, b) for a, b in zip(peaks, now, strict=True)] if peaks else now
             done.wait(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -109,11 +114,12 @@ def _run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[dic
     sampler.join()
     wall = time.perf_counter() - t0
     others = max(0.0, (_machine_busy_seconds() - busy0) - (_own_cpu_seconds() - own0)) / wall
+    result = tuple(peaks) or tuple(0 for _ in measure(os.getpid()))
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (err or out).strip().splitlines()[-3:]
-        return {"error": " | ".join(tail) or f"exit {proc.returncode}", "others": others}, peak
-    return {**json.loads(lines[-1]), "others": others}, peak
+        return {"error": " | ".join(tail) or f"exit {proc.returncode}", "others": others}, result
+    return {**json.loads(lines[-1]), "others": others}, result
 
 
 def _env(extra_path: Path | None = None) -> dict[str, str]:
@@ -289,7 +295,7 @@ def main() -> None:
                 print(f"  {label}, {w} worker(s) ({rep + 1}/{repeats}) ...", flush=True)
                 full = [*cmd, "--root", str(root), "--workers", str(w), "--epochs", str(epochs),
                         "--size", str(SIZE), "--batch-size", str(BATCH)]
-                result, peak = _run_child(full, env, timeout=900)
+                result, (peak,) = run_child(full, env, timeout=900)
                 runs = systems.setdefault(label, {"runs": {}}).setdefault("runs", {})
                 old = runs.get(w)
                 if old is None or result.get("img_per_s", 0) > old.get("img_per_s", 0):
