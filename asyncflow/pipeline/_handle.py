@@ -51,6 +51,9 @@ class Run:
         self._apply: Callable[[Any], Any] | None = None
         self._hooks: list[ConsumerHook] = []
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        # Consumers inside a refill (from before the run starts to the hand-off's answer): a
+        # stop from another thread leaves the run's error for them instead of reporting it.
+        self._reading = 0
 
     # -- lifetime -----------------------------------------------------------------------
 
@@ -94,7 +97,8 @@ class Run:
             if not rt.done:
                 rt.request_stop()
             rt.join(rt.options.stop_timeout + 5.0)
-            rt.report_undelivered()
+            if not self.reading:  # else the waiting consumer gets the error itself
+                rt.report_undelivered()
             self._detach()
 
     async def aclose(self) -> None:
@@ -113,7 +117,8 @@ class Run:
                 rt.request_stop()
             await rt.wait_done()
             rt.join(1.0)
-            rt.report_undelivered()
+            if not self.reading:
+                rt.report_undelivered()
             self._detach()
 
     def _abandon(self) -> None:
@@ -169,6 +174,18 @@ class Run:
         return self._refill_sync()
 
     def _refill_sync(self) -> Any:
+        self._reading += 1
+        try:
+            return self._refill_sync_reading()
+        finally:
+            self._reading -= 1
+
+    @property
+    def reading(self) -> bool:
+        """Whether a consumer is waiting for this run's next items now."""
+        return self._reading > 0
+
+    def _refill_sync_reading(self) -> Any:
         rt = self._start()
         if rt is None:
             raise StopIteration
@@ -201,9 +218,22 @@ class Run:
             self._pos = pos + 1
             apply = self._apply
             return item if apply is None else apply(item)
-        rt = self._start()
-        if rt is None:
+        self._reading += 1
+        try:
+            rt = self._start()
+            chunk = [] if rt is None else await self._refill_async(rt)
+        finally:
+            self._reading -= 1
+        if rt is None or not chunk:
             raise StopAsyncIteration
+        rt.delivered += len(chunk)
+        self._chunk, self._pos = chunk, 1
+        item = chunk[0]
+        chunk[0] = None
+        apply = self._apply
+        return item if apply is None else apply(item)
+
+    async def _refill_async(self, rt: Runtime) -> list[Any]:
         try:
             chunk = await rt.handoff.aget_chunk(self._timeout)
         except TimeoutError:
@@ -219,13 +249,7 @@ class Run:
             raise
         if not chunk:
             await self.aclose()
-            raise StopAsyncIteration
-        rt.delivered += len(chunk)
-        self._chunk, self._pos = chunk, 1
-        item = chunk[0]
-        chunk[0] = None
-        apply = self._apply
-        return item if apply is None else apply(item)
+        return chunk
 
     # -- introspection ------------------------------------------------------------------
 

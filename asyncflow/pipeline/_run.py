@@ -450,6 +450,9 @@ class Runtime:
         A ``break`` never raises afterwards; the run's error goes to ``stats().notes`` and
         to a warning instead. Thread-safe; reports at most once.
         """
+        run = self.consumer() if self.consumer is not None else None
+        if run is not None and run.reading:
+            return  # a consumer is waiting for items: it gets the error itself
         error = self.handoff.take_pending()
         if error is None:
             return

@@ -8,6 +8,7 @@ import logging
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -404,3 +405,29 @@ def test_break_after_a_failure_does_not_raise_but_is_noted_and_logged(
     assert any(r.levelno == logging.WARNING and "'noisy'" in r.getMessage()
                and "Boom: item 3" in r.getMessage() for r in caplog.records)
     assert list(run) == []  # a closed run yields nothing and raises nothing more
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_from_another_thread_never_takes_the_error_from_a_waiting_consumer() -> None:
+    # The race the test above can lose on a loaded machine: the other thread's close() (and
+    # the run's own clean-up) used to take the pending error as "undelivered" while the
+    # consumer was inside its refill, between starting the run and reading the hand-off.
+    for _ in range(20):
+        pipe = Pipeline(range(10)).map(_stuck_after(1), name="stuck").map(_fail_at(0), name="f")
+        run = pipe.open()
+        got: list[BaseException] = []
+
+        def consume(run: Any = run, got: list[BaseException] = got) -> None:
+            try:
+                for _ in run:
+                    pass
+            except BaseException as exc:
+                got.append(exc)
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        _wait_for(lambda run=run: run._rt is not None and run._rt.errors)  # type: ignore[misc]
+        run.close()
+        consumer.join(10)
+        assert not consumer.is_alive()
+        assert len(got) == 1 and isinstance(got[0], PipelineError)
