@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING
 from ._errors import (
     AsyncflowError,
     ConfigError,
+    ConfigTypeError,
     DecodeError,
     FailureBudgetExceeded,
+    LoaderTimeout,
     PipelineError,
     SourceError,
     SourceNotFound,
@@ -22,7 +24,16 @@ from ._errors import (
     WorkerError,
 )
 from ._lazy import lazy_getattr
-from .pipeline import Pipeline, PipelineStats, Processes, Run, StageStats, WorkerInfo, worker_info
+from .pipeline import (
+    Pipeline,
+    PipelineStats,
+    Processes,
+    Run,
+    StageStats,
+    WorkerInfo,
+    register_feature,
+    worker_info,
+)
 from .pipeline._shm import register_lazy_reducers
 
 __version__ = "0.1.0"
@@ -43,6 +54,22 @@ _LAZY = {
 }
 
 __getattr__ = lazy_getattr(__name__, _LAZY)
+
+# The engine imports none of its features: the methods and options that need one
+# (``pipe.to_device``, ``pipe.cache``, ``pipe.progress``, the HTML and text reprs, ``retry=`` /
+# ``timeout=``) look it up by name, and it is imported when first used.
+for _name, _target in {
+    "to_device": "asyncflow.torch._transfer:to_device",
+    "cache": "asyncflow.cache._pipeline:cache",
+    "progress_hook": "asyncflow._progress:progress_hook",
+    "pipeline_html": "asyncflow._display:pipeline_html",
+    "stats_text": "asyncflow._display:stats_text",
+    "stats_html": "asyncflow._display:stats_html",
+    "Retry": "asyncflow.sources._retry:Retry",
+    "Timeout": "asyncflow.sources._retry:Timeout",
+}.items():
+    register_feature(_name, _target)
+del _name, _target
 
 # Tensors cross worker processes through shared memory once torch is loaded (the engine
 # itself imports neither torch nor asyncflow.torch).
@@ -71,10 +98,12 @@ def __dir__() -> list[str]:
 __all__ = [
     "AsyncflowError",
     "ConfigError",
+    "ConfigTypeError",
     "DataLoader",
     "DecodeError",
     "DistributedSampler",
     "FailureBudgetExceeded",
+    "LoaderTimeout",
     "Pipeline",
     "PipelineError",
     "PipelineStats",

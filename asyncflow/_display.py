@@ -171,17 +171,28 @@ _STATS_HEADERS = (
 _STATS_ALIGN = "llrrrrrrrr"
 
 
-def _stats_rows(stats: Any, *, html_bars: bool) -> tuple[list[list[str]], list[int]]:
+def _shown(stats: Any, internal: bool) -> list[Any]:
+    return [s for s in stats.stages if internal or not getattr(s, "internal", False)]
+
+
+def _stats_rows(
+    stats: Any, *, html_bars: bool, internal: bool = False
+) -> tuple[list[list[str]], list[int]]:
     rows: list[list[str]] = []
     marked: list[int] = []
     elapsed = max(float(stats.elapsed), 1e-9)
-    for i, stage in enumerate(stats.stages):
+    for i, stage in enumerate(_shown(stats, internal)):
         name = stage.name
         if name == stats.bottleneck:
             marked.append(i)
             name = f"{name} *" if not html_bars else name
+        if getattr(stage, "internal", False):
+            name += " (internal)"
         if getattr(stage, "abandoned", False):
             name += " (abandoned)"
+        rate = getattr(stage, "items_per_second", None)
+        if rate is None:
+            rate = max(stage.items_in, stage.items_out) / elapsed
         busy: str = _bar(stage.utilization) if html_bars else _percent(stage.utilization)
         rows.append(
             [
@@ -190,7 +201,7 @@ def _stats_rows(stats: Any, *, html_bars: bool) -> tuple[list[list[str]], list[i
                 str(stage.concurrency),
                 f"{stage.items_in:,}",
                 f"{stage.items_out:,}",
-                _rate(stage.items_out / elapsed),
+                _rate(rate),
                 busy,
                 _seconds(stage.mean_seconds_per_item),
                 _queue(stage),
@@ -213,6 +224,16 @@ def _summary(stats: Any) -> str:
     return text
 
 
+def _hidden_line(stats: Any, internal: bool) -> list[str]:
+    hidden = [s.name for s in stats.stages if getattr(s, "internal", False)]
+    if internal or not hidden:
+        return []
+    return [
+        f"internal stages hidden: {', '.join(hidden)} (their time counts for the next stage "
+        "shown; stats.table(internal=True) lists them)"
+    ]
+
+
 def _failure_lines(stats: Any) -> list[str]:
     failures = list(getattr(stats, "failures", ()))
     lines = [
@@ -228,26 +249,33 @@ def _failure_lines(stats: Any) -> list[str]:
 _NO_RUN = "no run yet: stats() describes the latest run of this pipeline object"
 
 
-def stats_text(stats: Any) -> str:
-    """Render a ``PipelineStats`` as a plain-text table; the bottleneck is marked ``*``."""
+def stats_text(stats: Any, *, internal: bool = False) -> str:
+    """Render a ``PipelineStats`` as a plain-text table; the bottleneck is marked ``*``.
+
+    Internal stages (``StageStats.internal``) are left out, and named below the table,
+    unless ``internal``; then they are listed, marked ``(internal)``.
+    """
     if not stats.stages:
         return _NO_RUN
-    rows, _ = _stats_rows(stats, html_bars=False)
+    rows, _ = _stats_rows(stats, html_bars=False, internal=internal)
     parts = [table_text(_STATS_HEADERS, rows, align=_STATS_ALIGN), _summary(stats)]
+    parts += _hidden_line(stats, internal)
     parts += _failure_lines(stats)
     parts += [f"note: {redact(note)}" for note in getattr(stats, "notes", ())]
     return "\n".join(parts)
 
 
-def stats_html(stats: Any) -> str:
-    """Render a ``PipelineStats`` as an HTML table; the bottleneck row is highlighted."""
+def stats_html(stats: Any, *, internal: bool = False) -> str:
+    """Render a ``PipelineStats`` as an HTML table; the bottleneck row is highlighted.
+    Internal stages are left out unless ``internal``, as in :func:`stats_text`."""
     if not stats.stages:
         return f"<p>{html.escape(_NO_RUN)}</p>"
-    rows, marked = _stats_rows(stats, html_bars=True)
+    rows, marked = _stats_rows(stats, html_bars=True, internal=internal)
     out = table_html(
         _STATS_HEADERS, rows, highlight=marked, caption=_summary(stats), align=_STATS_ALIGN
     )
-    extra = _failure_lines(stats) + [f"note: {redact(n)}" for n in getattr(stats, "notes", ())]
+    extra = _hidden_line(stats, internal) + _failure_lines(stats)
+    extra += [f"note: {redact(n)}" for n in getattr(stats, "notes", ())]
     if extra:
         out += "<pre>" + html.escape("\n".join(extra)) + "</pre>"
     return out

@@ -4,12 +4,14 @@ Exception hierarchy::
 
     * AsyncflowError
       x ConfigError(ValueError)          a bad spec or argument, raised when it is given
+        + ConfigTypeError(TypeError)     an argument of the wrong type
       x SourceError                      reading an item failed (names the URL or path)
         + SourceNotFound(FileNotFoundError)
         + SourceTimeout(TimeoutError)
         + SourcePermissionError(PermissionError)
       x DecodeError(ValueError)          a file or buffer is not a decodable image (names it)
       x StallError(TimeoutError)         a stage made no progress for longer than allowed
+        + LoaderTimeout(RuntimeError)    no batch within a DataLoader's timeout (torch's type)
       x FailureBudgetExceeded            a stage failed on more items than max_failures
                                          allows (``.failures`` lists them)
       x WorkerError(RuntimeError)        a worker process died, or could not start (names it)
@@ -34,8 +36,10 @@ if TYPE_CHECKING:
 __all__ = [
     "AsyncflowError",
     "ConfigError",
+    "ConfigTypeError",
     "DecodeError",
     "FailureBudgetExceeded",
+    "LoaderTimeout",
     "PipelineError",
     "SourceError",
     "SourceNotFound",
@@ -52,6 +56,11 @@ class AsyncflowError(Exception):
 
 class ConfigError(AsyncflowError, ValueError):
     """An invalid pipeline spec or option, raised when the method is called."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """An option of the wrong type (``replacement=0`` where a bool belongs): a
+    :class:`ConfigError` that is also the ``TypeError`` torch raises for it."""
 
 
 class SourceError(AsyncflowError):
@@ -76,6 +85,11 @@ class DecodeError(AsyncflowError, ValueError):
 
 class StallError(AsyncflowError, TimeoutError):
     """A stage with work in hand produced nothing for longer than ``stall_timeout``."""
+
+
+class LoaderTimeout(StallError, RuntimeError):
+    """No batch arrived within a DataLoader's ``timeout``: a :class:`StallError` (a
+    ``TimeoutError``) that is also the ``RuntimeError`` torch's DataLoader raises."""
 
 
 class WorkerError(AsyncflowError, RuntimeError):

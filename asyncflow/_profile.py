@@ -17,7 +17,6 @@ last output, so a slow stage after it does not slow it down.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import logging
 import time
@@ -100,10 +99,7 @@ class ProfileReport:
             name = spec.name or spec.default_name()
             if name in by_name and hasattr(spec, "concurrency"):
                 stages[i] = dataclasses.replace(spec, concurrency=by_name[name])
-        new = copy.copy(pipe)
-        new._stages = tuple(stages)
-        new._last = []
-        return new
+        return pipe.with_stages(stages)
 
     def _rows(self, *, html: bool) -> list[list[str]]:
         rows = []
@@ -232,17 +228,14 @@ def _sub_pipeline(
 ) -> Any:
     """``pipe``'s options and type, with ``items`` as the source, then ``spec``, the tap,
     and the stages ``after`` it."""
-    from .pipeline._pipeline import _Source
-
-    new = copy.copy(pipe)
-    new._source = _Source(items)
-    new._stages = (_skipping(spec),)
-    new._hooks = ()
-    new._last = []
-    new._options = dataclasses.replace(pipe.options, max_failures=1.0, report_every=None)
-    new = new.map(tap.function(), name="profile-tap", buffer=_UNBOUNDED)
-    new._stages = (*new._stages, *(_skipping(s) for s in after))
-    return new
+    new = (
+        pipe.with_source(items)
+        .without_hooks()
+        .with_options(max_failures=1.0, report_every=None)
+        .with_stages((_skipping(spec),))
+        .map(tap.function(), name="profile-tap", buffer=_UNBOUNDED)
+    )
+    return new.with_stages((*new.stages, *(_skipping(s) for s in after)))
 
 
 def _timed_run(pipe: Any, tap: _Tap) -> tuple[float, Any]:

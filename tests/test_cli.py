@@ -226,3 +226,24 @@ def test_cache_info_describes_a_cache(tmp_path: Path, capsys: pytest.CaptureFixt
     assert run(["cache", "info", "--json", str(path)]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["usable"] is True and data["count"] == 10
+
+
+def test_demo_table_counts_images_not_groups() -> None:
+    """The demo's table as docs/profiling.md shows it: images in and out, internal hidden."""
+    result = _cli("demo", "--images", "256", "--batch-size", "32", "--size", "64")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("stage "))
+    assert lines[start].split() == [
+        "stage", "kind", "conc", "in", "out", "items/s", "busy", "per", "item", "queue",
+        "failures",
+    ]
+    rows = {line.split()[0]: [c for c in line.split() if c != "*"] for line in lines[start + 2:]
+            if line and not line.startswith(("finished", "running"))
+            and line.split()[0] in ("source", "decode", "batch", "claim", "rows")}
+    assert sorted(rows) == ["batch", "decode", "source"]
+    assert rows["source"][1:2] + rows["source"][3:5] == ["source", "0", "256"]
+    assert rows["decode"][1] == "map" and rows["decode"][3:5] == ["256", "256"]
+    assert rows["batch"][1] == "assemble" and rows["batch"][3:5] == ["256", "8"]
+    assert "finished: 8 items in" in result.stdout
+    assert "internal stages hidden: " in result.stdout and "rows" in result.stdout

@@ -22,7 +22,7 @@ def _stage(name: str, *, utilization: float = 0.1, failures: int = 0, **kw: obje
         name=name, kind="map", concurrency=2, items_in=1000, items_out=1000 - failures,
         failures=failures, failed_items=(), busy_seconds=1.0, mean_seconds_per_item=0.002,
         utilization=utilization, in_flight=0, queue_fill=3, queue_capacity=8,
-        mean_queue_fill=4.0,
+        mean_queue_fill=4.0, items_per_second=500.0,
     )
     base.update(kw)
     return StageStats(**base)  # type: ignore[arg-type]
@@ -62,7 +62,7 @@ def test_stats_text_has_every_column_and_marks_the_bottleneck() -> None:
     decode = next(line for line in text.splitlines() if line.startswith("decode"))
     assert decode.startswith("decode *")
     assert "97%" in decode  # busy
-    assert "500" in decode  # 999 items out / 2 s, rounded
+    assert "500" in decode  # items_per_second: 1,000 items handled / 2 s
     assert "3/8" in decode  # queue fill now / capacity
     assert "bottleneck: decode" in text
     assert "finished: 999 items in 2.00 s" in text
@@ -154,3 +154,41 @@ def test_failures_notes_and_settings_are_shown_redacted() -> None:
             assert part not in shown, shown
     described = pipeline_text(Pipeline([url]).map(str, name="fetch"))
     assert "hunter2" not in described
+
+
+def _with_internal(**kw: object) -> PipelineStats:
+    return _stats(
+        stages=(
+            _stage("source", kind="source", concurrency=1, items_in=0),
+            _stage("claim", internal=True, utilization=0.9),
+            _stage("decode", utilization=0.5),
+            _stage("rows", kind="unbatch", internal=True),
+        ),
+        **kw,
+    )
+
+
+def test_internal_stages_are_hidden_and_named_below_the_table() -> None:
+    text = stats_text(_with_internal())
+    names = [line.split()[0] for line in text.splitlines()[2:6] if line and line[0] != " "]
+    assert names[:2] == ["source", "decode"]
+    assert not any(line.startswith(("claim", "rows")) for line in text.splitlines())
+    assert "internal stages hidden: claim, rows" in text
+    assert "internal stages hidden: claim, rows" in stats_html(_with_internal())
+    assert "claim" not in re.sub(r"<pre>.*</pre>", "", stats_html(_with_internal()), flags=re.S)
+
+
+def test_internal_stages_are_listed_and_marked_when_asked() -> None:
+    stats = _with_internal()
+    text = stats.table(internal=True)
+    assert any(line.startswith("claim (internal)") for line in text.splitlines())
+    assert any(line.startswith("rows (internal)") for line in text.splitlines())
+    assert "hidden" not in text
+    assert str(stats) == stats_text(stats)  # the default: hidden
+
+
+def test_items_per_second_is_the_stage_s_own_rate() -> None:
+    stats = _stats(stages=(_stage("batch", kind="batch", items_in=1000, items_out=10,
+                                  items_per_second=1234.0),))
+    line = next(x for x in stats_text(stats).splitlines() if x.startswith("batch"))
+    assert "1,234" in line

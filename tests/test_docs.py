@@ -1,4 +1,5 @@
-"""The docs site builds with ``mkdocs build --strict``, and the README's example is real code."""
+"""The docs site builds with ``mkdocs build --strict``, and the README's example is real code
+that runs."""
 
 from __future__ import annotations
 
@@ -86,6 +87,26 @@ def test_readme_has_the_two_commands_and_valid_python() -> None:
         _parse(block, "README.md")
 
 
+def test_readme_first_example_yields_a_tensor_batch(tmp_path: Path) -> None:
+    """The README's first example, run as written on the demo's images: ``urls`` are their
+    paths, and ``train_step`` receives float32 NCHW tensor batches a model can take."""
+    import torch
+
+    from asyncflow._demo import make_sample_folder
+
+    root = make_sample_folder(tmp_path / "images", images=70)
+    urls = sorted(str(p) for p in root.rglob("*.jpg"))
+    batches: list[object] = []
+    example = _python_blocks((ROOT / "README.md").read_text())[0]
+    exec(compile(example, "README.md", "exec"), {"urls": urls, "train_step": batches.append})
+    assert len(batches) == 2, [type(b) for b in batches]
+    first, last = batches
+    assert isinstance(first, torch.Tensor) and isinstance(last, torch.Tensor), type(first)
+    assert first.dtype == torch.float32 and first.shape == (64, 3, 224, 224)
+    assert last.shape == (6, 3, 224, 224) and first.is_contiguous()
+    assert -3 < first.mean().item() < 3  # normalized, not 0-255
+
+
 def test_docs_python_blocks_parse() -> None:
     for page in (ROOT / "docs").rglob("*.md"):
         for block in _python_blocks(page.read_text()):
@@ -95,7 +116,8 @@ def test_docs_python_blocks_parse() -> None:
 # Public names the API reference covers another way: the errors through their module's page,
 # sub-packages through their own pages, constants in prose, torch's own default_collate.
 _DOCUMENTED_ELSEWHERE = {
-    "AsyncflowError", "ConfigError", "DecodeError", "PipelineError", "SourceError",
+    "AsyncflowError", "ConfigError", "ConfigTypeError", "LoaderTimeout", "DecodeError",
+    "PipelineError", "SourceError",
     "SourceNotFound", "SourcePermissionError", "SourceTimeout", "StallError", "WorkerError",
     "FailureBudgetExceeded", "image", "sources", "__version__", "DEFAULT_MAX_PIXELS",
     "IMAGENET_MEAN", "IMAGENET_STD", "IMG_EXTENSIONS", "default_collate",

@@ -20,16 +20,16 @@ def _slow(x: int) -> int:
 def _bars(pipe: Pipeline) -> list[ProgressBar]:
     """Run ``pipe`` once, keeping the hooks the run built."""
     made: list[ProgressBar] = []
-    factory = pipe._hooks[-1]
+    factory = pipe.hooks[-1]
 
     def spy(run: object) -> ProgressBar:
         bar = factory(run)
         made.append(bar)
         return bar
 
-    spied = Pipeline.__new__(type(pipe))
-    spied.__dict__.update(pipe.__dict__)
-    spied._hooks = (*pipe._hooks[:-1], spy)
+    spied = pipe.without_hooks()
+    for hook in (*pipe.hooks[:-1], spy):
+        spied = spied.with_hook(hook)
     for _ in spied:
         pass
     return made

@@ -5,17 +5,14 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self, TypeVar
 
 from .._errors import ConfigError
-from ..pipeline import Pipeline
+from ..pipeline import Pipeline, RunPlan
 from ._fingerprint import canonical, fingerprint, state_of, summarize
 from ._info import CacheInfo, info
 from ._replay import finish
 from ._source import CacheSource
-
-if TYPE_CHECKING:
-    from ..pipeline._run import Runtime
 
 __all__ = ["CachedPipeline", "cache"]
 
@@ -25,15 +22,21 @@ _DEFERRED_BUFFER = 16
 # Stages after a batch stage that keep its items lists of samples.
 _KEEPS_LISTS = {"prefetch", "shuffle", "filter"}
 
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
-class CachedPipeline(Pipeline):
+
+class CachedPipeline(Pipeline[T_co]):
     """A pipeline replaying a cache of ``upstream``'s output, filling it on the first pass.
+
+    A ``CachedPipeline[T]`` caches a ``Pipeline[T]``: replayed items are rebuilt with the
+    structure of the cached ones.
 
     Built by ``upstream.cache(path, ...)``. Each iteration is an epoch that replays a valid
     cache, or fills it while passing upstream's items through (see :func:`cache`).
     """
 
-    def __init__(self, source: CacheSource, *, upstream: Pipeline) -> None:
+    def __init__(self, source: CacheSource, *, upstream: Pipeline[T_co]) -> None:
         # Replayed batches copied for stages after this one are large: a short queue keeps
         # their buffers few and reused.
         super().__init__(source, name=upstream.options.name,
@@ -42,19 +45,19 @@ class CachedPipeline(Pipeline):
         self._cache_source = source
         self._upstream = upstream
 
-    def _runtime(self) -> Runtime:
+    def run_plan(self) -> RunPlan:
+        plan = super().run_plan()
         source = self._cache_source
         if self.stages or source.layout != "batches" or not source.ready():
-            return super()._runtime()
+            return plan
         # A replay whose batches go straight to the consumer: those that need a copy
         # (shuffled ones) are copied in its thread when it asks for them (why:
         # asyncflow.cache._replay). Until then they hold no memory, so more of them may wait.
         # ready() reads only the manifest (this runs in the consumer's thread); the epoch
         # checks and maps the files on a worker thread, and fills the cache should they fail.
-        options = dataclasses.replace(self.options, source_buffer=_DEFERRED_BUFFER)
-        rt = self._new_runtime(source.replaying, options)
-        rt.receive_hooks.insert(0, finish)
-        return rt
+        options = dataclasses.replace(plan.options, source_buffer=_DEFERRED_BUFFER)
+        return RunPlan(open_source=source.replaying, options=options,
+                       receive_hooks=(finish, *plan.receive_hooks))
 
     @property
     def path(self) -> Path:
@@ -62,7 +65,7 @@ class CachedPipeline(Pipeline):
         return self._cache_source.path
 
     @property
-    def upstream(self) -> Pipeline:
+    def upstream(self) -> Pipeline[T_co]:
         """The pipeline whose output is cached."""
         return self._upstream
 
@@ -89,8 +92,8 @@ class CachedPipeline(Pipeline):
             return super().shuffle(buffer_size=1024 if buffer_size is None else buffer_size,
                                    seed=seed, name=name)
         new = type(self)(self._cache_source.shuffled(seed), upstream=self._upstream)
-        for hook in self._hooks:
-            new = new._with_hook(hook)
+        for hook in self.hooks:
+            new = new.with_hook(hook)
         return new
 
     def describe(self) -> list[dict[str, Any]]:
@@ -101,7 +104,7 @@ class CachedPipeline(Pipeline):
         return [head, *super().describe()[1:]]
 
 
-def _layout(pipe: Pipeline, batched: bool | None) -> str:
+def _layout(pipe: Pipeline[Any], batched: bool | None) -> str:
     if batched is not None:
         if not isinstance(batched, bool):
             raise ConfigError(f"batched must be True, False or None, got {batched!r}")
@@ -119,7 +122,7 @@ def _layout(pipe: Pipeline, batched: bool | None) -> str:
     return "samples"
 
 
-def _description(pipe: Pipeline) -> list[dict[str, Any]]:
+def _description(pipe: Pipeline[Any]) -> list[dict[str, Any]]:
     """``pipe.describe()``, each entry with the ``state`` of its source or stage function (see
     :func:`state_of`): the listing a source holds, the options a decode function carries."""
     stages = pipe.describe()
@@ -134,14 +137,14 @@ def _description(pipe: Pipeline) -> list[dict[str, Any]]:
 
 
 def cache(
-    pipe: Pipeline,
+    pipe: Pipeline[T],
     path: str | os.PathLike[str],
     *,
     batched: bool | None = None,
     key: Any = None,
     wait: bool = False,
     durable: bool = False,
-) -> CachedPipeline:
+) -> CachedPipeline[T]:
     """Store ``pipe``'s output at ``path`` on the first full pass; replay it afterwards.
 
     Every item must hold tensors, numpy arrays or numbers (in tuples, lists or dicts) of one

@@ -27,20 +27,20 @@ import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
 
 from .._errors import ConfigError, SourceNotFound
-from ..pipeline import Pipeline, Processes
+from ..pipeline import ItemGroup, Pipeline, Processes, label_stage
 from ..pipeline._auto import choose_workers, usable_cpus
 from ._batch import IMAGENET_MEAN, IMAGENET_STD
 from ._decode import DEFAULT_MAX_PIXELS, decode
 from ._geometry import target_size
 from ._rows import DecodeIntoSharedRow, Failed, Ticket
 from ._shared import ClaimRows, SharedSlabs
-from ._slots import BatchAssembler
+from ._slots import Batch, BatchAssembler
 
 __all__ = ["IMG_EXTENSIONS", "Failed", "ImageFolder", "Sample", "folder", "scan"]
 
@@ -147,24 +147,25 @@ class _Listing:
         with self._lock:
             self._next_epoch = epoch
 
-    def __call__(self) -> Iterator[list[Sample]]:
+    def __call__(self) -> Iterator[ItemGroup]:
         with self._lock:
             epoch, run = self._next_epoch, self._runs
             self._next_epoch += 1
             self._runs += 1
         return self._items(epoch, run)
 
-    def _items(self, epoch: int, run: int) -> Iterator[list[Sample]]:
+    def _items(self, epoch: int, run: int) -> Iterator[ItemGroup]:
         order: Iterable[Any] = range(len(self.samples))
         if self.shuffle:
             order = np.random.default_rng([self.seed, epoch]).permutation(len(self.samples))
-        group: list[Sample] = []
+        # Groups: stats count the images in them, not the groups.
+        group = ItemGroup()
         for pos, i in enumerate(order):
             path, label = self.samples[int(i)]
             group.append(Sample(path, label, epoch, pos, run, int(i)))
             if len(group) == self.group:
                 yield group
-                group = []
+                group = ItemGroup()
         if group:
             yield group
 
@@ -183,8 +184,8 @@ class _DecodeIntoRow:
         self.options = options
         self.__name__ = "decode"
 
-    def __call__(self, items: list[Sample]) -> list[Ticket | Failed]:
-        return [self._one(item) for item in items]
+    def __call__(self, items: list[Sample]) -> ItemGroup:
+        return ItemGroup(self._one(item) for item in items)
 
     def _one(self, item: Sample) -> Ticket | Failed:
         ticket, out = self.assembler.claim(item.run, item.pos, item.label)
@@ -203,13 +204,15 @@ class _Assemble:
 
     An async generator per decoded row: it yields the batches that row completes, then, for
     a failed row, raises the decode error, which the engine counts as that row's failure.
+    Its kind in ``stats()`` is ``"assemble"``, as in ``describe()``.
     """
 
     def __init__(self, assembler: BatchAssembler) -> None:
         self.assembler = assembler
         self.__name__ = "batch"
+        label_stage(self, kind="assemble")
 
-    async def __call__(self, row: Ticket | Failed) -> AsyncIterator[tuple[Any, Any]]:
+    async def __call__(self, row: Ticket | Failed) -> AsyncIterator[Batch]:
         failed = isinstance(row, Failed)
         ticket = row.ticket if isinstance(row, Failed) else row
         for batch in self.assembler.arrived(ticket, ok=not failed):
@@ -218,8 +221,9 @@ class _Assemble:
             raise row.error
 
 
-class ImageFolder(Pipeline):
-    """A :class:`~asyncflow.Pipeline` over an image-folder tree, with its class mapping.
+class ImageFolder(Pipeline[Batch]):
+    """A :class:`~asyncflow.Pipeline` of ``(images, labels)`` tensor batches over an
+    image-folder tree, with its class mapping.
 
     Attributes:
         root: The folder given.
@@ -240,6 +244,10 @@ class ImageFolder(Pipeline):
 
     def describe(self) -> list[dict[str, Any]]:
         """As :meth:`Pipeline.describe`, with the stage that releases batches shown as such.
+
+        Names and kinds are those of ``stats()``, whose default table hides the internal
+        stages (``claim`` with processes, and ``rows``, which splits the decoders' groups
+        into images); ``stats().table(internal=True)`` lists them.
 
         That stage is a ``flat_map`` for the engine (one decoded row in, the batches it
         completes out); described as ``"assemble"`` with its ``batch_size``, so that tools
@@ -362,7 +370,9 @@ def folder(
         "normalize": normalize, "mean": tuple(mean), "std": tuple(std),
     }
 
-    pipe = ImageFolder(listing, name=f"image.folder({os.fspath(root)})",
+    # For type checkers the ImageFolder yields batches from the start; the stages added below
+    # (each a copy of the same class) are what turn the listing's groups into batches.
+    pipe = ImageFolder(listing, name=f"image.folder({os.fspath(root)})",  # type: ignore[arg-type]
                        notes=(f"stage 'decode' runs on {note}",) if note else ())
     pipe.root = os.fspath(root)
     pipe.classes = classes
@@ -372,28 +382,29 @@ def folder(
     pipe.drop_last = drop_last
     pipe._listing = listing
     pipe._assembler = assembler
+    groups: Pipeline[Any] = pipe
     if processes is None:
         pipe._batch_stage = 3  # describe(): the source, decode, rows, then this stage
         # One group per hand-off (buffer=2 x threads makes the chunks single groups): a
         # decoder holding many groups would claim rows beyond `ahead` and wait on itself.
-        pipe = pipe.map(_DecodeIntoRow(assembler, seed, options), concurrency=threads,
-                        ordered=False, name="decode", workers="threads", buffer=2 * threads)
+        rows = groups.map(_DecodeIntoRow(assembler, seed, options), concurrency=threads,
+                          ordered=False, name="decode", workers="threads", buffer=2 * threads)
     else:
         pipe._batch_stage = 4  # the source, claim, decode, rows, then this stage
         decoder = DecodeIntoSharedRow(seed, options, (batch_size, 3, out_h, out_w),
                                       str(assembler._np_dtype))
-        pipe = (
+        rows = (
             # Rows claimed and not yet released are bounded by these queues: the claim stage's
             # two groups, four per worker process in flight, two per worker decoded and
             # waiting, and the rows queue; about as many batches as `ahead` allows threads.
-            pipe.map(ClaimRows(assembler), name="claim", buffer=2)
+            groups.map(ClaimRows(assembler), name="claim", buffer=2)
             .map(decoder, concurrency=threads, ordered=False, name="decode", workers=processes,
                  buffer=2 * threads)
         )
-    pipe = (
-        pipe.unbatch(name="rows")
+    batches = (
+        rows.unbatch(name="rows")
         .flat_map(_Assemble(assembler), name="batch", max_failures=max_failures)
     )
     if device is not None:
-        pipe = pipe.to_device(device)
-    return pipe
+        batches = batches.to_device(device)
+    return cast(ImageFolder, batches)  # each stage method copied ``pipe``, class and all

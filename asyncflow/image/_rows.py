@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..pipeline import ItemGroup
 from ..pipeline._shm import SHM_DIR
 from ._decode import decode
 
@@ -73,8 +74,8 @@ class DecodeIntoSharedRow:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_slabs": OrderedDict()}  # mappings stay in their process
 
-    def __call__(self, items: list[Claimed]) -> list[Any]:
-        out: list[Any] = []
+    def __call__(self, items: list[Claimed]) -> ItemGroup:
+        out = ItemGroup()  # stats count its images
         for item in items:
             try:
                 row = self._slab(item.slab)[item.ticket.row]

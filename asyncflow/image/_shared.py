@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..pipeline import ItemGroup, label_stage
 from ..pipeline._shm import SHM_DIR, segment_prefix, sweep
 from ._rows import Claimed
 from ._slots import BatchAssembler
@@ -69,14 +70,18 @@ class SharedSlabs:
 
 
 class ClaimRows:
-    """The claim stage (one thread, in listing order): give each item of a group its row."""
+    """The claim stage (one thread, in listing order): give each item of a group its row.
+
+    An internal stage (see ``stats().table(internal=True)``): its time counts for ``decode``.
+    """
 
     def __init__(self, assembler: BatchAssembler) -> None:
         self.assembler = assembler
         self.__name__ = "claim"
+        label_stage(self, internal=True)
 
-    def __call__(self, items: list[Any]) -> list[Claimed]:
-        out = []
+    def __call__(self, items: list[Any]) -> ItemGroup:
+        out = ItemGroup()
         for item in items:
             ticket, slab = self.assembler.claim_shared(item.run, item.pos, item.label)
             out.append(Claimed(item.path, item.epoch, item.sample, ticket, slab))

@@ -1,9 +1,17 @@
-"""The engine: specs, the fluent Pipeline, runs on their own loop thread, channels, stats."""
+"""The engine: specs, the fluent Pipeline, runs on their own loop thread, channels, stats.
 
-from ._handle import Run
+Features (``asyncflow.torch``, ``asyncflow.cache``, progress bars, display) extend a pipeline
+through the public seams exported here; see ``EXTENDING.md``.
+"""
+
+from ._core import HookFactory
+from ._features import feature, register_feature
+from ._handle import ConsumerHook, Run
+from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender
+from ._options import RunOptions, RunPlan
 from ._pipeline import Pipeline
-from ._spec import CustomSpec
-from ._stats import FailureRecord, PipelineStats, StageStats
+from ._spec import CustomSpec, StageSpec
+from ._stats import FailureRecord, ItemGroup, PipelineStats, StageStats, label_stage
 from ._workers import (
     Processes,
     WorkerInfo,
@@ -20,14 +28,28 @@ def register_reducer(cls: type, reducer: object) -> None:
 
 
 __all__ = [
+    "ConsumerHook",
     "CustomSpec",
     "FailureRecord",
+    "HookFactory",
+    "ItemGroup",
+    "Node",
+    "NodeContext",
     "Pipeline",
     "PipelineStats",
     "Processes",
+    "ReceiveHook",
+    "Receiver",
     "Run",
+    "RunOptions",
+    "RunPlan",
+    "Sender",
+    "StageSpec",
     "StageStats",
     "WorkerInfo",
+    "feature",
+    "label_stage",
+    "register_feature",
     "register_reducer",
     "register_worker_setup",
     "worker_info",

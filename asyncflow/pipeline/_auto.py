@@ -22,7 +22,8 @@ def usable_cpus() -> int:
 
 
 def choose_workers(
-    fn: Any, workers: int, *, stage: str, min_cores: int = 2, small: str = ""
+    fn: Any, workers: int, *, stage: str, min_cores: int = 2, small: str = "",
+    needed: str | None = None,
 ) -> tuple[Processes | None, str]:
     """What ``workers="auto"`` picks for a sync stage: processes where they are safe and
     there are at least ``min_cores`` usable cores.
@@ -33,6 +34,9 @@ def choose_workers(
         stage: The stage's name, for messages.
         min_cores: Fewer usable cores than this: threads (``small`` says why).
         small: Why threads win below ``min_cores``, with the figures behind it.
+        needed: Why only worker processes give the stage's meaning (say, torch's
+            ``worker_init_fn``): then any number of cores and workers takes processes,
+            where they are safe.
 
     Returns:
         ``(Processes or None for threads, the reason)``; the reason is shown in ``stats()``.
@@ -44,7 +48,9 @@ def choose_workers(
 
     cores = usable_cpus()
     why_not: str | None = None
-    if cores < 2 or workers < 2:
+    if needed is not None:
+        pass
+    elif cores < 2 or workers < 2:
         why_not = f"{min(cores, workers)} worker(s) on {cores} usable core(s) gain nothing"
     elif cores < min_cores:
         why_not = f"{cores} usable cores: {small}"
@@ -61,6 +67,8 @@ def choose_workers(
             why_not = str(exc)
     if why_not is not None:
         return None, f"threads (workers='auto'): {why_not}"
+    if needed is not None:
+        return resolve_workers("processes"), f"processes (workers='auto'): {needed}"
     return resolve_workers("processes"), (
         f"processes (workers='auto'): {workers} worker processes on {cores} usable cores; "
         "the GIL caps threads, and a training loop's own Python competes with them for it"

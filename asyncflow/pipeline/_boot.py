@@ -65,6 +65,7 @@ def boot_payload(fn: Callable[[Any], Any], size: int, spec: Processes, stage: st
         "setups": [h for h in worker_setups() if h.__module__ not in providers.values()],
         "modules": _shm.eager_reducer_modules(),
         "info": {"num_workers": size, "seed": spec.seed or 0, "stage": stage},
+        "reseed": spec.reseed,
     }
     try:
         # (what the worker runs, the lazy providers): start_context reads the first part

@@ -5,11 +5,22 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, Self
 
 from .._errors import StallError
 from ._run import Runtime
 from ._stats import PipelineStats
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    # The item type of a pipeline and of its runs. Its default makes a bare ``Pipeline`` or
+    # ``Run`` annotation mean ``Pipeline[Any]``, as it did before they were generic.
+    T_co = TypeVar("T_co", covariant=True, default=Any)
+else:
+    from typing import TypeVar
+
+    T_co = TypeVar("T_co", covariant=True)  # typing.TypeVar takes a default from 3.13 on
 
 __all__ = ["ConsumerHook", "Run"]
 
@@ -22,8 +33,8 @@ class ConsumerHook(Protocol):
     def close(self) -> None: ...
 
 
-class Run:
-    """One run (epoch) of a pipeline, from the consumer's side.
+class Run(Generic[T_co]):
+    """One run (epoch) of a pipeline, from the consumer's side; it yields ``T_co`` items.
 
     Iterate it with ``for`` or ``async for``; items come in input order unless a stage says
     otherwise. Leaving a ``with`` / ``async with`` block, :meth:`close`, ``break`` followed by
@@ -37,8 +48,8 @@ class Run:
         make_runtime: Callable[[], Runtime],
         *,
         timeout: float | None = None,
-        hooks: tuple[Callable[[Run], ConsumerHook], ...] = (),
-        on_start: Callable[[Runtime, Run], None] | None = None,
+        hooks: tuple[Callable[[Run[Any]], ConsumerHook], ...] = (),
+        on_start: Callable[[Runtime, Run[Any]], None] | None = None,
     ) -> None:
         self._make_runtime = make_runtime
         self._timeout = timeout
@@ -48,7 +59,7 @@ class Run:
         self._chunk: list[Any] = []
         self._pos = 0
         self._closed = False
-        self._apply: Callable[[Any], Any] | None = None
+        self._apply: Callable[[Any], T_co] | None = None
         self._hooks: list[ConsumerHook] = []
         self._finalizer: weakref.finalize[Any, Any] | None = None
         # Consumers inside a refill (from before the run starts to the hand-off's answer): a
@@ -74,7 +85,7 @@ class Run:
         rt.start()
         return rt
 
-    def start(self) -> Run:
+    def start(self) -> Self:
         """Start loading now (iteration would start it anyway). Returns ``self``."""
         self._start()
         return self
@@ -138,7 +149,7 @@ class Run:
             if close is not None:
                 close()
 
-    def __enter__(self) -> Run:
+    def __enter__(self) -> Self:
         self._start()
         return self
 
@@ -148,7 +159,7 @@ class Run:
     ) -> None:
         self.close()
 
-    async def __aenter__(self) -> Run:
+    async def __aenter__(self) -> Self:
         self._start()
         return self
 
@@ -160,10 +171,10 @@ class Run:
 
     # -- iteration ----------------------------------------------------------------------
 
-    def __iter__(self) -> Run:
+    def __iter__(self) -> Self:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> T_co:
         pos, chunk = self._pos, self._chunk
         if pos < len(chunk):
             item = chunk[pos]
@@ -173,7 +184,7 @@ class Run:
             return item if apply is None else apply(item)
         return self._refill_sync()
 
-    def _refill_sync(self) -> Any:
+    def _refill_sync(self) -> T_co:
         self._reading += 1
         try:
             return self._refill_sync_reading()
@@ -185,7 +196,7 @@ class Run:
         """Whether a consumer is waiting for this run's next items now."""
         return self._reading > 0
 
-    def _refill_sync_reading(self) -> Any:
+    def _refill_sync_reading(self) -> T_co:
         rt = self._start()
         if rt is None:
             raise StopIteration
@@ -207,10 +218,10 @@ class Run:
         self._chunk, self._pos = chunk, 0
         return self.__next__()
 
-    def __aiter__(self) -> Run:
+    def __aiter__(self) -> Self:
         return self
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> T_co:
         pos, chunk = self._pos, self._chunk
         if pos < len(chunk):
             item = chunk[pos]

@@ -15,6 +15,7 @@ from ._node import NodeContext, Receiver, Sender
 from ._offload import FAILED, run_chunk, run_chunk_remote
 from ._spec import MapSpec
 from ._stages import _MAX_CHUNK, _PER_PROCESS, _TARGET_CHUNK_SECONDS, _progress
+from ._stats import count_items
 
 __all__ = ["MapNode"]
 
@@ -55,6 +56,7 @@ class MapNode:
         self._max_bytes = getattr(ctx.counters.output, "max_bytes", None)
         self._holders = holders
         self._out_size: float | None = None
+        ctx.counters.label(spec.fn)
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
@@ -115,12 +117,12 @@ class MapNode:
                 before = self._outputs(items, values, index, clean=False)
                 if before:
                     await out.put_many(before)
-                    _progress(self.ctx, len(before))
+                    _progress(self.ctx, count_items(before))
                 raise
         outs = self._outputs(items, values, len(values), clean=not failures)
         if outs:
             await out.put_many(outs)
-        _progress(self.ctx, len(outs))
+        _progress(self.ctx, count_items(outs))
 
     async def _deliver(self, ticket: int, result: _Single, out: Sender) -> None:
         if self._reorder is not None:
@@ -155,7 +157,8 @@ class MapNode:
             ticket, items = await self._take(inp, self._chunk)
             if not items:
                 return
-            counters.items_in += len(items)
+            counters.items_in += count_items(items)
+            counters.chunks += 1
             counters.in_flight += 1
             try:
                 values, failures, elapsed = await self._submit(items)
@@ -175,7 +178,8 @@ class MapNode:
             ticket, items = await self._take(inp, 1)
             if not items:
                 return
-            counters.items_in += 1
+            counters.items_in += count_items(items)
+            counters.chunks += 1
             counters.in_flight += 1
             start = time.perf_counter()
             try:

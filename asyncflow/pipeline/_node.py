@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, Protocol
@@ -98,6 +99,34 @@ class NodeContext:
             return asyncio.ensure_future(run_in(self.executor, fn, *args))
         return self._pool.submit(asyncio.get_running_loop(), self.name, fn, *args)
 
+    async def run_timed(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """:meth:`run_sync`, counted as the stage's work: one chunk, in flight meanwhile, and
+        the call's time on its worker added to the stage's busy time (as a map stage's
+        function is), so that ``stats()`` and stall detection see a custom stage's work.
+
+        Raises:
+            Exception: What ``fn`` raised (its time is counted all the same).
+
+        Cancellation:
+            As :meth:`run_sync`; a cancelled call's time is not counted.
+        """
+        counters = self.counters
+        counters.chunks += 1
+        counters.in_flight += 1
+        try:
+            error, value, elapsed = await self.run_sync(_timed, fn, *args)
+        finally:
+            counters.in_flight -= 1
+        counters.busy += elapsed
+        if error is not None:
+            raise error
+        return value
+
+    def produced(self, count: int = 1) -> None:
+        """Count ``count`` items put out (what ``stats()`` and stall detection read)."""
+        self.counters.items_out += count
+        self.counters.last_progress = time.monotonic()
+
     def add_receive_hook(self, hook: ReceiveHook) -> None:
         """Apply ``hook`` to each item in the consumer's thread, before it is yielded."""
         self.receive_hooks.append(hook)
@@ -119,3 +148,14 @@ class NodeContext:
             f"{text} ({counters.failures} failure(s); max_failures={self.budget.limit})"
         )
         raise exc
+
+
+def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Exception | None, Any, float]:
+    """``fn(*args)`` on a worker: ``(error, value, seconds)``, the error returned, not raised,
+    so that a failed call's time counts too."""
+    start = time.perf_counter()
+    try:
+        value = fn(*args)
+    except Exception as exc:
+        return exc, None, time.perf_counter() - start
+    return None, value, time.perf_counter() - start

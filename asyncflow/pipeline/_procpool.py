@@ -22,19 +22,18 @@ import mmap
 import multiprocessing
 import os
 import secrets
-import signal
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
 from .._errors import WorkerError
 from . import _shm
 from ._boot import boot_payload, check_picklable, start_context, without_main
 from ._failures import describe_item
-from ._offload import FAILED, ChunkResult
+from ._jobs import Job, Slot, exit_reason, merge, settle, unpack
+from ._offload import ChunkResult
 from ._worker import STATUS, send, worker_main
 from ._workers import Processes
 
@@ -43,40 +42,6 @@ __all__ = ["ProcessPool", "check_picklable"]
 logger = logging.getLogger("asyncflow")
 
 _PER_WORKER = 2  # chunks queued per worker: one running, one ready to start
-
-
-class _Job:
-    __slots__ = ("by_value", "epoch", "first", "fut", "items", "jid", "loop", "origin",
-                 "skipped")
-
-    def __init__(self, jid: int, items: list[Any], first: int, epoch: int,
-                 loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> None:
-        # A copy: a dead worker's item is taken out of it, and the caller still reads its own.
-        self.jid, self.items, self.first, self.epoch = jid, list(items), first, epoch
-        self.loop, self.fut = loop, fut
-        self.origin: list[int] = list(range(len(items)))  # index in the caller's chunk
-        self.skipped: list[tuple[int, BaseException]] = []
-        self.by_value = False  # the worker could not load the items by reference
-
-
-class _Slot:
-    __slots__ = ("conn", "jobs", "process", "ready", "wid")
-
-    def __init__(self, wid: int, process: Any, conn: Connection) -> None:
-        self.wid, self.process, self.conn = wid, process, conn
-        self.jobs: deque[_Job] = deque()
-        self.ready = False
-
-
-def _exit_reason(code: int | None) -> str:
-    if code is None:
-        return "no exit code"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 class ProcessPool:
@@ -103,9 +68,9 @@ class ProcessPool:
         self._jids = itertools.count()
         self._names = itertools.count()
         self._lock = threading.Lock()
-        self._slots: list[_Slot] = []
+        self._slots: list[Slot] = []
         self._broken: BaseException | None = None
-        self._waiting: list[_Job] = []  # submitted while the only worker is being replaced
+        self._waiting: list[Job] = []  # submitted while the only worker is being replaced
         self._closed = False
         self._started = False
         self._reader: threading.Thread | None = None
@@ -139,7 +104,7 @@ class ProcessPool:
         )
         self._reader.start()
 
-    def _spawn(self, wid: int) -> _Slot:
+    def _spawn(self, wid: int) -> Slot:
         parent, child = multiprocessing.Pipe(duplex=True)
         process = self._context.Process(
             target=worker_main, args=(child, self.boot, self._status_path, wid),
@@ -148,7 +113,7 @@ class ProcessPool:
         with without_main():
             process.start()
         child.close()
-        return _Slot(wid, process, parent)
+        return Slot(wid, process, parent)
 
     def shutdown(self, timeout: float = 2.0) -> None:
         """Stop every worker (asked, then terminated, then killed) and sweep their segments."""
@@ -192,7 +157,7 @@ class ProcessPool:
         _shm.sweep(self.prefix)
         error = RuntimeError("the process pool was shut down")
         for job in pending:
-            _settle(job, None, error)
+            settle(job, None, error)
 
     @property
     def closed(self) -> bool:
@@ -212,22 +177,22 @@ class ProcessPool:
             Cancelling the future drops the result; the worker finishes the chunk.
         """
         loop = asyncio.get_running_loop()
-        job = _Job(next(self._jids), items, first, epoch, loop, loop.create_future())
+        job = Job(next(self._jids), items, first, epoch, loop, loop.create_future())
         self._dispatch(job)
         return job.fut
 
-    def _dispatch(self, job: _Job) -> None:
+    def _dispatch(self, job: Job) -> None:
         try:
             offsets = job.origin if job.skipped else None
             message = (job.jid, job.items, job.first, job.epoch, offsets)
             payload, segments = _shm.dumps(message, self._name, by_value=job.by_value)
         except Exception as exc:
-            _settle(job, None, exc)
+            settle(job, None, exc)
             return
         with self._lock:
             if self._broken is not None or self._closed:
                 _shm.discard(segments)
-                _settle(job, None, self._broken or RuntimeError("the process pool is shut down"))
+                settle(job, None, self._broken or RuntimeError("the process pool is shut down"))
                 return
             if not self._slots:  # the one worker died: its replacement sends this on
                 _shm.discard(segments)
@@ -269,10 +234,10 @@ class ProcessPool:
                     self._drain(slot)
                     self._died(slot)
 
-    def _receive(self, slot: _Slot) -> bool:
+    def _receive(self, slot: Slot) -> bool:
         """Handle one message; ``False`` when the pipe is at its end (the worker is gone)."""
         try:
-            kind, payload, segments = _unpack(slot.conn.recv_bytes())
+            kind, payload, segments = unpack(slot.conn.recv_bytes())
         except (EOFError, OSError):
             return False  # the sentinel reports the death
         if kind == "ready":
@@ -288,14 +253,14 @@ class ProcessPool:
             self._unloadable(slot, payload.decode(errors="replace"))
         return True
 
-    def _drain(self, slot: _Slot) -> None:
+    def _drain(self, slot: Slot) -> None:
         """Read what a dead worker sent before it died (a result, a boot error)."""
         with contextlib.suppress(EOFError, OSError):
             # poll() is true at the end of the pipe too: stop there, or this spins forever.
             while slot.conn.poll() and self._receive(slot):
                 pass
 
-    def _result(self, slot: _Slot, payload: bytes, segments: list[tuple[str, int]]) -> None:
+    def _result(self, slot: Slot, payload: bytes, segments: list[tuple[str, int]]) -> None:
         try:
             _, values, failures, elapsed = _shm.loads(payload, segments)
         except Exception as exc:
@@ -308,11 +273,11 @@ class ProcessPool:
         if job is None:
             return
         if error is not None:
-            _settle(job, None, error)
+            settle(job, None, error)
             return
-        _settle(job, _merge(job, values, failures, elapsed), None)
+        settle(job, merge(job, values, failures, elapsed), None)
 
-    def _unloadable(self, slot: _Slot, text: str) -> None:
+    def _unloadable(self, slot: Slot, text: str) -> None:
         """The worker could not unpickle a job: send it again by value, or fail its items."""
         with self._lock:
             job = slot.jobs.popleft() if slot.jobs else None
@@ -326,11 +291,11 @@ class ProcessPool:
             f"worker {slot.wid} of stage {self.stage!r} could not unpickle item "
             f"{describe_item(item)}: {text}"
         )) for i, item in enumerate(job.items)]
-        _settle(job, _merge(job, [], failures, 0.0), None)
+        settle(job, merge(job, [], failures, 0.0), None)
 
-    def _died(self, slot: _Slot) -> None:
+    def _died(self, slot: Slot) -> None:
         slot.process.join(0.5)
-        reason = _exit_reason(slot.process.exitcode)
+        reason = exit_reason(slot.process.exitcode)
         with self._lock:
             if self._closed:
                 return
@@ -348,7 +313,7 @@ class ProcessPool:
                 f"starting ({reason})"
             ))
             for job in jobs:
-                _settle(job, None, self._broken)
+                settle(job, None, self._broken)
             return
         if jobs:  # before the replacement, which writes its own status in the same slot
             self._blame(slot.wid, pid, jobs[0], reason)
@@ -365,17 +330,17 @@ class ProcessPool:
             replacement.conn.close()
             replacement.process.close()
             for job in jobs:
-                _settle(job, None, RuntimeError("the process pool was shut down"))
+                settle(job, None, RuntimeError("the process pool was shut down"))
             return
         for job in jobs:
             if job.items:
                 self._dispatch(job)
             else:
-                _settle(job, _merge(job, [], [], 0.0), None)
+                settle(job, merge(job, [], [], 0.0), None)
         logger.warning("asyncflow: worker %d of stage %r (pid %s) died (%s); replaced",
                        slot.wid, self.stage, pid, reason)
 
-    def _blame(self, wid: int, pid: int | None, job: _Job, reason: str) -> None:
+    def _blame(self, wid: int, pid: int | None, job: Job, reason: str) -> None:
         assert self._status is not None
         jid, index = STATUS.unpack_from(self._status, wid * STATUS.size)
         if jid != job.jid or not 0 <= index < len(job.items):
@@ -396,38 +361,8 @@ class ProcessPool:
             for slot in self._slots:
                 slot.jobs.clear()
         for job in jobs:
-            _settle(job, None, self._broken)
-
-
-def _merge(job: _Job, values: list[Any], failures: list[tuple[int, BaseException]],
-           elapsed: float) -> ChunkResult:
-    """The worker's results in the caller's indexing, with the skipped items failed."""
-    total = len(job.origin) + len(job.skipped)
-    out: list[Any] = [FAILED] * total
-    failed = {i for i, _ in failures}
-    for k, orig in enumerate(job.origin):
-        if k < len(values) and k not in failed:
-            out[orig] = values[k]
-    merged = [(job.origin[i], exc) for i, exc in failures] + job.skipped
-    merged.sort(key=lambda pair: pair[0])
-    return out, merged, elapsed
-
-
-def _settle(job: _Job, result: Any, error: BaseException | None) -> None:
-    def settle() -> None:
-        if job.fut.done():
-            return
-        if error is not None:
-            job.fut.set_exception(error)
-        else:
-            job.fut.set_result(result)
-
-    with contextlib.suppress(RuntimeError):  # the run's loop is closed: nobody waits
-        job.loop.call_soon_threadsafe(settle)
-
-
-def _unpack(message: bytes) -> tuple[str, bytes, list[tuple[str, int]]]:
-    import pickle
-
-    kind, payload, segments = pickle.loads(message)
-    return kind, payload, segments
+            settle(job, None, self._broken)
+        # A broken pool serves nothing more: stop its workers and its reader now (from
+        # another thread: this may be the reader), rather than when its owner is collected.
+        threading.Thread(target=self.shutdown, name=f"asyncflow-{self.stage}-stop",
+                         daemon=True).start()

@@ -25,6 +25,7 @@ __all__ = [
     "UnbatchSpec",
     "check_budget",
     "check_positive",
+    "check_seconds",
     "fn_name",
     "is_async_callable",
 ]
@@ -36,6 +37,14 @@ def check_positive(what: str, value: Any, *, allow_none: bool = False) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{what} must be an int >= 1, got {value!r}")
+
+
+def check_seconds(what: str, value: Any) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is ``None`` or a positive number."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{what} must be a positive number of seconds, got {value!r}")
 
 
 def check_budget(value: Any, *, allow_none: bool = False) -> None:

@@ -1,6 +1,9 @@
 """The stage coroutines of a run: source, map / filter, flat_map, batch, unbatch, prefetch,
 shuffle. Each reads chunks from its input channel and writes to its output (``map`` and
-``filter`` are in ``_map.py``)."""
+``filter`` are in ``_map.py``).
+
+Counters count user items, not messages: an :class:`ItemGroup` (several items moving as one)
+counts as its length (:func:`count_items`)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from ._channel import Channel
 from ._node import NodeContext, Receiver, Sender
 from ._offload import next_chunk
 from ._spec import BatchSpec, MapSpec, PrefetchSpec, ShuffleSpec
+from ._stats import ItemGroup, count_items, count_one
 
 __all__ = [
     "BatchNode",
@@ -34,6 +38,7 @@ _PER_PROCESS = 4  # chunks in flight per worker process
 
 
 def _progress(ctx: NodeContext, produced: int) -> None:
+    """Count ``produced`` items out (user items: see :func:`count_items`)."""
     ctx.counters.items_out += produced
     ctx.counters.last_progress = time.monotonic()
 
@@ -83,7 +88,7 @@ class SourceNode:
         try:
             async for item in it:
                 await out.put(item)
-                _progress(self.ctx, 1)
+                _progress(self.ctx, count_one(item))
         finally:
             await _aclose(it)
 
@@ -91,7 +96,7 @@ class SourceNode:
         for start in range(0, len(seq), _SOURCE_CHUNK):
             chunk = list(seq[start : start + _SOURCE_CHUNK])
             await out.put_many(chunk)
-            _progress(self.ctx, len(chunk))
+            _progress(self.ctx, count_items(chunk))
 
     async def _run_iterator(self, it: Any, out: Sender) -> None:
         # The iterator may do slow work (listing files, reading a manifest): advance it on a
@@ -107,7 +112,7 @@ class SourceNode:
                 running = False
                 if items:
                     await out.put_many(items)
-                    _progress(ctx, len(items))
+                    _progress(ctx, count_items(items))
                 if error is not None:
                     raise error
                 if done:
@@ -151,6 +156,7 @@ class FlatMapNode:
         self._slots: dict[int, _Slot] = {}
         self._slot_added: asyncio.Event | None = None
         self._workers_left = 0
+        ctx.counters.label(spec.fn)
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
@@ -171,6 +177,7 @@ class FlatMapNode:
     async def _expand(self, item: Any, out: Sender) -> None:
         ctx = self.ctx
         start = time.perf_counter()
+        ctx.counters.chunks += 1
         ctx.counters.in_flight += 1
         try:
             if self.is_async:
@@ -189,14 +196,14 @@ class FlatMapNode:
                 try:
                     async for value in it:
                         await out.put(value)
-                        _progress(ctx, 1)
+                        _progress(ctx, count_one(value))
                 finally:
                     await _aclose(it)
                 return
             while True:
                 if chunk:
                     await out.put_many(chunk)
-                    _progress(ctx, len(chunk))
+                    _progress(ctx, count_items(chunk))
                 if error is not None:
                     raise error
                 if done:
@@ -221,7 +228,7 @@ class FlatMapNode:
             if not items:
                 return
             for item in items:
-                self.ctx.counters.items_in += 1
+                self.ctx.counters.items_in += count_one(item)
                 await self._expand_or_fail(item, out)
 
     async def _slot_worker(self, inp: Receiver) -> None:
@@ -231,7 +238,7 @@ class FlatMapNode:
                 items = await inp.get_many(1)
                 if not items:
                     return
-                self.ctx.counters.items_in += 1
+                self.ctx.counters.items_in += count_items(items)
                 slot = _Slot(self.capacity)
                 self._slots[self._ticket] = slot
                 self._ticket += 1
@@ -279,7 +286,7 @@ class BatchNode:
         size, pending = self.size, []
         counters = self.ctx.counters
         while items := await inp.get_many(_DRAIN):
-            counters.items_in += len(items)
+            counters.items_in += count_items(items)
             pending.extend(items)
             if len(pending) >= size:
                 full = len(pending) - len(pending) % size
@@ -293,15 +300,22 @@ class BatchNode:
 
 
 class UnbatchNode:
-    """Emits the elements of each item (a list, tuple, tensor or any iterable)."""
+    """Emits the elements of each item (a list, tuple, tensor or any iterable).
+
+    Splitting an :class:`ItemGroup` hands on the items it already counted as, so an unbatch
+    stage that receives only groups does nothing the user sees: it is internal."""
 
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
+        counters = self.ctx.counters
+        only_groups = True
         while batches := await inp.get_many(64):
-            self.ctx.counters.items_in += len(batches)
+            counters.items_in += count_items(batches)
+            only_groups = only_groups and all(b.__class__ is ItemGroup for b in batches)
+            counters.internal = only_groups
             for batch in batches:
                 try:
                     items = list(batch)
@@ -309,7 +323,7 @@ class UnbatchNode:
                     self.ctx.item_failed(batch, exc)
                     continue
                 await out.put_many(items)
-                _progress(self.ctx, len(items))
+                _progress(self.ctx, count_items(items))
 
 
 class PrefetchNode:
@@ -321,9 +335,10 @@ class PrefetchNode:
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
         while items := await inp.get_many(_DRAIN):
-            self.ctx.counters.items_in += len(items)
+            count = count_items(items)
+            self.ctx.counters.items_in += count
             await out.put_many(items)
-            _progress(self.ctx, len(items))
+            _progress(self.ctx, count)
 
 
 class ShuffleNode:
@@ -340,7 +355,7 @@ class ShuffleNode:
         size, rng = self.size, self.rng
         pool: list[Any] = []
         while items := await inp.get_many(_SOURCE_CHUNK):
-            self.ctx.counters.items_in += len(items)
+            self.ctx.counters.items_in += count_items(items)
             ready = []
             for item in items:
                 if len(pool) < size:
@@ -351,7 +366,7 @@ class ShuffleNode:
                     pool[index] = item
             if ready:
                 await out.put_many(ready)
-                _progress(self.ctx, len(ready))
+                _progress(self.ctx, count_items(ready))
         rng.shuffle(pool)
         await out.put_many(pool)
-        _progress(self.ctx, len(pool))
+        _progress(self.ctx, count_items(pool))

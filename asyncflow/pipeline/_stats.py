@@ -4,13 +4,78 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from .._redact import redact
+from ._features import feature
 
-__all__ = ["FailureRecord", "PipelineStats", "StageCounters", "StageStats"]
+__all__ = [
+    "INTERNAL",
+    "KIND",
+    "FailureRecord",
+    "ItemGroup",
+    "PipelineStats",
+    "StageCounters",
+    "StageStats",
+    "count_items",
+    "count_one",
+    "label_stage",
+]
+
+F = TypeVar("F")
 
 _MAX_RECORDS = 10_000
+
+#: A stage function with this attribute set true makes an *internal* stage: one a library
+#: added around the user's stages (``image.folder``'s ``claim``), hidden from the default
+#: stats table; its time is attributed to the next stage that is not internal.
+INTERNAL = "__asyncflow_internal__"
+#: A stage function with this attribute (a string) names the stage's kind in ``stats()``,
+#: as its pipeline's ``describe()`` names it (``image.folder``'s ``"assemble"``).
+KIND = "__asyncflow_kind__"
+
+
+class ItemGroup(list):  # type: ignore[type-arg]
+    """Several user items moving through stages as one message (one hand-off, one queue
+    slot): stage statistics count its elements, not the group.
+
+    A library that batches items for its own efficiency (``image.folder`` hands decoders
+    groups of images) returns an ``ItemGroup`` where it would return a list; an ``unbatch``
+    stage that only splits groups back into items is internal (hidden from the default table).
+    """
+
+    __slots__ = ()
+
+
+def label_stage(fn: F, *, kind: str | None = None, internal: bool = False) -> F:
+    """Label the stage that runs ``fn`` (a ``map``, ``filter`` or ``flat_map`` function) in
+    ``stats()``, and return ``fn``.
+
+    Args:
+        fn: The stage function; it gets the attributes :data:`KIND` and :data:`INTERNAL`.
+        kind: The kind ``stats()`` shows, as the pipeline's ``describe()`` names it (a library's
+            stage, such as ``image.folder``'s ``"assemble"``).
+        internal: The stage is a library's, not the user's: the default stats table hides it,
+            and its time counts for the next stage that is not internal.
+    """
+    if kind is not None:
+        setattr(fn, KIND, kind)
+    setattr(fn, INTERNAL, internal)
+    return fn
+
+
+def count_items(values: list[Any]) -> int:
+    """User items in ``values``: one per value, an :class:`ItemGroup` its length."""
+    extra = 0
+    for value in values:  # a plain loop: no generator to set up for one-item chunks
+        if value.__class__ is ItemGroup:
+            extra += len(value) - 1
+    return len(values) + extra
+
+
+def count_one(value: Any) -> int:
+    """User items in one value: 1, an :class:`ItemGroup` its length."""
+    return len(value) if value.__class__ is ItemGroup else 1
 
 
 @dataclass(frozen=True)
@@ -41,6 +106,18 @@ class StageCounters:
         self.fill_area = 0.0  # integral of output-queue fill over time
         self.output: Any = None  # the output channel, for its current fill
         self.abandoned = False
+        #: Hand-offs of work to the stage's function or workers (chunks, calls).
+        self.chunks = 0
+        #: A stage a library added (see :data:`INTERNAL`).
+        self.internal = False
+        #: The kind shown in stats, when the stage's function names one (see :data:`KIND`).
+        self.shown_kind: str | None = None
+
+    def label(self, fn: Any) -> None:
+        """Take the stage's stats labels from its function (:data:`INTERNAL`, :data:`KIND`)."""
+        self.internal = bool(getattr(fn, INTERNAL, False))
+        kind = getattr(fn, KIND, None)
+        self.shown_kind = kind if isinstance(kind, str) else None
 
     def record(self, item: str, exc: BaseException) -> None:
         self.failures += 1
@@ -50,12 +127,14 @@ class StageCounters:
             )
 
     def snapshot(self, elapsed: float) -> StageStats:
-        done = self.items_out if self.kind != "filter" else self.items_in
+        # A stage handles the larger of what it takes and what it puts out: a filter's or a
+        # batch stage's input, an unbatch or flat_map stage's output.
+        done = max(self.items_in, self.items_out)
         span = max(elapsed, 1e-9)
         fill = len(self.output) if self.output is not None else 0
         return StageStats(
             name=self.name,
-            kind=self.kind,
+            kind=self.shown_kind or self.kind,
             concurrency=self.concurrency,
             items_in=self.items_in,
             items_out=self.items_out,
@@ -69,6 +148,9 @@ class StageCounters:
             queue_capacity=self.capacity,
             mean_queue_fill=self.fill_area / span,
             abandoned=self.abandoned,
+            items_per_second=done / span,
+            chunks=self.chunks,
+            internal=self.internal,
         )
 
 
@@ -76,16 +158,23 @@ class StageCounters:
 class StageStats:
     """A snapshot of one stage.
 
+    Counts are of user items, however the stage moves them: a map stage on threads or
+    processes hands its items to workers in adaptive chunks (counted in ``chunks``), and a
+    :class:`ItemGroup` of items travelling as one message counts as its items.
+
     Attributes:
-        name: The stage's name (``name=`` or derived from its function).
-        kind: ``source``, ``map``, ``filter``, ``flat_map``, ``batch``, ...
+        name: The stage's name (``name=`` or derived from its function), as in
+            ``pipe.describe()``.
+        kind: ``source``, ``map``, ``filter``, ``flat_map``, ``batch``, ... as in
+            ``pipe.describe()`` (a library's stage may name its own, e.g. ``assemble``).
         concurrency: Items the stage may work on at once.
         items_in: Items it took from its input.
-        items_out: Items it produced.
+        items_out: Items it produced (a batch stage: batches).
         failures: Items that failed (skipped under a budget, or the fatal one).
         failed_items: The failures, item repr and exception (the first 10,000).
         busy_seconds: Time spent in the stage's function, summed over workers.
-        mean_seconds_per_item: ``busy_seconds`` per item produced.
+        mean_seconds_per_item: ``busy_seconds`` per item handled: the larger of
+            ``items_in`` and ``items_out`` (a batch stage's items, not its batches).
         utilization: ``busy_seconds / (elapsed * concurrency)``: near 1.0 means the stage
             is saturated.
         in_flight: Items in the function right now.
@@ -93,6 +182,14 @@ class StageStats:
         queue_capacity: That queue's capacity.
         mean_queue_fill: Time-averaged ``queue_fill``.
         abandoned: A worker was still stuck in this stage's function when the run stopped.
+        items_per_second: Items handled (as for ``mean_seconds_per_item``) per second of
+            the run.
+        chunks: Hand-offs of work to the stage's function: chunks for a sync ``map`` or
+            ``filter`` (``items_in / chunks`` is the mean chunk size), calls for an async
+            one, a ``flat_map`` or ``to_device``; 0 for stages without a function.
+        internal: A library added this stage around the user's (``image.folder``'s
+            ``claim`` and ``rows``): the default table hides it, and the bottleneck names the
+            next stage that is not internal in its place.
     """
 
     name: str
@@ -110,6 +207,9 @@ class StageStats:
     queue_capacity: int
     mean_queue_fill: float
     abandoned: bool = False
+    items_per_second: float = 0.0
+    chunks: int = 0
+    internal: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,9 +221,10 @@ class PipelineStats:
         elapsed: Seconds since the run started.
         delivered: Items handed to the consumer.
         running: Whether the run is still going.
-        bottleneck: The stage with the highest utilization, or ``"consumer"`` when the
-            output stays full (the loader is waiting for the training loop), or ``None``
-            before enough is known.
+        bottleneck: The stage with the highest utilization (an internal stage's time counts
+            for the next stage that is not internal), or ``"consumer"`` when the output stays
+            full (the loader is waiting for the training loop), or ``None`` before enough is
+            known.
         notes: What the run wants you to know: which workers a stage runs on and why,
             stages abandoned while stopping.
         loop_delay_max: The longest the run's event loop was late to wake up (seconds):
@@ -145,6 +246,15 @@ class PipelineStats:
         return self.delivered / self.elapsed if self.elapsed > 0 else 0.0
 
     @property
+    def user_stages(self) -> tuple[StageStats, ...]:
+        """The stages the user wrote: :attr:`stages` less the internal ones."""
+        return tuple(s for s in self.stages if not s.internal)
+
+    def table(self, *, internal: bool = False) -> str:
+        """The text table (``str(stats)``); ``internal=True`` lists internal stages too."""
+        return cast(str, feature("stats_text")(self, internal=internal))
+
+    @property
     def failures(self) -> tuple[FailureRecord, ...]:
         """Every recorded failure, in stage order."""
         return tuple(r for s in self.stages for r in s.failed_items)
@@ -156,23 +266,25 @@ class PipelineStats:
         raise KeyError(name)
 
     def __str__(self) -> str:
-        from .._display import stats_text
-
-        return stats_text(self)
+        return cast(str, feature("stats_text")(self))
 
     def _repr_html_(self) -> str:
-        from .._display import stats_html
-
-        return stats_html(self)
+        return cast(str, feature("stats_html")(self))
 
 
 def find_bottleneck(
     stages: tuple[StageStats, ...], output_fill: float, output_cap: int
 ) -> str | None:
-    """The consumer if the output stays mostly full; else the most utilized stage."""
+    """The consumer if the output stays mostly full; else the most utilized stage, an
+    internal stage standing for the next stage that is not internal (the one it works for)."""
     if not stages:
         return None
     if output_cap and output_fill >= 0.8 * output_cap:
         return "consumer"
-    busiest = max(stages, key=lambda s: s.utilization)
-    return busiest.name if busiest.utilization > 0 else None
+    busiest = max(range(len(stages)), key=lambda i: stages[i].utilization)
+    if stages[busiest].utilization <= 0:
+        return None
+    for stage in stages[busiest:]:
+        if not stage.internal:
+            return stage.name
+    return stages[busiest].name

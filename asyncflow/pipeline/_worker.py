@@ -87,6 +87,7 @@ class _Worker:
         self.conn = conn
         self.fn = setup["fn"]
         self.seed = setup["info"]["seed"]
+        self.reseed = setup.get("reseed", True)
         # The pid too: a dead worker's replacement takes its number, and a segment the dead one
         # wrote but never sent must not collide with the replacement's names.
         self.prefix = f"{setup['prefix']}w{wid}-{os.getpid()}-"
@@ -110,7 +111,8 @@ class _Worker:
         for index, item in enumerate(items):
             STATUS.pack_into(self.status, self.offset, jid, index)
             position = first + (index if offsets is None else offsets[index])
-            seed_everything(item_seed(self.seed, epoch, position))
+            if self.reseed:
+                seed_everything(item_seed(self.seed, epoch, position))
             try:
                 values.append(self.fn(item))
             except BaseException as exc:  # returned to the parent, which decides

@@ -80,6 +80,8 @@ class Processes:
         init: Called in each worker once, after start, with its :class:`WorkerInfo` (torch's
             ``worker_init_fn`` takes ``info.id``). Sent like the function.
         seed: The base seed (default: drawn once, when the stage is added).
+        reseed: Seed the generators before each item (default). ``False``: only ``init``
+            seeds them, once per worker, as torch's ``worker_init_fn`` does.
 
     Raises:
         ConfigError: An option is invalid.
@@ -89,6 +91,7 @@ class Processes:
     persistent: bool = False
     init: Callable[[WorkerInfo], Any] | None = None
     seed: int | None = None
+    reseed: bool = True
 
     def __post_init__(self) -> None:
         if self.start_method not in ("forkserver", "spawn"):
@@ -96,8 +99,9 @@ class Processes:
                 f"start_method must be 'forkserver' or 'spawn', got {self.start_method!r} "
                 "('fork' is unsafe once threads exist, and the run's loop is a thread)"
             )
-        if not isinstance(self.persistent, bool):
-            raise ConfigError(f"persistent must be True or False, got {self.persistent!r}")
+        for name in ("persistent", "reseed"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.init is not None and not callable(self.init):
             raise ConfigError(f"init must be callable, got {self.init!r:.80}")
         if self.seed is not None and (

@@ -14,7 +14,7 @@ _LAZY = {
     # remote and local reads (issue 7)
     "read_bytes": "asyncflow.sources._read",
     "session": "asyncflow.sources._read",
-    "ObjectInfo": "asyncflow.sources._read",
+    "ObjectInfo": "asyncflow.sources._transport",
     "list_objects": "asyncflow.sources._list",
     "tar_samples": "asyncflow.sources._tar",
     "tar_members": "asyncflow.sources._tar",
@@ -32,7 +32,6 @@ __getattr__ = lazy_getattr(__name__, _LAZY)
 if TYPE_CHECKING:
     # "import X as X" marks an explicit re-export for type checkers (``__all__`` is computed).
     from ._list import list_objects as list_objects
-    from ._read import ObjectInfo as ObjectInfo
     from ._read import read_bytes as read_bytes
     from ._read import session as session
     from ._retry import Retry as Retry
@@ -43,6 +42,7 @@ if TYPE_CHECKING:
     from ._samplers import WeightedRandomSampler as WeightedRandomSampler
     from ._tar import tar_members as tar_members
     from ._tar import tar_samples as tar_samples
+    from ._transport import ObjectInfo as ObjectInfo
 
 __all__ = sorted(_LAZY)
 

@@ -1,20 +1,28 @@
 """Local files (plain paths and ``file://`` URLs), read without blocking the event loop.
 
 aiofiles runs each open, read and close on the loop's default thread pool. Local reads are
-never retried: a missing or unreadable file fails at once.
+never retried: a missing or unreadable file fails at once. :class:`FileTransport` is the
+``file`` scheme's transport: whole files, files in chunks, and listings of folders, of path
+prefixes and of manifests.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import aiofiles
 
 from .._errors import SourceError, SourceNotFound, SourcePermissionError
+from ._manifest import MANIFEST_SUFFIXES, local_entries
+from ._retry import Retry, Timeout
+from ._transport import ObjectInfo
 
-__all__ = ["file_path", "read_file", "stream_file"]
+__all__ = ["FileTransport", "file_path", "read_file", "stream_file"]
 
 _CHUNK = 1024 * 1024
 
@@ -72,3 +80,63 @@ async def stream_file(path: str, offset: int = 0) -> AsyncGenerator[bytes, None]
                 yield chunk
     except OSError as exc:
         raise _translate(exc, path) from exc
+
+
+def _walk(root: str) -> list[tuple[str, int]]:
+    found: list[tuple[str, int]] = []
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                size = os.stat(path).st_size
+            except OSError:
+                continue  # vanished or a dangling link: not an object
+            found.append((path, size))
+    found.sort()  # whole paths in order, as an S3 listing orders keys
+    return found
+
+
+def _local_listing(path: str) -> tuple[str, list[tuple[str, int]] | None]:
+    """``("folder", files)``, ``("manifest", None)`` or ``("file", [(path, size)])``."""
+    if os.path.isdir(path):
+        return "folder", _walk(path)
+    if os.path.isfile(path):
+        if Path(path).suffix.lower() in MANIFEST_SUFFIXES:
+            return "manifest", None
+        return "file", [(path, os.stat(path).st_size)]
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise SourceNotFound(f"{path}: no such file or folder")
+    files = [(p, size) for p, size in _walk(parent) if p.startswith(path)]
+    return "folder", files
+
+
+class FileTransport:
+    """Local paths and ``file://`` URLs; ``retry`` and ``timeout`` do not apply."""
+
+    async def fetch(self, url: str, *, retry: Retry, timeout: Timeout) -> bytes:
+        return await read_file(file_path(url))
+
+    async def stream(
+        self, url: str, *, retry: Retry, timeout: Timeout
+    ) -> AsyncGenerator[bytes, None]:
+        async with aclosing(stream_file(file_path(url))) as local:
+            async for chunk in local:
+                yield chunk
+
+    async def list(
+        self, url: str, *, retry: Retry, timeout: Timeout
+    ) -> AsyncGenerator[ObjectInfo, None]:
+        """A folder's files (recursively, sorted), a prefix's, or a manifest's entries.
+
+        Entries are paths, or ``file://`` URLs when ``url`` is one.
+        """
+        path = file_path(url)
+        as_uri = url.lower().startswith("file:")
+        kind, files = await asyncio.to_thread(_local_listing, path)
+        if kind == "manifest":
+            for entry in local_entries(await read_file(path), path):
+                yield entry
+            return
+        for found, size in files or []:
+            yield ObjectInfo(Path(os.path.abspath(found)).as_uri() if as_uri else found, size)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 __all__ = ["mix"]
 
 _STOPS = ("first", "all", "cycle", "never")
+
+T = TypeVar("T")
 
 
 def _check_weights(weights: Sequence[float] | None, count: int) -> np.ndarray:
@@ -30,12 +32,12 @@ def _check_weights(weights: Sequence[float] | None, count: int) -> np.ndarray:
 
 
 def mix(
-    pipelines: Sequence[Pipeline],
+    pipelines: Sequence[Pipeline[T]],
     weights: Sequence[float] | None = None,
     seed: int = 0,
     *,
     stop: str = "first",
-) -> Pipeline:
+) -> Pipeline[T]:
     """A pipeline whose items are drawn from ``pipelines``, each pick choosing one by weight.
 
     ``mix([web, books], weights=[0.7, 0.3], seed=0)`` gives about 70% items from ``web``.
@@ -76,7 +78,7 @@ def mix(
         raise ConfigError(f"mix: seed must be an int, got {seed!r}")
     epochs = itertools.count()
 
-    def open_epoch() -> AsyncIterator[Any]:
+    def open_epoch() -> AsyncIterator[T]:
         rng = np.random.default_rng(np.random.SeedSequence([seed & (2**64 - 1), next(epochs)]))
         return _draw(sources, p_weights, rng, stop)
 
@@ -84,9 +86,9 @@ def mix(
 
 
 async def _draw(
-    sources: list[Pipeline], weights: np.ndarray, rng: np.random.Generator, stop: str
-) -> AsyncIterator[Any]:
-    runs: list[Run | None] = [p.open() for p in sources]
+    sources: list[Pipeline[T]], weights: np.ndarray, rng: np.random.Generator, stop: str
+) -> AsyncIterator[T]:
+    runs: list[Run[T] | None] = [p.open() for p in sources]
     active = weights.copy()
     ran_out = [False] * len(sources)
     fresh = [True] * len(sources)  # opened and nothing read yet: an empty epoch if it ends

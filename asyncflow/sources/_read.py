@@ -1,107 +1,23 @@
 """``read_bytes``: one call for local paths, ``file://``, ``http(s)://`` and ``s3://``.
 
 Only enabled schemes are read: ``schemes=`` on the call, else the running pipeline's
-``schemes`` setting, else all of :data:`DEFAULT_SCHEMES`.
+``schemes`` setting, else all of ``_transport.DEFAULT_SCHEMES``; ``_transport.transport_for``
+picks the scheme's transport, as it does for listings and tar shards.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
-from .._errors import ConfigError, SourceError, SourcePermissionError
-from .._scope import RunScope, current_scope, use_scope
-from ._redact import redact_url
+from .._errors import ConfigError
+from .._scope import RunScope, use_scope
 from ._retry import Retry, Timeout, resolve_policy
+from ._transport import ObjectInfo, as_url, enabled_schemes, transport_for
 
-__all__ = ["DEFAULT_SCHEMES", "ObjectInfo", "read_bytes", "session"]
-
-DEFAULT_SCHEMES = frozenset({"file", "http", "https", "s3"})
-_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*):")
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    """One listed object: what ``list_objects(..., detail=True)`` yields.
-
-    ``read_bytes`` accepts it in place of its URL.
-
-    Attributes:
-        url: The object's full URL (``"s3://bucket/key"``), or its path for a local file.
-        size: Its size in bytes, when the listing says.
-        etag: The store's entity tag, when the listing says.
-    """
-
-    url: str
-    size: int | None = None
-    etag: str | None = None
-
-    def __repr__(self) -> str:
-        return f"ObjectInfo(url={redact_url(self.url)!r}, size={self.size!r}, etag={self.etag!r})"
-
-
-def as_url(item: object) -> str:
-    """The URL or path string of ``item`` (a ``str``, a path, or an :class:`ObjectInfo`)."""
-    if isinstance(item, ObjectInfo):
-        return item.url
-    if isinstance(item, str):
-        return item
-    if isinstance(item, os.PathLike):
-        path = os.fspath(item)
-        return path if isinstance(path, str) else os.fsdecode(path)
-    raise ConfigError(f"expected a URL, a path or an ObjectInfo, got {type(item).__name__}")
-
-
-def scheme_of(url: str) -> str:
-    """The lower-case scheme of ``url``; ``"file"`` for a plain path."""
-    sep = url.find("://")
-    if sep > 0 and (head := url[:sep]) in DEFAULT_SCHEMES:  # the common case, no regex
-        return head
-    match = _SCHEME.match(url)
-    if match is None or ("://" not in url and match.group(1).lower() != "file"):
-        return "file"
-    return match.group(1).lower()
-
-
-def _enabled(schemes: Iterable[str] | None) -> frozenset[str]:
-    if schemes is None:
-        scope = current_scope()
-        schemes = scope.settings.get("schemes") if scope is not None else None
-    if schemes is None:
-        return DEFAULT_SCHEMES
-    if isinstance(schemes, str):
-        raise ConfigError(f"schemes must be a collection of names, got the string {schemes!r}")
-    enabled = frozenset(s.lower() for s in schemes)
-    unknown = enabled - DEFAULT_SCHEMES
-    if unknown:
-        raise ConfigError(
-            f"unsupported schemes {sorted(unknown)}; supported: {sorted(DEFAULT_SCHEMES)}"
-        )
-    return enabled
-
-
-def check_scheme(url: str, schemes: Iterable[str] | None) -> str:
-    """The scheme of ``url`` if it is enabled; refuses it otherwise.
-
-    Raises:
-        SourcePermissionError: The scheme is supported but not enabled.
-        SourceError: The scheme is not one asyncflow reads.
-    """
-    scheme = scheme_of(url)
-    enabled = _enabled(schemes)
-    if scheme not in DEFAULT_SCHEMES:
-        raise SourceError(f"{redact_url(url)}: unsupported scheme {scheme!r}")
-    if scheme not in enabled:
-        raise SourcePermissionError(
-            f"{redact_url(url)}: scheme {scheme!r} is not enabled "
-            f"(enabled: {', '.join(sorted(enabled))})"
-        )
-    return scheme
-
+__all__ = ["ObjectInfo", "read_bytes", "session"]
 
 async def read_bytes(
     url: str | os.PathLike[str] | ObjectInfo,
@@ -141,19 +57,9 @@ async def read_bytes(
         closed, not reused.
     """
     text = as_url(url)
-    scheme = check_scheme(text, schemes)
+    transport = transport_for(text, schemes, endpoint_url)
     policy, deadlines = resolve_policy(retry, timeout)
-    if scheme == "file":
-        from ._files import file_path, read_file
-
-        return await read_file(file_path(text))
-    if scheme == "s3":
-        from . import _s3
-
-        return await _s3.fetch(text, retry=policy, timeout=deadlines, endpoint_url=endpoint_url)
-    from . import _http
-
-    return await _http.fetch(text, retry=policy, timeout=deadlines)
+    return await transport.fetch(text, retry=policy, timeout=deadlines)
 
 
 @asynccontextmanager
@@ -185,7 +91,7 @@ async def session(
     }
     resolve_policy(retry, timeout)  # fail on a bad policy now, not on the first read
     if schemes is not None:
-        _enabled(schemes)
+        enabled_schemes(schemes)
     scope = RunScope({k: v for k, v in settings.items() if v is not None})
     try:
         with use_scope(scope):

@@ -4,23 +4,38 @@ A :class:`Retry` and a :class:`Timeout` can be given per call (``read_bytes(url,
 or per pipeline (``Pipeline(..., retry=..., timeout=...)``, which the run publishes in its
 scope's settings); a per-call value wins. Backends (``_http``, ``_s3``) signal a failure worth
 another try by raising :class:`Transient`; anything else they raise is final.
+
+:func:`with_retries` is the one retry loop. A whole read (``fetch``, a listing page) is one
+call of it; a stream (a tar shard) is one call per chunk, through :func:`retry_stream`, which
+reopens the stream at the byte where a try broke: its budget of tries is per stall, and its
+``total`` deadline spans the whole stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .._errors import ConfigError, SourceError, SourceTimeout
 from .._scope import current_scope
 
-__all__ = ["Retry", "Timeout", "Transient", "resolve_policy", "with_retries"]
+__all__ = [
+    "Retry",
+    "Timeout",
+    "Transient",
+    "parse_retry_after",
+    "resolve_policy",
+    "retry_stream",
+    "with_retries",
+]
 
 T = TypeVar("T")
 
@@ -130,6 +145,24 @@ class Transient(Exception):
         self.timeout = timeout
 
 
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
 _DEFAULT_RETRY = Retry()
 _DEFAULT_TIMEOUT = Timeout()
 
@@ -158,7 +191,12 @@ def _plural(n: int) -> str:
 
 
 async def with_retries(
-    attempt: Callable[[], Awaitable[T]], *, what: object, retry: Retry, timeout: Timeout
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    what: object,
+    retry: Retry,
+    timeout: Timeout,
+    deadline: float | None = None,
 ) -> T:
     """Run ``attempt()`` until it returns, fails for good, or ``retry`` gives up.
 
@@ -166,6 +204,9 @@ async def with_retries(
         attempt: One try; raises :class:`Transient` for a failure worth another try.
         what: The operation and redacted URL for messages (``"GET https://host/a.jpg"``, or an
             :class:`~._redact.Operation` that redacts only when a message is made).
+        deadline: The event loop time by which ``timeout.total`` runs out, when it bounds an
+            operation of several calls (a stream's chunks); default: ``timeout.total`` from
+            now.
 
     Raises:
         SourceTimeout: The last try timed out, or ``timeout.total`` passed.
@@ -180,9 +221,11 @@ async def with_retries(
     failure: Transient | None = None
     fatal: SourceError | None = None
     # No total deadline (the default): no timeout context to enter for every read.
-    deadline = None if timeout.total is None else asyncio.timeout(timeout.total)
+    if deadline is None and timeout.total is not None:
+        deadline = asyncio.get_running_loop().time() + timeout.total
+    limit = None if deadline is None else asyncio.timeout_at(deadline)
     try:
-        async with deadline or _NO_DEADLINE:
+        async with limit or _NO_DEADLINE:
             while True:
                 tries += 1
                 try:
@@ -199,7 +242,7 @@ async def with_retries(
                           retry.attempts, wait)
                 await asyncio.sleep(wait)
     except TimeoutError:
-        if deadline is None or not deadline.expired():
+        if limit is None or not limit.expired():
             raise
         failure = Transient(f"no result within total={timeout.total}s", timeout=True)
     # Raised here, outside any except block, so that no foreign exception (whose text may
@@ -211,3 +254,74 @@ async def with_retries(
     if failure is not None and failure.timeout:
         raise SourceTimeout(message)
     raise SourceError(message)
+
+
+class _Reopening:
+    """A ranged read's current try, reopened at the byte where the last one broke."""
+
+    __slots__ = ("_it", "_open_at", "offset")
+
+    def __init__(self, open_at: Callable[[int], AsyncGenerator[bytes, None]]) -> None:
+        self._open_at = open_at
+        self._it: AsyncGenerator[bytes, None] | None = None
+        self.offset = 0
+
+    async def next(self) -> bytes | None:
+        """The next chunk (``None`` at the end); a broken try raises :class:`Transient`."""
+        if self._it is None:
+            self._it = self._open_at(self.offset)
+        try:
+            chunk = await anext(self._it, None)
+        except Transient as exc:
+            self._it = None  # it ended by raising: nothing to close
+            raise Transient(f"{exc.reason} at byte {self.offset}", status=exc.status,
+                            retry_after=exc.retry_after, timeout=exc.timeout) from None
+        if chunk is None:
+            self._it = None
+        else:
+            self.offset += len(chunk)
+        return chunk
+
+    async def aclose(self) -> None:
+        if self._it is not None:
+            await self._it.aclose()
+            self._it = None
+
+
+async def retry_stream(
+    open_at: Callable[[int], AsyncGenerator[bytes, None]],
+    *,
+    what: object,
+    retry: Retry,
+    timeout: Timeout,
+) -> AsyncGenerator[bytes, None]:
+    """The bytes of a ranged read, each chunk fetched through :func:`with_retries`.
+
+    Args:
+        open_at: One try at the bytes from an offset on; raises :class:`Transient` when it
+            breaks, and is then called again at the byte where it stopped.
+
+    Raises:
+        SourceError: A try failed for good, or ``retry.attempts`` tries in a row delivered
+            nothing; the message names ``what``, the reason and the byte where it stalled.
+        SourceTimeout: The last try timed out, or ``timeout.total`` (for the whole stream)
+            passed.
+
+    Cancellation:
+        Cancelling the consumer cancels the try or back-off in progress; closing the
+        generator closes the try's connection.
+    """
+    deadline = None
+    if timeout.total is not None:
+        deadline = asyncio.get_running_loop().time() + timeout.total
+    reader = _Reopening(open_at)
+    try:
+        while True:
+            chunk = await with_retries(
+                reader.next, what=what, retry=retry, timeout=timeout, deadline=deadline
+            )
+            if chunk is None:
+                return
+            yield chunk
+    finally:
+        await reader.aclose()

@@ -4,13 +4,13 @@ Credentials and region come from the standard AWS chain (environment, shared fil
 roles). The endpoint is ``endpoint_url=`` when given, else whatever botocore configures from
 ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` or the config file. botocore's own retries are
 off: :mod:`._retry` retries every call, so that one policy (and one attempt count in the
-final error) covers HTTP and S3 alike.
+final error) covers HTTP and S3 alike. :class:`S3Transport` is the ``s3`` scheme's transport.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -31,11 +31,11 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from .._errors import SourceError, SourceNotFound, SourcePermissionError
 from .._scope import current_scope
-from ._http import parse_retry_after
-from ._redact import describe_exception
-from ._retry import Retry, Timeout, Transient, with_retries
+from ._redact import describe_exception, redact_url
+from ._retry import Retry, Timeout, Transient, parse_retry_after, retry_stream, with_retries
+from ._transport import ObjectInfo
 
-__all__ = ["fetch", "list_page", "s3_client", "split_s3_url", "stream"]
+__all__ = ["S3Transport", "fetch", "list_page", "s3_client", "split_s3_url", "stream"]
 
 DEFAULT_CONNECTIONS = 256
 _CHUNK = 256 * 1024
@@ -248,3 +248,52 @@ async def list_page(
         raise _translate(exc, what, retry) from None
     token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
     return list(page.get("Contents", [])), token
+
+
+class S3Transport:
+    """``s3://bucket/key`` URLs, on the run's shared client for ``endpoint_url``."""
+
+    def __init__(self, endpoint_url: str | None = None) -> None:
+        self.endpoint_url = endpoint_url
+
+    async def fetch(self, url: str, *, retry: Retry, timeout: Timeout) -> bytes:
+        return await fetch(url, retry=retry, timeout=timeout, endpoint_url=self.endpoint_url)
+
+    async def stream(
+        self, url: str, *, retry: Retry, timeout: Timeout
+    ) -> AsyncGenerator[bytes, None]:
+        """The object in chunks; a broken try resumes (``Range``, ``IfMatch``) where it stopped."""
+        what = f"GET {redact_url(url)}"
+        resume = S3Resume()  # one per read: every resumed try proves the same object
+        async with s3_client(self.endpoint_url, timeout) as client:
+
+            def open_at(offset: int) -> AsyncGenerator[bytes, None]:
+                return stream(client, url, offset, what=what, retry=retry, resume=resume)
+
+            chunks = retry_stream(open_at, what=what, retry=retry, timeout=timeout)
+            async with aclosing(chunks):
+                async for chunk in chunks:
+                    yield chunk
+
+    async def list(
+        self, url: str, *, retry: Retry, timeout: Timeout
+    ) -> AsyncGenerator[ObjectInfo, None]:
+        """Every key under the prefix (folder markers skipped), page after page, in order."""
+        bucket, prefix = split_s3_url(url)
+        what = f"LIST {redact_url(url)}"
+        token: str | None = None
+        async with s3_client(self.endpoint_url, timeout) as client:
+
+            async def page() -> tuple[list[dict[str, Any]], str | None]:
+                return await list_page(client, bucket, prefix, token, what=what, retry=retry)
+
+            while True:
+                objects, token = await with_retries(page, what=what, retry=retry, timeout=timeout)
+                for obj in objects:
+                    key = obj["Key"]
+                    if not key.endswith("/"):
+                        etag = obj.get("ETag")
+                        yield ObjectInfo(f"s3://{bucket}/{key}", obj.get("Size"),
+                                         etag.strip('"') if etag else None)
+                if token is None:
+                    return

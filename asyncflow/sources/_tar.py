@@ -1,8 +1,9 @@
 """Tar shards streamed from a local file, HTTP(S) or S3, grouped into WebDataset samples.
 
 Nothing is written to disk: the archive is decoded as its bytes arrive (gzip shards are
-inflated on the way). A remote read that breaks mid-shard resumes with a range request from
-the byte where it stopped, under the same :class:`Retry` policy as ``read_bytes``.
+inflated on the way). The bytes come from the scheme's transport (``Transport.stream``): a
+remote read that breaks mid-shard resumes with a range request from the byte where it
+stopped, under the same :class:`Retry` policy and retry loop as ``read_bytes``.
 
 The event loop only moves bytes: inflating and parsing (``_tarstream.ShardDecoder``) run in
 the loop's default thread pool, one short call per chunk, so a shard never stalls the loop
@@ -22,106 +23,16 @@ from collections.abc import AsyncGenerator, Iterable
 from contextlib import aclosing
 from typing import Any
 
-from .._errors import ConfigError, SourceError, SourceTimeout
-from ._read import as_url, check_scheme
+from .._errors import ConfigError, SourceError
 from ._redact import redact_url
-from ._retry import Retry, Timeout, Transient, resolve_policy
+from ._retry import Retry, Timeout, resolve_policy
 from ._tarstream import Event, ShardDecoder
 from ._tarstream import unsafe_reason as unsafe_reason
+from ._transport import Transport, as_url, transport_for
 
 __all__ = ["tar_members", "tar_samples"]
 
 DEFAULT_MAX_MEMBER_BYTES = 1 << 31
-
-
-async def _chunks(
-    url: str,
-    scheme: str,
-    retry: Retry,
-    timeout: Timeout,
-    endpoint_url: str | None,
-) -> AsyncGenerator[bytes, None]:
-    """The shard's raw bytes; remote reads resume after a transient failure."""
-    if scheme == "file":
-        from ._files import file_path, stream_file
-
-        async with aclosing(stream_file(file_path(url))) as local:
-            async for chunk in local:
-                yield chunk
-        return
-    what = f"GET {redact_url(url)}"
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout.total is None else loop.time() + timeout.total
-    offset = failures = 0
-    resume = _resume_record(scheme)  # one per shard: every resumed try proves the same object
-    async with _client(scheme, timeout, endpoint_url) as client:
-        while True:
-            try:
-                async with aclosing(
-                    _open(scheme, client, url, offset, what, retry, timeout, resume)
-                ) as stream:
-                    async for chunk in stream:
-                        offset += len(chunk)
-                        failures = 0  # progress: the budget is per stall, not per shard
-                        yield chunk
-                        if deadline is not None and loop.time() > deadline:
-                            raise SourceTimeout(
-                                f"{what}: shard not read within total={timeout.total}s"
-                            )
-                return
-            except Transient as exc:
-                failure = exc
-            failures += 1
-            wait = retry.delay(failures, failure.retry_after)
-            late = deadline is not None and loop.time() + wait > deadline
-            if failures >= retry.attempts or late:
-                error = SourceTimeout if failure.timeout or late else SourceError
-                raise error(
-                    f"{what}: {failure.reason} at byte {offset} (gave up after "
-                    f"{failures} attempt{'s' if failures > 1 else ''} without progress"
-                    f"{f', total={timeout.total}s' if late else ''})"
-                )
-            await asyncio.sleep(wait)
-
-
-def _client(scheme: str, timeout: Timeout, endpoint_url: str | None) -> Any:
-    if scheme == "s3":
-        from ._s3 import s3_client
-
-        return s3_client(endpoint_url, timeout)
-    from ._http import http_session
-
-    return http_session()
-
-
-def _resume_record(scheme: str) -> Any:
-    if scheme == "s3":
-        from ._s3 import S3Resume
-
-        return S3Resume()
-    from ._http import Resume
-
-    return Resume()
-
-
-def _open(
-    scheme: str,
-    client: Any,
-    url: str,
-    offset: int,
-    what: object,
-    retry: Retry,
-    timeout: Timeout,
-    resume: Any = None,
-) -> AsyncGenerator[bytes, None]:
-    if scheme == "s3":
-        from . import _s3
-
-        return _s3.stream(client, url, offset, what=what, retry=retry, resume=resume)
-    from . import _http
-
-    return _http.stream(client, url, offset, what=what, retry=retry, timeout=timeout,
-                        resume=resume)
 
 
 def _check_max(max_member_bytes: int) -> None:
@@ -141,22 +52,22 @@ def _events(
 ) -> AsyncGenerator[Event, None]:
     """Check the arguments now; the shard's events (see ``_tarstream.Event``) on iteration."""
     text = as_url(url)
-    scheme = check_scheme(text, schemes)
+    transport = transport_for(text, schemes, endpoint_url)
     _check_max(max_member_bytes)
-    return _decode(text, scheme, retry, timeout, endpoint_url, max_member_bytes)
+    return _decode(transport, text, retry, timeout, max_member_bytes)
 
 
 async def _decode(
+    transport: Transport,
     url: str,
-    scheme: str,
     retry: Retry | None,
     timeout: Timeout | None,
-    endpoint_url: str | None,
     max_member_bytes: int,
 ) -> AsyncGenerator[Event, None]:
+    # Policies are resolved on iteration: a shard named before a run is read inside it.
     policy, deadlines = resolve_policy(retry, timeout)
     decoder = ShardDecoder(redact_url(url), max_member_bytes)
-    async with aclosing(_chunks(url, scheme, policy, deadlines, endpoint_url)) as raw:
+    async with aclosing(transport.stream(url, retry=policy, timeout=deadlines)) as raw:
         finished = False
         while not finished:
             # A plain tar ends at its end-of-archive marker; the record padding after it is

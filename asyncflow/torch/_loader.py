@@ -1,321 +1,199 @@
-"""``asyncflow.DataLoader``: torch's DataLoader interface over an asyncflow pipeline."""
+"""``asyncflow.DataLoader``: a ``torch.utils.data.DataLoader`` whose epochs run on asyncflow."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
-from torch.utils.data import RandomSampler as TorchRandomSampler
-from torch.utils.data import default_collate, default_convert
+from torch.utils.data import BatchSampler
+from torch.utils.data import DataLoader as TorchDataLoader
+from torch.utils.data.dataloader import _DatasetKind
 
-from .._errors import ConfigError
-from ..pipeline import Pipeline, PipelineStats, Processes, WorkerInfo
-from ..pipeline._auto import choose_workers, usable_cpus
-from ..sources._samplers import RandomSampler, SequentialSampler
-from ._state import EpochIterator, Indexed, LoaderState, Positioned
-from ._structure import map_tensors
+from ..pipeline import Pipeline, PipelineStats
+from ..pipeline._auto import usable_cpus
+from ._args import check_extras, refuse_unsupported, start_method
+from ._fetch import Fetch, is_stateful
+from ._frameworks import record_for_rebuild
+from ._iterable import IterableEpochs
+from ._layout import (
+    dataset_of,
+    dataset_states_of,
+    epoch_length,
+    epoch_pipeline,
+    index_batches,
+    restore_dataset_states,
+    restored,
+)
+from ._shuffle import ShuffleSampler
+from ._state import EpochIterator, LoaderState
 
 __all__ = ["DataLoader"]
 
-
-# Below this many cores a loader's threads beat its processes: a PIL-decoding Dataset holds
-# the GIL 7-16% of its time (measured: benchmarks/bench_gil.py), so two threads hardly wait for
-# it, while a process pays ~0.6 ms per image to send its collated float batch back. From 4
-# cores on, the GIL caps threads (PIL decoding stopped scaling near 4 threads on a 16-core
-# machine) and processes win. docs/performance.md has the figures.
-_PROCESS_CORES = 4
-_SMALL = ("a PIL-style Dataset's threads wait little for the GIL, and sending each batch back "
-          "from a process costs more (docs/performance.md); pass workers='processes' for a "
-          "Dataset whose Python holds the GIL")
+T_co = TypeVar("T_co", covariant=True)
 
 
-def _default_workers() -> int:
-    return usable_cpus()
+class DataLoader(TorchDataLoader[T_co]):
+    """``torch.utils.data.DataLoader``, with each epoch run by an asyncflow pipeline.
 
-
-class _Fetch:
-    """Load one batch: ``__getitems__`` or ``__getitem__`` per index, then collate. A class,
-    not a closure, so that worker processes receive the dataset once, with it."""
-
-    def __init__(self, dataset: Any, collate: Callable[[Any], Any], auto: bool,
-                 pin: bool) -> None:
-        self.dataset, self.collate, self.auto, self.pin = dataset, collate, auto, pin
-        self.__name__ = "fetch"
-
-    def __call__(self, item: Indexed) -> Positioned:
-        position, indices = item
-        dataset = self.dataset
-        if not self.auto:
-            out = self.collate(dataset[indices])
-        elif (getitems := getattr(dataset, "__getitems__", None)) is not None:
-            out = self.collate(getitems(list(indices)))
-        else:
-            out = self.collate([dataset[i] for i in indices])
-        return Positioned(position, _pin(out) if self.pin else out)
-
-    def __repr__(self) -> str:
-        # what an error names when the fetch cannot go to worker processes: the user's objects
-        collate = getattr(self.collate, "__qualname__", type(self.collate).__qualname__)
-        return f"fetch(dataset={type(self.dataset).__qualname__}, collate_fn={collate})"
-
-
-def _pin(batch: Any) -> Any:
-    return map_tensors(torch.Tensor.pin_memory, batch)
-
-
-class _TorchWorkerInit:
-    """In each worker process: make torch's ``get_worker_info()`` answer as in torch's own
-    workers, then call the user's ``worker_init_fn(worker_id)``."""
-
-    def __init__(self, dataset: Any, worker_init_fn: Callable[[int], Any] | None) -> None:
-        self.dataset, self.worker_init_fn = dataset, worker_init_fn
-
-    def __repr__(self) -> str:
-        fn = self.worker_init_fn
-        return f"(worker_init_fn={getattr(fn, '__qualname__', type(fn).__qualname__)})"
-
-    def __call__(self, info: WorkerInfo) -> None:
-        from torch.utils.data._utils import worker
-
-        seed = (info.seed + info.id) & (2**63 - 1)
-        worker._worker_info = worker.WorkerInfo(
-            id=info.id, num_workers=info.num_workers, seed=seed, dataset=self.dataset
-        )
-        torch.manual_seed(seed)
-        if self.worker_init_fn is not None:
-            self.worker_init_fn(info.id)
-
-
-def _start_method(context: Any) -> str:
-    if context is None:
-        return "forkserver"
-    name = context if isinstance(context, str) else getattr(context, "get_start_method",
-                                                            lambda: None)()
-    if name in ("spawn", "forkserver"):
-        return str(name)
-    raise ConfigError(
-        f"multiprocessing_context={context!r}: asyncflow starts workers with 'spawn' or "
-        "'forkserver' only ('fork' is unsafe in a process with threads, and the loader's own "
-        "loop is a thread); pass 'forkserver' (the default) or 'spawn'"
-    )
-
-
-def _check_int(what: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{what} must be an int >= {low}, got {value!r}")
-
-
-class _TorchGeneratorOrder:
-    """Shuffling with a ``torch.Generator``, drawing from it exactly as torch's loader does."""
-
-    def __init__(self, n: int, generator: torch.Generator) -> None:
-        self.generator = generator
-        self._sampler = TorchRandomSampler(range(n), generator=generator)
-        self.start_state: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return len(self._sampler)
-
-    def draw(self) -> list[int]:
-        self.start_state = self.generator.get_state()
-        # torch's iterator takes a worker base seed from the generator before the first index
-        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
-        return list(self._sampler)
-
-
-class DataLoader:
-    """Batches from a map-style dataset, loaded by worker processes or threads, with
-    ``torch.utils.data.DataLoader``'s interface: ``for batch in loader``, ``async for``,
-    ``len(loader)``, ``set_epoch(n)``, ``state_dict()`` / ``load_state_dict()``.
-
-    ``dataset`` is anything with ``__len__`` and ``__getitem__`` (a plain list will do); like
-    torch, a ``__getitems__(indices)`` method, if present, fetches a whole batch at once.
-    Batches come in sampler order. Arguments mean what they mean in torch, except:
+    A subclass of torch's loader, built by torch's own ``__init__``: it takes the same
+    arguments, in the same order, validates them with torch's messages, and has the same
+    attributes (``dataset``, ``sampler``, ``batch_sampler``, ...), so frameworks that
+    inspect or rebuild loaders (Lightning, Accelerate) take it as they take torch's.
+    Iterating it (``for`` or ``async for``) runs the epoch on asyncflow: worker processes
+    that live as long as the loader, or threads, chosen by measurement; batches in sampler
+    order. Arguments mean what they mean in torch, except:
 
     Args:
-        dataset: A map-style dataset. Each worker process has its own copy; on threads its
-            ``__getitem__`` is called from several threads at once, so it must be thread-safe
-            (reading files and decoding images are).
-        batch_size: As torch; ``None`` yields single samples (``collate_fn`` defaults to
-            ``default_convert`` then).
-        shuffle: As torch, but the order is reproducible: it comes from ``seed`` (or
-            ``generator``) and the epoch, and each new iteration advances the epoch unless
-            :meth:`set_epoch` says otherwise.
-        sampler: As torch; asyncflow's samplers (``asyncflow.RandomSampler``,
-            ``DistributedSampler``, ...) also make resuming exact. Any iterable of indices
-            works.
+        dataset: A map-style dataset (``__getitem__``; ``__getitems__`` fetches a whole
+            batch) or an ``IterableDataset``. Each worker process has its own copy; on
+            threads, a map-style dataset's ``__getitem__`` is called from several threads
+            at once. A dataset with ``state_dict()`` / ``load_state_dict()`` has its state
+            saved and restored with the loader's.
+        batch_size: As torch.
+        shuffle: As torch, but reproducible and resumable: without ``generator``, each
+            epoch's order comes from ``seed`` and the epoch.
+        sampler: As torch. Any iterable of indices.
         batch_sampler: As torch.
         num_workers: As torch: how many workers fetch batches (processes or threads, see
-            ``workers``). ``0`` fetches in this process, on one background thread. Default:
-            the usable cores.
-        collate_fn: As torch: ``default_collate`` (torch's own) by default.
+            ``workers``); ``0`` fetches on one background thread, one batch ahead. Default:
+            the usable cores (torch's is 0).
+        collate_fn: As torch.
+        pin_memory: As torch, through torch's own pinning (a batch type's ``pin_memory()``
+            method included). Without CUDA it does nothing; ``device=`` stages through
+            pinned memory anyway.
         drop_last: As torch.
-        pin_memory: As torch, done in the worker threads, or in this process after worker
-            processes. Ignored (silently, where torch warns) without CUDA, and unneeded with
-            ``device=``, which stages through pinned memory anyway.
-        device: *New.* Copy each batch to this device on a side CUDA stream, overlapping
-            compute (see :func:`asyncflow.torch.to_device`). ``None``: batches stay on the CPU.
-        prefetch_factor: As torch: batches kept ready per worker (default 2, also with
-            ``num_workers=0``).
-        timeout: As torch, seconds to wait for a batch (``0``: forever), but it raises
-            ``asyncflow.StallError`` (a ``TimeoutError``), not ``RuntimeError``.
-        generator: As torch: a ``torch.Generator`` for shuffling; the order then matches
-            torch's DataLoader given an identically seeded generator.
-        seed: *New.* Seeds the shuffle (``asyncflow.RandomSampler``) instead of
-            ``generator``. With neither, a seed is drawn from torch's global RNG when the
-            loader is built, so ``torch.manual_seed`` makes runs reproducible.
-        max_failures: *New.* Batches whose fetch or collate may fail before the loader
-            raises: ``0`` (default) raises on the first, as torch does; an int allows that
-            many; a float in [0, 1] that fraction. Failed batches are skipped, logged and
-            listed in :meth:`stats`.
-        workers: *New.* ``"auto"`` (default): worker processes on 4 or more usable cores,
-            where they are safe; threads otherwise (fewer cores, where a PIL-style Dataset's
-            threads win: docs/performance.md; one worker; a dataset, ``collate_fn`` or
-            ``worker_init_fn`` that cannot be pickled), saying which and why in
-            ``stats().notes``; ``"processes"`` or ``"threads"`` forces one. Workers never
-            import the main script again: no ``if __name__ == "__main__":`` guard needed.
+        timeout: As torch: seconds to wait for a batch (``0``: forever); raises
+            :class:`asyncflow.LoaderTimeout`, both torch's ``RuntimeError`` and
+            :class:`asyncflow.StallError`.
         worker_init_fn: As torch: called with the worker's id in each worker process, where
             ``torch.utils.data.get_worker_info()`` answers as in torch's workers.
-        persistent_workers: As torch: keep the worker processes from epoch to epoch, until
-            the loader is garbage-collected. When ``workers="auto"`` picks processes, they
-            persist anyway.
         multiprocessing_context: ``"forkserver"`` (default) or ``"spawn"``, a name or a
             context; ``"fork"`` is refused (the loader's own loop is a thread).
-
-    Not supported: ``pin_memory_device`` (use ``device=``) and iterable-style datasets (use
-    ``asyncflow.Pipeline``).
+        generator: As torch: a shuffle then matches torch's DataLoader given an identically
+            seeded generator, and each epoch draws a worker base seed from it first.
+        prefetch_factor: As torch: batches kept ready per worker (2 when ``None``).
+        persistent_workers: As torch. When ``workers="auto"`` picks processes, they persist
+            anyway (starting workers every epoch is what makes torch's default slow).
+        pin_memory_device: As torch.
+        in_order: Accepted; batches always come in sampler order (exact resume needs it).
+        device: *New.* Copy each batch to this device on a side CUDA stream (see
+            :func:`asyncflow.torch.to_device`). ``None``: batches stay on the CPU.
+        seed: *New.* Seeds the shuffle when no ``generator`` is given. ``None`` draws one
+            from torch's global RNG, so ``torch.manual_seed`` makes runs reproducible.
+        max_failures: *New.* ``0`` (default): a batch whose fetch or collate raises raises
+            that exception, the batch's own type (stage and indices in its notes), and
+            iterating on continues with the next batch, as in torch. An int allows that
+            many failed batches, a float in [0, 1] that fraction: they are skipped, logged
+            and listed in :meth:`stats`, and one more fails the epoch.
+        workers: *New.* ``"auto"`` (default): worker processes on 4 or more usable cores,
+            where they are safe; threads otherwise, saying why in ``stats().notes``.
+            ``"processes"`` or ``"threads"`` forces one.
 
     Raises:
-        ConfigError: Arguments that conflict (as torch's ``ValueError``: ``ConfigError`` is
-            one) or are out of range.
+        ValueError: Arguments torch refuses, with torch's messages; ``ConfigError`` (a
+            ``ValueError``) for asyncflow's own options.
+        TypeError: Unknown arguments (``ConfigTypeError``, saying what to use instead).
+
+    Cancellation:
+        Breaking out of a loop, an exception, or dropping the iterator stops the epoch's
+        pipeline; persistent worker processes stop when the loader is garbage-collected.
     """
 
     def __init__(
         self,
         dataset: Any,
         batch_size: int | None = 1,
-        shuffle: bool | None = False,
+        shuffle: bool | None = None,
         sampler: Iterable[int] | None = None,
         batch_sampler: Iterable[Sequence[int]] | None = None,
         num_workers: int | None = None,
         collate_fn: Callable[[Any], Any] | None = None,
-        drop_last: bool = False,
         pin_memory: bool = False,
-        device: str | int | torch.device | None = None,
-        prefetch_factor: int | None = None,
+        drop_last: bool = False,
         timeout: float = 0,
+        worker_init_fn: Callable[[int], Any] | None = None,
+        multiprocessing_context: Any = None,
         generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        device: str | int | torch.device | None = None,
         seed: int | None = None,
         max_failures: int | float = 0,
         workers: str = "auto",
-        worker_init_fn: Callable[[int], Any] | None = None,
-        persistent_workers: bool = False,
-        multiprocessing_context: Any = None,
+        **unsupported: Any,
     ) -> None:
-        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-            raise ConfigError(
-                f"DataLoader needs a map-style dataset (__len__ and __getitem__), got "
-                f"{type(dataset).__name__}; for streams, use asyncflow.Pipeline"
-            )
-        num_workers = _default_workers() if num_workers is None else num_workers
-        _check_int("num_workers", num_workers, 0)
-        prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
-        _check_int("prefetch_factor", prefetch_factor, 1)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
-            raise ConfigError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
-        if generator is not None and seed is not None:
-            raise ConfigError("give generator= or seed=, not both")
-        if batch_sampler is not None:
-            if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ConfigError(
-                    "batch_sampler option is mutually exclusive with batch_size, shuffle, "
-                    "sampler, and drop_last"
-                )
-            batch_size, drop_last = None, False
-        elif batch_size is None and drop_last:
-            raise ConfigError(
-                "batch_size=None option disables auto-batching and is mutually exclusive "
-                "with drop_last"
-            )
-        elif batch_size is not None:
-            _check_int("batch_size", batch_size, 1)
-        if sampler is not None and shuffle:
-            raise ConfigError("sampler option is mutually exclusive with shuffle")
-
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.drop_last = bool(drop_last)
-        self.num_workers = num_workers
-        self.prefetch_factor = prefetch_factor
-        self.pin_memory = bool(pin_memory)
-        self.timeout = timeout
-        self.generator = generator
+        refuse_unsupported(unsupported)
+        check_extras(workers=workers, seed=seed, generator=generator,
+                     max_failures=max_failures)
+        start_method(multiprocessing_context)  # 'fork' is refused before torch accepts it
+        torch_args = {
+            "dataset": dataset, "batch_size": batch_size, "shuffle": shuffle,
+            "sampler": sampler, "batch_sampler": batch_sampler, "num_workers": num_workers,
+            "collate_fn": collate_fn, "pin_memory": pin_memory, "drop_last": drop_last,
+            "timeout": timeout, "worker_init_fn": worker_init_fn,
+            "multiprocessing_context": multiprocessing_context, "generator": generator,
+            "prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers,
+            "pin_memory_device": pin_memory_device, "in_order": in_order,
+        }
+        recorded = record_for_rebuild(self, {**torch_args, "device": device, "seed": seed,
+                                             "max_failures": max_failures, "workers": workers})
+        super().__init__(**{
+            **torch_args, "num_workers": usable_cpus() if num_workers is None else num_workers,
+        })
         self.device = device
         self.max_failures = max_failures
-        self._torch_order: _TorchGeneratorOrder | None = None
-        order: Any = None
-        self._own_sampler = sampler is None and batch_sampler is None
-        if batch_sampler is None and sampler is None:
-            if shuffle and generator is not None:
-                self._torch_order = order = _TorchGeneratorOrder(len(dataset), generator)
-                sampler = order
-            elif shuffle:
-                if seed is None:
-                    seed = int(torch.empty((), dtype=torch.int64).random_().item())
-                sampler = RandomSampler(len(dataset), seed=seed)
-            else:
-                sampler = SequentialSampler(len(dataset))
-        self.sampler: Any = sampler
-        self.batch_sampler: Any = batch_sampler
-        auto = batch_sampler is not None or batch_size is not None
-        self.collate_fn = collate_fn or (default_collate if auto else default_convert)
-        self._auto_collation = auto
-        self._state = LoaderState()
-        self.worker_init_fn = worker_init_fn
-        self.persistent_workers = bool(persistent_workers)
-        self.multiprocessing_context = multiprocessing_context
-        if workers not in ("auto", "threads", "processes"):
-            raise ConfigError(
-                f"workers must be 'auto', 'threads' or 'processes', got {workers!r:.80}"
-            )
-        if persistent_workers and num_workers == 0:
-            raise ConfigError("persistent_workers option needs num_workers > 0")
-        _start_method(multiprocessing_context)  # refused alike whether or not processes run
         self.workers = workers
+        self.seed: int | None = None
+        if (shuffle and sampler is None and batch_sampler is None
+                and self._dataset_kind == _DatasetKind.Map):
+            if generator is None:
+                self.seed = seed if seed is not None else int(
+                    torch.empty((), dtype=torch.int64).random_().item())
+            # torch's RandomSampler, drawn lazily and resumably (set past torch's guard)
+            own = ShuffleSampler(dataset, generator=generator, seed=self.seed or 0)
+            object.__setattr__(self, "sampler", own)
+            if self.batch_size is not None:
+                object.__setattr__(self, "batch_sampler",
+                                   BatchSampler(own, self.batch_size, self.drop_last))
+        self._state = LoaderState()
+        # the workers' base seed: fixed once (by generator=, as torch's follow it), so that a
+        # loader rebuilt by load_state_dict gives its workers the same per-item seeds
+        self._worker_seed = generator.initial_seed() if generator is not None else int(
+            torch.empty((), dtype=torch.int64).random_().item())
+        self._generator_start: torch.Tensor | None = None
+        self._sampler_generator_start: torch.Tensor | None = None
+        self._restore_main: Any = None  # a dataset state to load at the next epoch's start
         self._pipe: Pipeline | None = None
-        # Built once: each epoch runs it over its own index batches (with_source), so that
-        # persistent worker processes live as long as the loader.
-        self._template = self._pipeline([])
+        self._iterable: IterableEpochs | None = None
+        self._template: Pipeline | None = None
+        self._built_for: tuple[Any, ...] | None = None  # what the template was built from
+        self._build()  # now, so that a bad option (device="cuda" without CUDA) raises here
+        recorded()
 
     # -- torch's interface ---------------------------------------------------------------
 
-    def __len__(self) -> int:
-        if self.batch_sampler is not None:
-            return len(self.batch_sampler)
-        n = len(self.sampler)
-        if self.batch_size is None:
-            return n
-        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
-
-    def __iter__(self) -> EpochIterator:
+    def __iter__(self) -> EpochIterator:  # type: ignore[override]
         return self._start_epoch()
 
     def __aiter__(self) -> EpochIterator:
         return self._start_epoch()
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration epoch ``epoch`` (and tell the sampler, if it listens).
+        """Make the next iteration epoch ``epoch`` (and tell the samplers that listen).
 
         Without calls to it, each new iteration is the next epoch, so a shuffled loader
         reshuffles every time, as torch's does.
         """
-        _check_int("epoch", epoch, 0)
-        self._state.next_epoch = epoch
-        for s in (self.sampler, self.batch_sampler):
-            if hasattr(s, "set_epoch") and s is not self._torch_order:
+        from ._args import check_int
+
+        check_int("epoch", epoch, 0)
+        self._state.set_next_epoch(epoch)
+        for s in {id(s): s for s in self._samplers()}.values():
+            if hasattr(s, "set_epoch"):
                 s.set_epoch(epoch)
 
     # -- resuming ------------------------------------------------------------------------
@@ -325,134 +203,184 @@ class DataLoader:
 
         Mid-epoch, a loader given this state yields exactly the batches this one has not
         yet yielded in this epoch, in the same order. At an epoch's end it points at the
-        start of the next epoch.
+        start of the next epoch. A dataset with ``state_dict()`` has its state, as of the
+        latest batch delivered, saved too (each worker process's copy for its own).
         """
         state = self._state.as_dict()
-        for key, obj in (("sampler", self.sampler), ("batch_sampler", self.batch_sampler)):
-            if obj is self._torch_order and self._torch_order is not None:
-                # mid-epoch: the state that epoch began from, to draw its order again
-                order = self._torch_order
-                start = order.start_state if self._state.in_epoch else None
-                current = order.generator.get_state() if start is None else start
-                state["generator"] = current.tolist()
-            elif hasattr(obj, "state_dict"):
+        between = not self._state.in_epoch
+        for key, obj in zip(("sampler", "batch_sampler"), self._samplers(), strict=True):
+            if hasattr(obj, "state_dict") and not isinstance(obj, BatchSampler):
                 state[key] = obj.state_dict()
             elif hasattr(obj, "epoch"):
                 state[key] = {"epoch": obj.epoch}
+            else:
+                continue
+            if between and hasattr(obj, "next_epoch"):
+                # between epochs: the order the sampler's next iteration draws, from its start
+                state[key] = {**state[key], "epoch": obj.next_epoch}
+                if "offset" in state[key]:
+                    state[key]["offset"] = 0
+        if self.generator is not None:
+            start = self._generator_start if self._state.in_epoch else None
+            state["generator"] = (self.generator.get_state() if start is None else start).tolist()
+        if (own := self._sampler_generator()) is not None:
+            # a torch sampler drawing from a generator of its own: the state its epoch began
+            # from, so that a resumed epoch draws the same order
+            start = self._sampler_generator_start if self._state.in_epoch else None
+            state["sampler_generator"] = (own.get_state() if start is None else start).tolist()
+        if self._iterable is not None:
+            state["iterable"] = self._iterable.state_dict(self._state.in_epoch)
+        states = dataset_states_of(self)
+        if states is not None:
+            state["dataset"] = states
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next iteration continues where it stopped.
 
-        The dataset, batch size and sampler must be built the same way as the saved loader's.
+        The dataset, batch size and sampler must be built the same way as the saved
+        loader's. Worker processes already started are replaced, so that each starts from
+        its saved dataset state.
 
         Raises:
             ConfigError: ``state`` is not a loader state.
         """
         self._state.load(state)
-        for key, obj in (("sampler", self.sampler), ("batch_sampler", self.batch_sampler)):
+        for key, obj in zip(("sampler", "batch_sampler"), self._samplers(), strict=True):
             saved = state.get(key)
-            if saved is None:
+            if saved is None or isinstance(obj, BatchSampler):
                 continue
             if hasattr(obj, "load_state_dict"):
-                obj.load_state_dict({**saved, "offset": 0})
+                obj.load_state_dict({**saved, "offset": 0} if "offset" in saved else saved)
             elif hasattr(obj, "set_epoch") and "epoch" in saved:
                 obj.set_epoch(saved["epoch"])
         generator_state = state.get("generator")
-        if self._torch_order is not None and generator_state is not None:
-            self._torch_order.generator.set_state(torch.tensor(generator_state, dtype=torch.uint8))
+        if self.generator is not None and generator_state is not None:
+            self.generator.set_state(torch.as_tensor(generator_state, dtype=torch.uint8))
+        own, own_state = self._sampler_generator(), state.get("sampler_generator")
+        if own is not None and own_state is not None:
+            own.set_state(torch.as_tensor(own_state, dtype=torch.uint8))
+        restore_dataset_states(self, state.get("dataset"))
+        self._build(iterable_state=state.get("iterable"))
+
+    # -- pickling (DDP spawn and deepcopy send loaders to other processes) ---------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The loader's arguments and position, without its running parts (pipelines,
+        worker processes): a copy builds its own when it is first iterated."""
+        state = dict(self.__dict__)
+        state.update(_template=None, _pipe=None, _iterable=None, _built_for=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)  # past torch's attribute guard, as unpickling always is
 
     # -- asyncflow extras ----------------------------------------------------------------
 
     def stats(self) -> PipelineStats:
         """Statistics of the latest epoch's pipeline (stages, throughput, failures)."""
+        if self._iterable is not None:
+            return self._iterable.stats()
         return self._pipe.stats() if self._pipe is not None else PipelineStats()
 
+    def _samplers(self) -> tuple[Any, Any]:
+        return self.sampler, self.batch_sampler
+
     def __repr__(self) -> str:
+        try:
+            size = f" of {len(self.dataset)}"  # type: ignore[arg-type]
+        except TypeError:
+            size = ""
         return (
-            f"asyncflow.DataLoader({type(self.dataset).__name__} of {len(self.dataset)}, "
+            f"asyncflow.DataLoader({type(self.dataset).__name__}{size}, "
             f"batch_size={self.batch_size}, num_workers={self.num_workers}, "
             f"device={self.device!r})"
         )
 
-    # -- the pipeline of one epoch ------------------------------------------------------
+    # -- the pipelines of the epochs ------------------------------------------------------
 
-    def _epoch_batches(self, epoch: int) -> list[Any]:
-        if self._own_sampler and self._torch_order is None:
-            self.sampler.set_epoch(epoch)
-        if self._torch_order is not None:
-            indices: Iterable[Any] = self._torch_order.draw()
-        elif self.batch_sampler is not None:
-            return list(self.batch_sampler)
-        else:
-            indices = self.sampler
-        if self.batch_size is None:
-            return list(indices)
-        batches, size = [], self.batch_size
-        current: list[int] = []
-        for index in indices:
-            current.append(index)
-            if len(current) == size:
-                batches.append(current)
-                current = []
-        if current and not self.drop_last:
-            batches.append(current)
-        return batches
+    def _config(self) -> tuple[Any, ...]:
+        """What the epochs' pipelines are built from: torch lets most of it be reassigned
+        (Lightning sets ``worker_init_fn`` on a built loader), so a change rebuilds them."""
+        return (self.num_workers, self.collate_fn, self.worker_init_fn, self.pin_memory,
+                self.pin_memory_device, self.prefetch_factor, self.multiprocessing_context,
+                self.timeout, self.device, self.max_failures, self.workers, self.in_order)
 
-    def _processes(self, fetch: _Fetch) -> tuple[Processes | None, str | None]:
-        """Threads or worker processes for the fetch stage, and why (when chosen here)."""
-        if self.num_workers == 0 or self.workers == "threads":
-            return None, None  # num_workers=0: load in this process, as torch does
-        spec = Processes(
-            start_method=_start_method(self.multiprocessing_context),  # type: ignore[arg-type]
-            persistent=self.persistent_workers,
-            init=_TorchWorkerInit(self.dataset, self.worker_init_fn),
-            seed=int(torch.empty((), dtype=torch.int64).random_().item()),
-        )
-        if self.workers == "processes":
-            return spec, None
-        chosen, note = choose_workers(
-            fetch, self.num_workers, stage="fetch", min_cores=_PROCESS_CORES, small=_SMALL
-        )
-        if chosen is not None and self.worker_init_fn is not None:
-            from ..pipeline._boot import check_picklable
+    def _build(self, iterable_state: dict[str, Any] | None = None) -> None:
+        """(Re)build what runs the epochs: a template pipeline whose persistent workers live
+        as long as the loader, or an iterable dataset's lanes."""
+        if self._template is not None:
+            self._template._pools.shutdown()  # workers restart from restored dataset states
+        if self._iterable is not None:
+            self._iterable.shutdown()
+        self._built_for = self._config()
+        if self._dataset_kind == _DatasetKind.Iterable:
+            self._template = None
+            self._iterable = IterableEpochs(self, iterable_state)
+            return
+        fetch = Fetch(self.dataset, self.collate_fn, self._auto_collation,
+                      keep_state=is_stateful(self.dataset))
+        self._template = epoch_pipeline(self, fetch)
 
-            try:  # choose_workers checked the fetch alone; the init goes to the workers too
-                check_picklable(fetch, spec, "fetch")
-            except ConfigError as exc:
-                return None, f"threads (workers='auto'): {exc}"
-        if chosen is None:
-            return None, note
-        # Chosen for the user: workers that live as long as the loader, since starting them
-        # (and sending the dataset) every epoch is what makes torch's default slow.
-        return replace(spec, persistent=True), note
+    def _moved_on(self, epoch: int, skip: int) -> bool:
+        """Whether the epoch starts afresh rather than where a saved state stood: decided
+        at its first batch (on the source's thread).
 
-    def _pipeline(self, batches: list[Any]) -> Pipeline:
-        workers = max(1, self.num_workers)
-        pin = self.pin_memory and self.device is None and torch.cuda.is_available()
-        fetch = _Fetch(self.dataset, self.collate_fn, self._auto_collation, False)
-        processes, note = self._processes(fetch)
-        if processes is None:
-            fetch.pin = pin  # pinned in the loading threads
-        pipe = Pipeline(
-            batches, name="DataLoader", max_failures=self.max_failures,
-            notes=(f"stage 'fetch' runs on {note}",) if note else (),
-        ).map(
-            fetch, concurrency=workers, name="fetch", buffer=self.prefetch_factor * workers,
-            workers=processes or "threads",
-        )
-        if processes is not None and pin:
-            pipe = pipe.map(_pin, name="pin")  # page-locked memory is this process's own
-        if self.device is not None:
-            pipe = pipe.to_device(self.device)
-        return pipe
+        A trainer resuming from a state saved at an epoch's last batch moves on by telling
+        the sampler the next epoch after ``iter()`` (Lightning calls ``sampler.set_epoch``):
+        then that epoch starts from its first batch, rather than the saved epoch finishing
+        with nothing left. Without such a call the saved epoch resumes, as torchdata's
+        loader does.
+        """
+        if skip == 0:
+            return False
+        for s in self._samplers():
+            told = getattr(s, "next_epoch", None)
+            if isinstance(told, int) and told > epoch:
+                self._state.moved_on(told)
+                return True
+        return False
+
+    def _begin_generators(self) -> None:
+        """As torch's iterator does first: draw the workers' base seed from ``generator``,
+        remembering the state before it, so that a resumed epoch draws its order again."""
+        if self.generator is not None:
+            self._generator_start = self.generator.get_state()
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        if (own := self._sampler_generator()) is not None:
+            self._sampler_generator_start = own.get_state()
+
+    def _sampler_generator(self) -> torch.Generator | None:
+        """The generator a user's torch sampler draws from, if it has one of its own."""
+        sampler: Any = self.sampler
+        if isinstance(sampler, ShuffleSampler) or sampler is None:
+            return None
+        own = getattr(sampler, "generator", None)
+        return own if isinstance(own, torch.Generator) and own is not self.generator else None
 
     def _start_epoch(self) -> EpochIterator:
-        epoch, skip = self._state.begin()
-        batches = self._epoch_batches(epoch)
-        # Each batch carries its position in the epoch, so that a resumed state counts the
-        # batches consumed, failed ones included, not only those delivered.
-        source = [Indexed(i, b) for i, b in enumerate(batches[skip:], start=skip)]
+        if self._built_for != self._config():
+            self._build()
+        epoch, skip, ahead = self._state.begin()
+        self._begin_generators()
+        if self._iterable is not None:
+            return self._iterable.start(epoch)
+        if isinstance(self.sampler, ShuffleSampler) and self.generator is None:
+            self.sampler.set_epoch(epoch)
+        source = index_batches(self._index_sampler, skip, ahead,
+                                lambda: self._moved_on(epoch, skip))
+        if self._restore_main is not None:
+            # As torchdata: the order is drawn (from torch's global generator, for torch's
+            # RandomSampler) before the dataset's state, which may hold that generator's, is
+            # loaded. Drawing happens at the first index, so take the first batch now.
+            source = restored(source, dataset_of(self), self._restore_main)
+            self._restore_main = None
+        assert self._template is not None
         self._pipe = self._template.with_source(source, epoch=epoch, start=skip)
         run = self._pipe.open(timeout=self.timeout or None)
-        return EpochIterator(run, self._state, len(batches))
+        return EpochIterator(run, self._state, epoch_length(self), self.timeout,
+                             ordered=self._ordered())
+
+    def _ordered(self) -> bool:
+        """Whether batches come in sampler order: unless ``in_order=False`` with workers."""
+        return bool(self.in_order) or self.num_workers <= 1

@@ -3,30 +3,13 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any
 
-from .._errors import ConfigError
+from .._errors import ConfigError, LoaderTimeout, PipelineError, StallError
 from ..pipeline import PipelineStats, Run
+from ._fetch import Failed, Positioned
 
-__all__ = ["EpochIterator", "Indexed", "LoaderState", "Positioned"]
-
-
-class Indexed(NamedTuple):
-    """An epoch's batch of indices and its position; it shows as the indices (in failure
-    records, as before)."""
-
-    position: int
-    indices: Any
-
-    def __repr__(self) -> str:
-        return repr(self.indices)
-
-
-class Positioned(NamedTuple):
-    """A batch and its position in the epoch's list of index batches."""
-
-    position: int
-    batch: Any
+__all__ = ["EpochIterator", "LoaderState"]
 
 
 class LoaderState:
@@ -42,20 +25,56 @@ class LoaderState:
         self.in_epoch = False
         self.serial = 0
         self._skip = 0
+        # positions past ``delivered`` already delivered (batches out of order: in_order=False)
+        self.ahead: set[int] = set()
+        self._skip_ahead: set[int] = set()
+        # the dataset's own state as of the latest delivered batch: by worker process id,
+        # or under None for the copy in this process
+        self.dataset_states: dict[int | None, Any] = {}
 
-    def begin(self) -> tuple[int, int]:
-        """Start the next epoch; returns ``(epoch, batches to skip)`` (non-zero on resume)."""
-        epoch, skip = self.next_epoch, self._skip
-        self.epoch, self.delivered, self._skip = epoch, skip, 0
+    def begin(self) -> tuple[int, int, set[int]]:
+        """Start the next epoch; returns ``(epoch, batches to skip, later positions to skip
+        too)``: on resume, the batches delivered before the save."""
+        epoch, skip, ahead = self.next_epoch, self._skip, self._skip_ahead
+        self.epoch, self.delivered, self._skip, self._skip_ahead = epoch, skip, 0, set()
+        self.ahead = set(ahead)
         self.next_epoch = epoch + 1
         self.in_epoch = True
         self.serial += 1
-        return epoch, skip
+        return epoch, skip, ahead
+
+    def moved_on(self, epoch: int) -> None:
+        """The epoch under way is ``epoch``, from its start (not the saved one it resumed)."""
+        self.epoch, self.delivered, self.next_epoch = epoch, 0, epoch + 1
+        self.ahead = set()
+
+    def count(self, position: int, ordered: bool) -> None:
+        """The batch at ``position`` was delivered (or failed). In order, every batch before
+        it was too (a skipped failure included); out of order, only it."""
+        if ordered:
+            self.delivered = max(self.delivered, position + 1)
+            return
+        self.ahead.add(position)
+        while self.delivered in self.ahead:
+            self.ahead.discard(self.delivered)
+            self.delivered += 1
+
+    def set_next_epoch(self, epoch: int) -> None:
+        """Make the next iteration epoch ``epoch``: a saved position within another epoch
+        no longer applies."""
+        if epoch != self.next_epoch:
+            self._skip, self._skip_ahead = 0, set()
+        self.next_epoch = epoch
 
     def as_dict(self) -> dict[str, Any]:
         if self.in_epoch:
-            return {"epoch": self.epoch, "batches": self.delivered}
-        return {"epoch": self.next_epoch, "batches": self._skip}
+            state: dict[str, Any] = {"epoch": self.epoch, "batches": self.delivered}
+            ahead = self.ahead
+        else:
+            state, ahead = {"epoch": self.next_epoch, "batches": self._skip}, self._skip_ahead
+        if ahead:
+            state["delivered_ahead"] = sorted(ahead)  # out of order: also delivered
+        return state
 
     def load(self, state: dict[str, Any]) -> None:
         try:
@@ -65,34 +84,85 @@ class LoaderState:
         for what, value in (("epoch", epoch), ("batches", batches)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"state {what} must be an int >= 0, got {value!r}")
+        ahead = state.get("delivered_ahead", [])
+        if not isinstance(ahead, list) or not all(
+                isinstance(p, int) and not isinstance(p, bool) and p > batches for p in ahead):
+            raise ConfigError(
+                f"state delivered_ahead must list positions > batches: {ahead!r:.200}")
         self.next_epoch, self._skip, self.in_epoch = epoch, batches, False
+        self._skip_ahead = set(ahead)
         self.serial += 1
 
 
 class EpochIterator:
     """The iterator of one epoch: ``for`` and ``async for``, ``close()`` / ``aclose()``.
 
-    Breaking out of the loop and dropping the iterator stops the epoch's pipeline; ``with``
-    (or ``close()``) stops it at once.
+    A batch whose fetch failed raises its own exception where the batch would have come,
+    and the next call goes on with the next batch, as with torch's loader. Breaking out of
+    the loop and dropping the iterator stops the epoch's pipeline; ``with`` (or
+    ``close()``) stops it at once.
     """
 
-    def __init__(self, run: Run, state: LoaderState, length: int) -> None:
+    def __init__(self, run: Run | None, state: LoaderState, length: int,
+                 timeout: float = 0, *, ordered: bool = True) -> None:
         self._run = run
+        self._ordered = ordered
         self._state = state
         self._serial = state.serial
         self._length = length
+        self._timeout = timeout
 
     def __len__(self) -> int:
         return self._length
 
+    # -- where items come from (an iterable dataset's lanes override these) ---------------
+
+    def _pull(self) -> Positioned:
+        assert self._run is not None
+        return next(self._run)  # type: ignore[no-any-return]
+
+    async def _apull(self) -> Positioned:
+        assert self._run is not None
+        return await self._run.__anext__()  # type: ignore[no-any-return]
+
+    def _count(self, item: Positioned) -> None:
+        self._state.count(item.position, self._ordered)
+
+    # -- delivering ------------------------------------------------------------------------
+
+    def _current(self) -> bool:
+        return self._state.serial == self._serial
+
     def _delivered(self, item: Positioned) -> Any:
-        if self._state.serial == self._serial:
-            # Every batch before this one was delivered or failed (fetch keeps their order).
-            self._state.delivered = item.position + 1
-        return item.batch
+        if self._current():
+            self._count(item)
+            if item.snapshot is not None:
+                self._state.dataset_states[item.snapshot.wid] = item.snapshot.state
+        batch = item.batch
+        if isinstance(batch, Failed):
+            batch.raise_it()  # the batch's own exception; the next batch may follow
+        return batch
+
+    def _reraise(self, exc: Exception) -> None:
+        """Raise what a torch user expects for a run that failed: the stage's own exception
+        (with the group's notes), and a timeout as torch's ``RuntimeError``."""
+        failure: BaseException = exc
+        if isinstance(exc, PipelineError) and len(exc.exceptions) == 1:
+            failure = exc.exceptions[0]
+            for note in getattr(exc, "__notes__", ()):
+                failure.add_note(note)
+        if isinstance(failure, StallError) and not isinstance(failure, LoaderTimeout) \
+                and self._timeout:
+            timeout = LoaderTimeout(f"DataLoader timed out after {self._timeout} seconds")
+            timeout.__cause__ = failure
+            failure = timeout
+        if failure is exc:
+            raise exc
+        failure.__suppress_context__ = True  # not "during handling of" its own group
+        raise failure
 
     def _ended(self) -> None:
-        if self._state.serial == self._serial:
+        if self._current():
             self._state.in_epoch = False
 
     def __iter__(self) -> EpochIterator:
@@ -100,10 +170,12 @@ class EpochIterator:
 
     def __next__(self) -> Any:
         try:
-            item = next(self._run)
+            item = self._pull()
         except StopIteration:
             self._ended()
             raise
+        except Exception as exc:
+            self._reraise(exc)
         return self._delivered(item)
 
     def __aiter__(self) -> EpochIterator:
@@ -111,19 +183,23 @@ class EpochIterator:
 
     async def __anext__(self) -> Any:
         try:
-            item = await self._run.__anext__()
+            item = await self._apull()
         except StopAsyncIteration:
             self._ended()
             raise
+        except Exception as exc:
+            self._reraise(exc)
         return self._delivered(item)
 
     def close(self) -> None:
         """Stop the epoch's pipeline; the batches not yet received are dropped."""
-        self._run.close()
+        if self._run is not None:
+            self._run.close()
 
     async def aclose(self) -> None:
         """Like :meth:`close`, without blocking the event loop."""
-        await self._run.aclose()
+        if self._run is not None:
+            await self._run.aclose()
 
     def __enter__(self) -> EpochIterator:
         return self
@@ -145,4 +221,4 @@ class EpochIterator:
 
     def stats(self) -> PipelineStats:
         """Statistics of this epoch's pipeline so far."""
-        return self._run.stats()
+        return self._run.stats() if self._run is not None else PipelineStats()

@@ -264,3 +264,31 @@ def test_decoders_never_wait_on_rows_they_hold(tmp_path: Path, workers: str) -> 
     pipe = image.folder(root, batch_size=2, size=8, workers=workers, decode_concurrency=1)
     assert sum(len(y) for _, y in pipe) == 80
     assert pipe._assembler.stalls == 0
+
+
+def test_stats_count_images_and_hide_the_internal_stage(tree: Path) -> None:
+    # 12 images in groups of 4 per decode hand-off: each stage counts images, not groups
+    pipe = image.folder(tree, batch_size=4, size=16, workers="threads", decode_concurrency=2)
+    assert sum(len(y) for _, y in pipe) == 12
+    stats = pipe.stats()
+    assert stats["source"].items_out == 12
+    assert (stats["decode"].items_in, stats["decode"].items_out) == (12, 12)
+    assert stats["decode"].chunks <= 12 // 4  # one call per group of images
+    assert (stats["rows"].items_in, stats["rows"].items_out) == (12, 12)
+    assert (stats["batch"].items_in, stats["batch"].items_out) == (12, 3)
+    assert [s.name for s in stats.user_stages] == ["source", "decode", "batch"]
+    assert stats["rows"].internal
+    table = str(stats)
+    assert not any(line.startswith("rows") for line in table.splitlines())
+    assert "internal stages hidden: rows" in table
+    full = stats.table(internal=True).splitlines()
+    assert any(line.startswith("rows (internal)") for line in full)
+    assert stats.bottleneck != "rows"
+
+
+def test_describe_and_stats_name_and_kind_each_stage_alike(tree: Path) -> None:
+    pipe = image.folder(tree, batch_size=4, size=16, workers="threads")
+    list(pipe)
+    described = [(s["name"], s["kind"]) for s in pipe.describe()]
+    assert [(s.name, s.kind) for s in pipe.stats().stages] == described
+    assert pipe.stats()["batch"].kind == "assemble"

@@ -158,3 +158,16 @@ def test_a_script_decodes_on_processes_with_or_without_a_main_guard(
     count, notes = results[0].split(" ", 1)
     assert count == "18"
     assert "processes (workers='auto')" in notes
+
+
+def test_stats_count_images_and_hide_claim_and_rows(tree: Path) -> None:
+    pipe = image.folder(tree, batch_size=4, size=16, workers="processes", decode_concurrency=2)
+    assert sum(len(y) for _, y in pipe) == 18
+    stats = pipe.stats()
+    described = [(s["name"], s["kind"]) for s in pipe.describe()]
+    assert [(s.name, s.kind) for s in stats.stages] == described
+    for name in ("claim", "decode", "rows"):
+        assert (stats[name].items_in, stats[name].items_out) == (18, 18), name
+    assert [s.name for s in stats.stages if s.internal] == ["claim", "rows"]
+    assert [s.name for s in stats.user_stages] == ["source", "decode", "batch"]
+    assert stats.bottleneck in ("source", "decode", "batch", None)

@@ -222,7 +222,7 @@ def test_nothing_may_follow_a_terminal_stage() -> None:
     from asyncflow.pipeline import CustomSpec
 
     spec = CustomSpec(label="to_device", factory=lambda ctx: None, terminal=True)  # type: ignore[arg-type,return-value]
-    pipe = Pipeline(range(3))._then(spec)
+    pipe = Pipeline(range(3)).with_stage(spec)
     with pytest.raises(ConfigError, match="to_device\\(\\) must be the last stage"):
         pipe.batch(2)
 

@@ -21,7 +21,15 @@ import numpy as np
 import pytest
 import torch
 
-from asyncflow import ConfigError, Pipeline, PipelineError, Processes, WorkerError, worker_info
+from asyncflow import (
+    ConfigError,
+    Pipeline,
+    PipelineError,
+    Processes,
+    WorkerError,
+    WorkerInfo,
+    worker_info,
+)
 from asyncflow.pipeline import _shm
 from tests.doubles import ROOT, child_env
 
@@ -346,6 +354,23 @@ def test_seeds_are_reproducible_whatever_the_number_of_workers() -> None:
             assert len({r[column] for r in epoch}) == 12  # and between items
     other = list(Pipeline(range(12)).map(draw, workers=Processes(seed=1235)))
     assert other != epoch0
+
+
+def seed_once(info: WorkerInfo) -> None:
+    torch.manual_seed(1000 + info.id)
+
+
+def initial_seed(x: int) -> int:
+    return int(torch.initial_seed())
+
+
+def test_reseed_false_leaves_seeding_to_the_init_hook() -> None:
+    spec = Processes(seed=5, init=seed_once, reseed=False)
+    seeds = list(Pipeline(range(8)).map(initial_seed, concurrency=1, workers=spec))
+    assert seeds == [1000] * 8  # the one worker's own seed, item after item
+    reseeded = list(Pipeline(range(8)).map(initial_seed, concurrency=1,
+                                           workers=Processes(seed=5, init=seed_once)))
+    assert len(set(reseeded)) == 8 and 1000 not in reseeded
 
 
 def draw_or_die(x: int) -> tuple[int, float, float, float]:

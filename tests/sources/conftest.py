@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from asyncflow.sources import _http
+from asyncflow.sources import _http_session
 from tests.servers import FaultServer, S3Server, fault_server, moto_server
 
 _names = itertools.count()
@@ -93,12 +93,12 @@ async def bucket(s3: Any, unique: str) -> str:
 def count_sessions(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Record each aiohttp session asyncflow opens."""
     opened: list[Any] = []
-    real = _http.new_session
+    real = _http_session.new_session
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         session = real(*args, **kwargs)
         opened.append(session)
         return session
 
-    monkeypatch.setattr(_http, "new_session", counting)
+    monkeypatch.setattr(_http_session, "new_session", counting)
     return opened

@@ -25,7 +25,7 @@ from asyncflow import (
     Timeout,
     sources,
 )
-from asyncflow.sources import _http
+from asyncflow.sources import _http_ranges, _http_session
 from asyncflow.sources._retry import Transient
 from tests.servers import FaultServer, fault_server_process, generated
 
@@ -161,7 +161,7 @@ async def test_redirects_are_followed(http_server: FaultServer, unique: str) -> 
 
 async def test_redirects_are_capped(http_server: FaultServer, unique: str) -> None:
     url = http_server.url(f"/gen/10/{unique}")
-    for hop in range(_http.MAX_REDIRECTS + 1):
+    for hop in range(_http_session.MAX_REDIRECTS + 1):
         url = http_server.url(f"/redirect/{unique}-{hop}?to={url}")
     with pytest.raises(SourceError, match="more than 5 redirects"):
         await asyncflow.read_bytes(url)
@@ -413,18 +413,18 @@ async def test_an_unknown_encoding_is_refused(http_server: FaultServer, unique: 
 
 
 async def read_in_two_tries(
-    url: str, resume: _http.Resume | None
+    url: str, resume: _http_ranges.Resume | None
 ) -> tuple[bytes, list[bytes]]:
     """The bytes of a first try that breaks, then the chunks of a second from there."""
     what = f"GET {url}"
     got = bytearray()
-    async with _http.http_session() as session:
+    async with _http_session.http_session() as session:
         with pytest.raises(Transient):
-            async for chunk in _http.stream(session, url, 0, what=what, retry=FAST,
-                                            timeout=Timeout(), resume=resume):
+            async for chunk in _http_ranges.stream(session, url, 0, what=what, retry=FAST,
+                                                   timeout=Timeout(), resume=resume):
                 got += chunk
-        rest = [c async for c in _http.stream(session, url, len(got), what=what, retry=FAST,
-                                              timeout=Timeout(), resume=resume)]
+        rest = [c async for c in _http_ranges.stream(session, url, len(got), what=what,
+                                                     retry=FAST, timeout=Timeout(), resume=resume)]
     return bytes(got), rest
 
 
@@ -435,7 +435,8 @@ async def test_a_stream_resumes_the_same_object(
     http_server: FaultServer, unique: str, explicit: bool, query: str
 ) -> None:
     url, v1, _ = two_versions(http_server, unique)
-    head, rest = await read_in_two_tries(f"{url}?{query}", _http.Resume() if explicit else None)
+    resume = _http_ranges.Resume() if explicit else None
+    head, rest = await read_in_two_tries(f"{url}?{query}", resume)
     assert 0 < len(head) < BIG and head + b"".join(rest) == v1
 
 
@@ -450,7 +451,7 @@ async def test_a_stream_never_continues_another_version(
     url, _, _ = two_versions(http_server, unique)
     with pytest.raises(SourceError, match=r"cannot resume|changed") as info:
         await read_in_two_tries(f"{url}?truncate=1&{query}",
-                                _http.Resume() if explicit else None)
+                                _http_ranges.Resume() if explicit else None)
     assert not isinstance(info.value, Transient)
 
 

@@ -10,7 +10,7 @@ import pytest
 import asyncflow
 from asyncflow import ConfigError, SourceError, SourceNotFound, SourcePermissionError, sources
 from asyncflow.sources import ObjectInfo
-from asyncflow.sources._read import scheme_of
+from asyncflow.sources._transport import scheme_of
 from tests.doubles import run_child
 
 pytestmark = pytest.mark.usefixtures("warm_executor", "async_leak_check")

@@ -1,17 +1,24 @@
-"""Retry and Timeout: validation, full-jitter back-off, Retry-After, policy precedence."""
+"""Retry and Timeout: validation, full-jitter back-off, Retry-After, policy precedence, and
+the one retry loop for whole reads and for resumed streams."""
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
 import time
+from collections.abc import AsyncGenerator, Callable
 
 import pytest
 
 from asyncflow import ConfigError, Retry, SourceError, SourceNotFound, SourceTimeout, Timeout
 from asyncflow._scope import RunScope, use_scope
-from asyncflow.sources._http import parse_retry_after
-from asyncflow.sources._retry import Transient, resolve_policy, with_retries
+from asyncflow.sources._retry import (
+    Transient,
+    parse_retry_after,
+    resolve_policy,
+    retry_stream,
+    with_retries,
+)
 
 
 @pytest.mark.parametrize(
@@ -145,3 +152,60 @@ async def test_cancelling_a_back_off_leaves_nothing_running(async_leak_check: No
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def broken_stream(
+    data: bytes, breaks: list[int | None], opened: list[int]
+) -> Callable[[int], AsyncGenerator[bytes, None]]:
+    """Tries at ``data``: the n-th delivers up to ``breaks[n]`` bytes in all, then breaks."""
+
+    async def open_at(offset: int) -> AsyncGenerator[bytes, None]:
+        stop = breaks[len(opened)] if len(opened) < len(breaks) else None
+        opened.append(offset)
+        for at in range(offset, len(data), 10):
+            if stop is not None and at >= stop:
+                raise Transient("connection failed (reset)")
+            yield data[at:at + 10]
+        if stop is not None and stop >= len(data):
+            raise Transient("body truncated")
+
+    return open_at
+
+
+async def test_a_stream_resumes_where_each_try_broke() -> None:
+    data, opened = bytes(range(100)), []
+    chunks = retry_stream(broken_stream(data, [30, 30, 70], opened), what="GET x",
+                          retry=Retry(attempts=3, backoff=0), timeout=Timeout())
+    assert b"".join([c async for c in chunks]) == data
+    # Two failures in a row at byte 30, then one at 70: each stall within 3 attempts.
+    assert opened == [0, 30, 30, 70]
+
+
+async def test_a_streams_budget_is_per_stall_and_names_the_byte() -> None:
+    data, opened = bytes(range(100)), []
+    chunks = retry_stream(broken_stream(data, [20, 20, 20], opened), what="GET x",
+                          retry=Retry(attempts=3, backoff=0), timeout=Timeout())
+    got = bytearray()
+    with pytest.raises(SourceError) as info:
+        async for chunk in chunks:
+            got += chunk
+    assert bytes(got) == data[:20] and opened == [0, 20, 20]
+    assert str(info.value) == (
+        "GET x: connection failed (reset) at byte 20 (gave up after 3 attempts)"
+    )
+    assert not isinstance(info.value, SourceTimeout)
+
+
+async def test_a_streams_total_deadline_spans_its_chunks() -> None:
+    async def slow(offset: int) -> AsyncGenerator[bytes, None]:
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            yield b"x"
+
+    chunks = retry_stream(slow, what="GET x", retry=Retry(), timeout=Timeout(total=0.3))
+    got = 0
+    with pytest.raises(SourceTimeout, match=r"total=0\.3s"):
+        async with asyncio.timeout(5):
+            async for _ in chunks:
+                got += 1
+    assert 1 <= got < 10

@@ -1,0 +1,265 @@
+"""``PipelineCore``: what every pipeline holds (source, stages, hooks, options), the public
+seams through which features extend it, and how it runs, resumes and describes itself.
+
+:class:`~asyncflow.Pipeline` adds the constructor and the fluent stage methods on top.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Self, cast
+
+from .._errors import ConfigError
+from ._features import feature
+from ._handle import ConsumerHook, Run, T_co
+from ._options import RunOptions, RunPlan
+from ._pools import PoolHolder
+from ._resume import load_state, state_of
+from ._run import Runtime
+from ._source import SharedSource, check_source
+from ._spec import StageSpec, check_seconds
+from ._stats import PipelineStats
+
+__all__ = ["HookFactory", "PipelineCore"]
+
+#: Builds a run's consumer hook: ``factory(run) -> hook`` (see :meth:`PipelineCore.with_hook`).
+HookFactory = Callable[[Run[Any]], ConsumerHook]
+
+
+class PipelineCore(Generic[T_co]):
+    """The state of a pipeline and the seams features use; see :class:`~asyncflow.Pipeline`.
+
+    ``T_co`` is the type of the items a run yields. The seams here keep it: a stage added
+    with :meth:`with_stage` is taken to yield what it receives (``cast`` the result to
+    ``Pipeline[U]`` for a stage that changes the items), and the source given to
+    :meth:`with_source` to hold what the old one held (its type is not checked: it feeds the
+    first stage, not the output).
+    """
+
+    _source: SharedSource
+    _stages: tuple[StageSpec, ...]
+    _hooks: tuple[HookFactory, ...]
+    _options: RunOptions
+    _last: list[Runtime]
+    _pools: PoolHolder
+
+    # -- seams: derived pipelines -------------------------------------------------------
+
+    def with_stage(self, spec: StageSpec) -> Self:
+        """A copy of this pipeline with the stage ``spec`` appended.
+
+        The way a feature adds a stage of its own kind: a :class:`~asyncflow.pipeline.CustomSpec`
+        whose ``factory(ctx)`` builds the stage's node for each run (see
+        ``asyncflow/pipeline/EXTENDING.md``). Subclasses keep their type and attributes; the
+        copy has persistent workers of its own.
+
+        Raises:
+            ConfigError: ``spec`` is not a stage spec, or the last stage must stay last.
+        """
+        return self.with_stages((*self._stages, spec))
+
+    def with_stages(self, stages: Sequence[StageSpec]) -> Self:
+        """A copy of this pipeline over the same source with ``stages`` instead of its own
+        (``pipe.stages`` with some replaced, for example by ``dataclasses.replace``).
+
+        Raises:
+            ConfigError: An entry is not a stage spec, or a stage that must be the last one
+                (``to_device``) is followed by another.
+        """
+        stages = tuple(stages)
+        for index, spec in enumerate(stages):
+            if not isinstance(spec, StageSpec):
+                raise ConfigError(f"not a stage spec: {spec!r:.80}")
+            last = stages[index - 1] if index else None
+            if last is not None and getattr(last, "terminal", False):
+                raise ConfigError(
+                    f"{last.name or last.default_name()}() must be the last stage: the stages "
+                    f"after it would receive batches still in flight (move {spec.kind}() "
+                    "before it)"
+                )
+        new = copy.copy(self)
+        new._stages = stages
+        new._last = []
+        new._pools = PoolHolder()  # a new pipeline object: persistent workers of its own
+        return new
+
+    def with_source(self, source: Any, *, epoch: int = 0, start: int = 0) -> Self:
+        """The same stages over another source, sharing this pipeline's persistent workers.
+
+        For a loader that builds each epoch's source itself (a new list of index batches),
+        while its worker processes (``Processes(persistent=True)``) live on from epoch to
+        epoch.
+
+        Args:
+            source: As for :class:`Pipeline`.
+            epoch: The number of the copy's first run (it seeds shuffles and the per-item
+                seeds of worker processes).
+            start: The position in the epoch of ``source``'s first item, when it resumes an
+                epoch part-way: per-item seeds then match those of an uninterrupted run.
+
+        Raises:
+            ConfigError: ``source`` is not an iterable, an async iterable or a callable, or
+                ``epoch`` is not an int >= 0.
+        """
+        for what, value in (("epoch", epoch), ("start", start)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{what} must be an int >= 0, got {value!r}")
+        check_source("with_source(source)", source)
+        new = copy.copy(self)
+        new._source = SharedSource(source)
+        new._source.runs = new._source.first = epoch
+        new._source.resume_offset = start
+        new._last = []
+        return new
+
+    def with_hook(self, factory: HookFactory) -> Self:
+        """A copy with a consumer-side hook, built per run by ``factory(run)``.
+
+        The hook is called in the consumer's thread when the run starts, then on every item
+        (``hook(item) -> item``) before it is yielded, and ``hook.close()`` when the run is
+        closed. The copy runs the same stages, so it shares this pipeline's latest-run
+        statistics: ``pipe.stats()`` also shows a run of ``pipe.progress()``.
+        """
+        new = copy.copy(self)
+        new._hooks = (*self._hooks, factory)
+        return new
+
+    def without_hooks(self) -> Self:
+        """A copy with no consumer-side hooks (no progress bar, say)."""
+        new = copy.copy(self)
+        new._hooks = ()
+        return new
+
+    def with_options(self, **changes: Any) -> Self:
+        """A copy whose :class:`RunOptions` fields named in ``changes`` are replaced.
+
+        Raises:
+            ConfigError: A name is not a field of ``RunOptions``.
+        """
+        try:
+            options = dataclasses.replace(self._options, **changes)
+        except TypeError as exc:
+            raise ConfigError(f"with_options(): {exc}") from None
+        new = copy.copy(self)
+        new._options = options
+        new._last = []
+        return new
+
+    @property
+    def hooks(self) -> tuple[HookFactory, ...]:
+        """The consumer-side hook factories, in the order they were added."""
+        return self._hooks
+
+    # -- running ------------------------------------------------------------------------
+
+    def run_plan(self) -> RunPlan:
+        """How the next run opens: its source opener, options and first receive hooks.
+
+        Called once per run, in the consumer's thread, when the run starts. A subclass may
+        override it to open the source another way or with other options, and to finish the
+        items in the consumer's thread (``asyncflow.cache`` replays a cache so).
+        """
+        return RunPlan(open_source=self._source.open, options=self._options)
+
+    def _runtime(self) -> Runtime:
+        plan = self.run_plan()
+        epoch = self._source.next_epoch()
+        rt = Runtime(plan.open_source, self._stages, plan.options, epoch, pools=self._pools,
+                     start=self._source.resume_offset)
+        rt.start_offset, self._source.resume_offset = self._source.resume_offset, 0
+        rt.receive_hooks[:0] = plan.receive_hooks
+        self._last[:] = [rt]
+        return rt
+
+    def open(self, *, timeout: float | None = None) -> Run[T_co]:
+        """A new run, for ``with pipe.open() as run:`` or ``async with pipe.open() as run:``.
+
+        Args:
+            timeout: Raise ``StallError`` when no item arrives for this many seconds.
+        """
+        check_seconds("timeout", timeout)
+        return Run(self._runtime, timeout=timeout, hooks=self._hooks, on_start=_link)
+
+    def __iter__(self) -> Run[T_co]:
+        return self.open()
+
+    def __aiter__(self) -> Run[T_co]:
+        return self.open()
+
+    # -- resuming -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the latest run stands, for resuming after a crash.
+
+        For a pipeline whose source is a sampler (it has ``state_dict`` /
+        ``load_state_dict``): the sampler's state, with ``offset`` counting the source items
+        whose outputs the consumer has received. :meth:`load_state_dict` on a new pipeline
+        then makes its next run yield exactly the remaining items, in the same order.
+
+        Raises:
+            ConfigError: The source is not a sampler, or a stage makes the count ambiguous
+                (a filter, flat_map, shuffle, unordered map or failure budget).
+        """
+        last = self._last[0] if self._last else None
+        return state_of(self._source.source, self._stages, self._options.max_failures, last)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict`: the next run resumes where it stood.
+
+        Raises:
+            ConfigError: The source is not a sampler, or the state does not fit it.
+        """
+        self._source.resume_offset = load_state(
+            self._source.source, self._stages, self._options.max_failures, state
+        )
+
+    # -- introspection ------------------------------------------------------------------
+
+    @property
+    def source(self) -> Any:
+        """The source given to the constructor."""
+        return self._source.source
+
+    @property
+    def stages(self) -> tuple[StageSpec, ...]:
+        """The stage specs after the source, in order."""
+        return self._stages
+
+    @property
+    def options(self) -> RunOptions:
+        return self._options
+
+    def stats(self) -> PipelineStats:
+        """Statistics of the latest run of this pipeline object (during or after it)."""
+        return self._last[0].snapshot() if self._last else PipelineStats()
+
+    def describe(self) -> list[dict[str, Any]]:
+        """A JSON-able description: the source, then each stage's kind, name and settings."""
+        out: list[dict[str, Any]] = [
+            {"kind": "source", "name": "source", **self._source.describe()}
+        ]
+        for spec in self._stages:
+            out.append({
+                "kind": spec.kind, "name": spec.name or spec.default_name(), **spec.settings(),
+            })
+        return out
+
+    def __repr__(self) -> str:
+        parts = [f"Pipeline({type(self._source.source).__name__})"]
+        for stage in self.describe()[1:]:
+            settings = ", ".join(
+                f"{k}={v}" for k, v in stage.items() if k not in ("kind", "name") and v is not None
+                and not (k == "fn" and v == stage["name"])
+            )
+            parts.append(f".{stage['kind']}({stage['name']}{', ' if settings else ''}{settings})")
+        return "\n    ".join(parts)
+
+    def _repr_html_(self) -> str:
+        return cast(str, feature("pipeline_html")(self))
+
+
+def _link(rt: Runtime, run: Run[Any]) -> None:
+    rt.consumer = weakref.ref(run)

@@ -1,0 +1,77 @@
+"""The feature registry: how the engine reaches what other packages add to a pipeline.
+
+The engine imports none of its features (torch transfers, the cache, progress bars, HTML
+display, retry options). ``asyncflow/__init__.py`` registers each one by name, as the object or
+as ``"module:attribute"`` imported on first use, and the engine's thin methods
+(``Pipeline.to_device``, ``Pipeline.cache``, ``Pipeline.progress``, the HTML and text reprs,
+the ``retry=`` / ``timeout=`` checks) look them up here. The names the engine asks for:
+
+* ``"to_device"``: ``to_device(pipe, device, *, non_blocking=..., pool_size=...)``
+* ``"cache"``: ``cache(pipe, path, **options)``
+* ``"progress_hook"``: ``progress_hook(**options)``, a hook factory (see ``with_hook``)
+* ``"pipeline_html"``: ``pipeline_html(pipe) -> str``
+* ``"stats_text"``, ``"stats_html"``: ``(stats) -> str``
+* ``"Retry"``, ``"Timeout"``: the option classes ``Pipeline(retry=, timeout=)`` accept
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Any
+
+from .._errors import ConfigError
+
+__all__ = ["feature", "register_feature"]
+
+_registry: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def register_feature(name: str, target: object) -> None:
+    """Provide the feature ``name``: ``target`` itself, or a ``"module:attribute"`` string
+    that is imported the first time the feature is used (so that registering is free).
+
+    Registering a name again replaces it (a test double, or a third-party implementation).
+    """
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"a feature name must be a non-empty string, got {name!r}")
+    with _lock:
+        _registry[name] = _Lazy(target) if isinstance(target, str) else target
+
+
+def feature(name: str) -> Any:
+    """The object registered as ``name``.
+
+    Raises:
+        ConfigError: Nothing is registered under ``name``.
+    """
+    with _lock:
+        try:
+            target = _registry[name]
+        except KeyError:
+            raise ConfigError(
+                f"no feature {name!r} is registered (asyncflow registers its own features when "
+                "the asyncflow package is imported)"
+            ) from None
+    if isinstance(target, _Lazy):
+        resolved = target.resolve()
+        with _lock:
+            if _registry.get(name) is target:
+                _registry[name] = resolved
+        return resolved
+    return target
+
+
+class _Lazy:
+    """A ``"module:attribute"`` reference, imported when first used."""
+
+    def __init__(self, reference: str) -> None:
+        module, sep, attribute = reference.partition(":")
+        if not sep or not module or not attribute:
+            raise ConfigError(f"a lazy feature must read 'module:attribute', got {reference!r}")
+        self.module = module
+        self.attribute = attribute
+
+    def resolve(self) -> Any:
+        return getattr(importlib.import_module(self.module), self.attribute)

@@ -1,0 +1,83 @@
+"""A process pool's bookkeeping: the chunks (jobs) a worker holds, its slot, and how their
+results reach the caller's loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections import deque
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ._offload import FAILED, ChunkResult
+
+__all__ = ["Job", "Slot", "exit_reason", "merge", "settle", "unpack"]
+
+
+class Job:
+    __slots__ = ("by_value", "epoch", "first", "fut", "items", "jid", "loop", "origin",
+                 "skipped")
+
+    def __init__(self, jid: int, items: list[Any], first: int, epoch: int,
+                 loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> None:
+        # A copy: a dead worker's item is taken out of it, and the caller still reads its own.
+        self.jid, self.items, self.first, self.epoch = jid, list(items), first, epoch
+        self.loop, self.fut = loop, fut
+        self.origin: list[int] = list(range(len(items)))  # index in the caller's chunk
+        self.skipped: list[tuple[int, BaseException]] = []
+        self.by_value = False  # the worker could not load the items by reference
+
+
+class Slot:
+    __slots__ = ("conn", "jobs", "process", "ready", "wid")
+
+    def __init__(self, wid: int, process: Any, conn: Connection) -> None:
+        self.wid, self.process, self.conn = wid, process, conn
+        self.jobs: deque[Job] = deque()
+        self.ready = False
+
+
+def exit_reason(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def merge(job: Job, values: list[Any], failures: list[tuple[int, BaseException]],
+           elapsed: float) -> ChunkResult:
+    """The worker's results in the caller's indexing, with the skipped items failed."""
+    total = len(job.origin) + len(job.skipped)
+    out: list[Any] = [FAILED] * total
+    failed = {i for i, _ in failures}
+    for k, orig in enumerate(job.origin):
+        if k < len(values) and k not in failed:
+            out[orig] = values[k]
+    merged = [(job.origin[i], exc) for i, exc in failures] + job.skipped
+    merged.sort(key=lambda pair: pair[0])
+    return out, merged, elapsed
+
+
+def settle(job: Job, result: Any, error: BaseException | None) -> None:
+    def settle() -> None:
+        if job.fut.done():
+            return
+        if error is not None:
+            job.fut.set_exception(error)
+        else:
+            job.fut.set_result(result)
+
+    with contextlib.suppress(RuntimeError):  # the run's loop is closed: nobody waits
+        job.loop.call_soon_threadsafe(settle)
+
+
+def unpack(message: bytes) -> tuple[str, bytes, list[tuple[str, int]]]:
+    import pickle
+
+    kind, payload, segments = pickle.loads(message)
+    return kind, payload, segments

@@ -1,0 +1,61 @@
+"""The run's event loop: making it, cancelling what a crashed run left on it, and stopping
+the runs still going at interpreter exit."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import time
+import weakref
+from typing import Any
+
+__all__ = ["cancel_pending", "new_loop", "resolve", "track"]
+
+
+def new_loop() -> asyncio.AbstractEventLoop:
+    """A fresh event loop: uvloop when installed, unless ``ASYNCFLOW_LOOP=asyncio``."""
+    if os.environ.get("ASYNCFLOW_LOOP", "uvloop") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+def cancel_pending(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks a crashed run left behind, and let them finish (as asyncio.run)."""
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if not tasks:
+        return
+    for task in tasks:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+
+def resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+#: Runs started and not yet garbage-collected (``Runtime`` objects).
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def track(run: Any) -> None:
+    """Stop ``run`` (it has ``request_stop()`` and ``join(timeout)``) at interpreter exit
+    should it still be going."""
+    _LIVE.add(run)
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    """Stop runs still going at interpreter exit, so that their resources close cleanly."""
+    runs = list(_LIVE)
+    for run in runs:
+        run.request_stop()
+    deadline = time.monotonic() + 3.0
+    for run in runs:
+        run.join(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,45 @@
+"""Run-wide settings (``RunOptions``) and how a run opens its source (``RunPlan``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._node import ReceiveHook
+
+__all__ = ["RunOptions", "RunPlan"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Pipeline-wide settings of a run (see :class:`~asyncflow.Pipeline`)."""
+
+    name: str = "pipeline"
+    max_failures: int | float = 0
+    stall_timeout: float | None = None
+    report_every: float | None = None
+    stop_timeout: float = 2.0
+    settings: tuple[tuple[str, Any], ...] = ()
+    source_buffer: int | None = None
+    notes: tuple[str, ...] = ()
+    buffer_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How one run opens: what :meth:`Pipeline.run_plan` returns, in the consumer's thread,
+    when the run starts.
+
+    Attributes:
+        open_source: Returns the iterable (or async iterable) the run reads, called once on
+            the run's loop thread.
+        options: The run's settings.
+        receive_hooks: ``item -> item`` functions applied in the consumer's thread to every
+            item before it is yielded, before the stages' own receive hooks and the pipeline's
+            consumer hooks (``with_hook``).
+    """
+
+    open_source: Callable[[], Any]
+    options: RunOptions
+    receive_hooks: tuple[ReceiveHook, ...] = ()

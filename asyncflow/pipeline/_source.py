@@ -1,0 +1,81 @@
+"""``SharedSource``: a pipeline's source, and the epoch count its derived pipelines share."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterable, Callable, Iterable
+from typing import Any, TypeAlias, TypeVar
+
+from .._errors import ConfigError
+
+__all__ = ["SharedSource", "Source", "check_source"]
+
+T = TypeVar("T")
+
+#: What a pipeline reads items of type ``T`` from: an iterable, an async iterable, or a
+#: zero-argument callable returning one (called again for each epoch).
+Source: TypeAlias = Iterable[T] | AsyncIterable[T] | Callable[[], Iterable[T] | AsyncIterable[T]]
+
+
+def check_source(where: str, source: Any) -> None:
+    """Raise ``ConfigError`` unless ``source`` is an iterable, async iterable or callable."""
+    if source is None or not (
+        callable(source) or hasattr(source, "__iter__") or hasattr(source, "__aiter__")
+    ):
+        raise ConfigError(
+            f"{where}: the source must be an iterable, an async iterable or a "
+            f"zero-argument callable returning one; got {type(source).__name__}"
+        )
+
+
+class SharedSource:
+    """The user's source plus what all pipelines derived from it share: the epoch count, and
+    whether a one-shot iterator has been used up."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        # A class (``itertools.count``) is a factory even though it defines __iter__.
+        self.is_factory = isinstance(source, type) or (callable(source) and not (
+            hasattr(source, "__iter__") or hasattr(source, "__aiter__")
+        ))
+        self.one_shot = not self.is_factory and (
+            (hasattr(source, "__next__") and iter(source) is source)
+            or (hasattr(source, "__anext__"))
+        )
+        self.runs = 0
+        self.first = 0  # the first run's epoch number (with_source may start later)
+        self.resume_offset = 0
+        self.lock = threading.Lock()
+
+    def next_epoch(self) -> int:
+        with self.lock:
+            epoch, self.runs = self.runs, self.runs + 1
+        if self.one_shot and epoch > self.first:
+            raise ConfigError(
+                f"the source {type(self.source).__name__} is an iterator, so it can be read "
+                "once, and an earlier run has read it; pass a list, or a zero-argument "
+                "callable that returns a fresh iterable, to iterate more than one epoch"
+            )
+        return epoch
+
+    def open(self) -> Any:
+        if not self.is_factory:
+            return self.source
+        source = self.source()
+        if not (hasattr(source, "__iter__") or hasattr(source, "__aiter__")):
+            raise ConfigError(
+                f"the source callable {getattr(self.source, '__name__', self.source)!r} "
+                f"returned {type(source).__name__}, not an iterable or async iterable"
+            )
+        return source
+
+    def describe(self) -> dict[str, Any]:
+        source = self.source
+        info: dict[str, Any] = {"type": type(source).__name__}
+        if self.is_factory:
+            info["callable"] = getattr(source, "__qualname__", None) or type(source).__qualname__
+        try:
+            info["len"] = len(source)
+        except TypeError:
+            pass
+        return info

@@ -1,0 +1,209 @@
+"""Resumable HTTP reads: one try at a body from a byte offset, proven to continue one object.
+
+A try resumed with ``Range`` carries ``If-Range`` with the strong ETag or Last-Modified date
+of the first answer (:class:`Resume`), and without one the body starts again from zero.
+Content-Range is validated before use (well-formed, in bounds, the range asked for).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import weakref
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+
+import aiohttp
+
+from .._errors import SourceError
+from ._http_body import MAX_CONTENT_LENGTH, body, coding, content_length
+from ._http_session import get
+from ._retry import Retry, Timeout, Transient
+
+__all__ = ["Changed", "Resume", "open_from", "stream"]
+
+_CONTENT_RANGE = re.compile(r"bytes ([0-9]{1,20})-([0-9]{1,20})/([0-9]{1,20})")
+
+
+def _http_date(value: str | None) -> float | None:
+    try:
+        when = email.utils.parsedate_to_datetime(value) if value else None
+    except (TypeError, ValueError, IndexError):
+        return None
+    return None if when is None or when.tzinfo is None else when.timestamp()
+
+
+class Resume:
+    """What the first answer told about an object, which every resumed answer must match.
+
+    One per read: give the same instance to each :func:`stream` call of that read. A resumed
+    request carries ``If-Range`` with the strong ETag (else a strong Last-Modified date), so a
+    server whose object changed answers with the new object whole instead of a piece of it.
+    """
+
+    __slots__ = ("encoded", "etag", "last_modified", "total")
+
+    def __init__(self) -> None:
+        self.etag: str | None = None
+        self.last_modified: str | None = None
+        self.total: int | None = None
+        self.encoded = False
+
+    def learn(self, resp: aiohttp.ClientResponse, length: int | None) -> None:
+        """Take the validators and size of a whole (non-range) answer."""
+        etag = resp.headers.get("ETag")
+        self.etag = etag if etag and etag.startswith('"') else None  # W/"..." cannot prove
+        # RFC 9110 13.1.5: a date only where there is no entity tag, and only a strong one
+        # (at least a second older than the answer's Date).
+        modified, date = resp.headers.get("Last-Modified"), resp.headers.get("Date")
+        when, now = _http_date(modified), _http_date(date)
+        strong = etag is None and when is not None and now is not None and now - when >= 1
+        self.last_modified = modified if strong else None
+        self.total = length
+        self.encoded = coding(resp) != "identity"
+
+    def if_range(self) -> str | None:
+        """The ``If-Range`` value that proves a resumed answer continues this object."""
+        # A decoder's state dies with its connection, so an encoded body is never resumed.
+        return None if self.encoded else self.etag or self.last_modified
+
+    def same(self, resp: aiohttp.ClientResponse, length: int | None) -> bool:
+        """Whether a whole answer is the very object this read began with."""
+        validator = self.if_range()
+        header = resp.headers.get("ETag" if self.etag else "Last-Modified")
+        return validator is not None and header == validator and length == self.total
+
+
+class Changed(SourceError):
+    """The object changed between two tries of one read."""
+
+
+def _range_answer(
+    resp: aiohttp.ClientResponse, offset: int, resume: Resume, length: int | None, what: object
+) -> int:
+    """How many bytes a 206 to ``Range: bytes=<offset>-`` holds; refuses any other range."""
+    raw = resp.headers.get("Content-Range", "")
+    match = _CONTENT_RANGE.fullmatch(raw.strip())
+    asked = f"bytes={offset}-" + (f" of {resume.total}" if resume.total is not None else "")
+    if match is None:
+        raise SourceError(f"{what}: HTTP 206 with an unusable Content-Range {raw[:60]!r} "
+                          f"(asked for {asked})")
+    header = "ETag" if resume.etag else "Last-Modified"
+    sent = resp.headers.get(header)
+    if sent is not None and sent != resume.if_range():
+        raise Changed(f"{what}: the object changed (another {header}) between tries")
+    start, end, total = (int(g) for g in match.groups())
+    if start != offset or end != total - 1 or total > MAX_CONTENT_LENGTH or (
+        resume.total is not None and total != resume.total
+    ) or (length is not None and length != end - start + 1):
+        raise SourceError(f"{what}: HTTP 206 answered {raw[:60]!r} with Content-Length "
+                          f"{length} to a request for {asked}")
+    if coding(resp) != "identity":
+        raise SourceError(f"{what}: HTTP 206 with a Content-Encoding to a resumed request")
+    return end - start + 1
+
+
+async def open_from(
+    session: aiohttp.ClientSession,
+    url: str,
+    offset: int,
+    resume: Resume,
+    what: object,
+    retry: Retry,
+    timeout: Timeout,
+) -> tuple[aiohttp.ClientResponse, int, int | None]:
+    """``(response, where its body starts, how many bytes it holds)`` for the body from
+    ``offset`` on; the body starts at 0 when the object cannot be resumed, has changed, or
+    the server ignores ranges."""
+    validator = resume.if_range() if offset else None
+    headers = {"Range": f"bytes={offset}-", "If-Range": validator} if validator else None
+    resp = await get(session, url, what=what, retry=retry, timeout=timeout, headers=headers)
+    try:
+        length = content_length(resp, what)
+        if resp.status != 206:
+            return resp, 0, length
+        if headers is None:
+            raise SourceError(f"{what}: HTTP 206 to a request without Range")
+        return resp, offset, _range_answer(resp, offset, resume, length, what)
+    except BaseException:
+        resp.release()
+        raise
+
+
+_LEFT_BEHIND: weakref.WeakKeyDictionary[aiohttp.ClientSession, dict[tuple[str, int], Resume]] = (
+    weakref.WeakKeyDictionary()
+)
+_MAX_LEFT_BEHIND = 1024
+
+
+def _leave(session: aiohttp.ClientSession, url: str, offset: int, resume: Resume) -> None:
+    left = _LEFT_BEHIND.setdefault(session, {})
+    left[(url, offset)] = resume
+    if len(left) > _MAX_LEFT_BEHIND:
+        del left[next(iter(left))]
+
+
+def _cannot_resume(resume: Resume) -> str:
+    if resume.encoded:
+        return "its body was content-encoded"
+    return "no strong ETag or Last-Modified proves the object unchanged"
+
+
+async def stream(
+    session: aiohttp.ClientSession,
+    url: str,
+    offset: int,
+    *,
+    what: object,
+    retry: Retry,
+    timeout: Timeout,
+    resume: Resume | None = None,
+) -> AsyncGenerator[bytes, None]:
+    """One try at the body of ``url`` from byte ``offset`` on, in chunks.
+
+    Args:
+        resume: What proves that a resumed try continues the object the first try began
+            (one :class:`Resume` per read, given to every try). Without one, a try at
+            ``offset > 0`` uses what the try that broke at ``offset`` on the same session
+            and URL left behind.
+
+    Raises:
+        Transient: A failure worth resuming from where it stopped.
+        SourceError: The object changed since the read began, or cannot be proven unchanged
+            (no strong validator, or a content-encoded body), so the bytes already yielded
+            cannot be continued; or the server answered another range than asked for.
+    """
+    own = resume is None
+    if resume is None:
+        left = _LEFT_BEHIND.get(session, {})
+        resume = (left.pop((url, offset), None) if offset else None) or Resume()
+    delivered = 0
+    try:
+        if offset and resume.if_range() is None:
+            raise SourceError(f"{what}: cannot resume at byte {offset}: {_cannot_resume(resume)}")
+        resp, start, expected = await open_from(
+            session, url, offset, resume, what, retry, timeout
+        )
+        try:
+            if not offset:
+                resume.learn(resp, expected)
+            elif start == 0 and not resume.same(resp, expected):
+                raise Changed(f"{what}: the object changed after {offset} bytes were read; "
+                              "cannot resume")
+            skip = offset - start  # a server that ignores ranges sends the same object whole
+            async with aclosing(body(resp, expected, what, timeout)) as chunks:
+                async for chunk in chunks:
+                    if skip:
+                        cut = min(skip, len(chunk))
+                        skip -= cut
+                        chunk = chunk[cut:]
+                        if not chunk:
+                            continue
+                    delivered += len(chunk)
+                    yield chunk
+        finally:
+            resp.release()
+    except Transient:
+        if own and offset + delivered:
+            _leave(session, url, offset + delivered, resume)
+        raise

@@ -1,0 +1,83 @@
+"""Checks of the arguments asyncflow's DataLoader adds to torch's, and of those it refuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._errors import ConfigError, ConfigTypeError
+
+__all__ = ["check_extras", "check_int", "refuse_unsupported", "start_method"]
+
+# Arguments of other loaders that migrating code passes, and what to do instead.
+_INSTEAD = {
+    "snapshot_every_n_steps": "torchdata's StatefulDataLoader option is not needed: "
+                              "asyncflow's state_dict() is exact at every batch",
+    "worker_prefetch_factor": "use prefetch_factor=",
+    "num_threads": "use num_workers= with workers='threads'",
+    "non_blocking": "device= copies batches without blocking, from pinned memory",
+}
+
+
+def refuse_unsupported(unsupported: dict[str, Any]) -> None:
+    """Refuse arguments neither torch's DataLoader nor asyncflow's takes, saying what to use.
+
+    Raises:
+        ConfigTypeError: Always, when ``unsupported`` is not empty (a ``TypeError``, as
+            Python raises for an unexpected keyword).
+    """
+    if not unsupported:
+        return
+    name = sorted(unsupported)[0]
+    hint = _INSTEAD.get(
+        name, "asyncflow.DataLoader takes torch.utils.data.DataLoader's arguments, plus "
+              "device=, seed=, max_failures= and workers="
+    )
+    raise ConfigTypeError(f"DataLoader got an unexpected keyword argument {name!r}: {hint}")
+
+
+def check_int(what: str, value: Any, low: int) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is an int >= ``low``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{what} must be an int >= {low}, got {value!r}")
+
+
+def check_extras(*, workers: Any, seed: Any, generator: Any, max_failures: Any) -> None:
+    """Check the options asyncflow adds.
+
+    Raises:
+        ConfigError: One is out of range, or ``seed`` and ``generator`` are both given.
+    """
+    if workers not in ("auto", "threads", "processes"):
+        raise ConfigError(f"workers must be 'auto', 'threads' or 'processes', got {workers!r:.80}")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigTypeError(f"seed must be an int or None, got {seed!r:.80}")
+        if generator is not None:
+            raise ConfigError("give generator= or seed=, not both")
+    bad = isinstance(max_failures, bool) or not isinstance(max_failures, int | float)
+    if bad or max_failures < 0 or (isinstance(max_failures, float) and max_failures > 1):
+        raise ConfigError(
+            f"max_failures must be an int >= 0 or a float in [0, 1], got {max_failures!r:.80}"
+        )
+
+
+def start_method(context: Any) -> str:
+    """The start method for worker processes: ``context`` (a name or a multiprocessing
+    context) if it is ``spawn`` or ``forkserver``; ``forkserver`` for ``None``.
+
+    Raises:
+        ConfigError: ``fork`` (unsafe in a process with threads: the loader's loop is one).
+    """
+    if context is None:
+        return "forkserver"
+    name = context if isinstance(context, str) else getattr(
+        context, "get_start_method", lambda: None)()
+    if name in ("spawn", "forkserver"):
+        return str(name)
+    if name is None or (name != "fork" and isinstance(context, str)):
+        return "forkserver"  # not a context, or an unknown name: torch's own check says so
+    raise ConfigError(
+        f"multiprocessing_context={context!r}: asyncflow starts workers with 'spawn' or "
+        "'forkserver' only ('fork' is unsafe in a process with threads, and the loader's own "
+        "loop is a thread); pass 'forkserver' (the default) or 'spawn'"
+    )

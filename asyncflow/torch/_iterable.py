@@ -1,0 +1,293 @@
+"""A DataLoader over an ``IterableDataset``: one iterator per worker, batches round-robin.
+
+As in torch, each worker process iterates its own copy of the dataset, and torch's
+``get_worker_info()`` tells it which worker it is, so that it can take its share. Each worker
+is a *lane*: a one-process pipeline whose worker keeps its iterator from batch to batch. The
+consumer takes one batch from each lane in turn, skipping lanes that have ended, so the
+order is torch's and does not depend on timing. On threads there is one lane in this
+process (``get_worker_info()`` is ``None`` there, as with ``num_workers=0``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ConfigError
+from ..pipeline import Pipeline, PipelineStats, Processes, Run
+from ._fetch import Failed, Positioned, TorchWorkerInit
+from ._lane import END, LaneFetch
+from ._layout import choose, pinning, worker_spec
+from ._state import EpochIterator, LoaderState
+
+if TYPE_CHECKING:
+    from ._loader import DataLoader
+
+__all__ = ["IterableEpochs"]
+
+
+class IterableEpochs:
+    """The lanes of an iterable-dataset loader, kept from epoch to epoch (persistent worker
+    processes), and where the current epoch stands in each.
+
+    Args:
+        loader: The DataLoader.
+        saved: ``state_dict()["iterable"]`` of a saved loader, to resume from.
+
+    Raises:
+        ConfigError: ``saved`` is not an iterable loader's state.
+    """
+
+    def __init__(self, loader: DataLoader[Any], saved: dict[str, Any] | None) -> None:
+        self.loader = loader
+        lanes, note = self._plan(loader)
+        resume = _resume_plan(saved, lanes, loader._state.next_epoch)
+        self.count = lanes
+        self.yielded = [n for n, _, _ in resume]
+        self.ended = [e for _, e, _ in resume]
+        self.next_lane = int(saved.get("next", 0)) % lanes if saved else 0
+        self.dataset_states: list[Any] = [s for _, _, s in resume]
+        self._resume_epoch = loader._state.next_epoch if saved else None
+        self.fetches: list[LaneFetch] = []
+        self.templates = [self._template(lane, note, resume[lane]) for lane in range(lanes)]
+        self.runs: list[Run | None] = []
+
+    def _plan(self, loader: DataLoader[Any]) -> tuple[int, str | None]:
+        probe = LaneFetch(loader.dataset, loader.collate_fn, loader.batch_size, loader.drop_last)
+        spec = worker_spec(loader, TorchWorkerInit(loader.dataset, loader.worker_init_fn))
+        self.processes, note = choose(loader, probe, spec, "fetch")
+        if self.processes is None:
+            if loader.num_workers > 1:
+                note = (f"{note or 'threads'}; an IterableDataset on threads is read by one "
+                        "iterator (torch's get_worker_info() is None there, as with "
+                        "num_workers=0)")
+            return 1, note
+        return loader.num_workers, note
+
+    def _template(self, lane: int, note: str | None,
+                  resume: tuple[int, bool, Any]) -> Pipeline:
+        loader = self.loader
+        delivered, _, state = resume
+        restore = None if self._resume_epoch is None else (self._resume_epoch, delivered, state)
+        fetch = LaneFetch(loader.dataset, loader.collate_fn, loader.batch_size,
+                          loader.drop_last, resume=restore)
+        self.fetches.append(fetch)
+        workers: str | Processes = "threads"
+        if self.processes is not None:
+            init = TorchWorkerInit(loader.dataset, loader.worker_init_fn,
+                                   lane=(lane, self.count))
+            workers = Processes(
+                start_method=self.processes.start_method, persistent=self.processes.persistent,
+                init=init, seed=self.processes.seed, reseed=self.processes.reseed,
+            )
+        else:
+            fetch.pin = pinning(loader)
+        pipe = Pipeline([], name="DataLoader",
+                        notes=(f"stage 'fetch' runs on {note}",) if note else ()).map(
+            fetch, name="fetch", workers=workers, buffer=loader.prefetch_factor or 2,
+        )
+        if self.processes is not None and pinning(loader):
+            from ._layout import _pin_positioned
+
+            pipe = pipe.map(_pin_positioned, name="pin")
+        if loader.device is not None:
+            pipe = pipe.to_device(loader.device)
+        return pipe
+
+    def start(self, epoch: int) -> LanesIterator:
+        """Open the epoch's lanes and return its iterator."""
+        self.close_runs()
+        if self._resume_epoch != epoch:
+            self.yielded = [0] * self.count
+            self.ended = [False] * self.count
+            self.next_lane = 0
+        self._resume_epoch = None
+        if self.processes is None and not self.ended[0]:
+            # In this process the lane's iterator starts now, so that a state taken before
+            # the first batch holds the new iterator's (as torchdata's does).
+            fetch = self.fetches[0]
+            fetch.begin(epoch)
+            snapshot = fetch.snapshot()
+            if snapshot is not None:
+                self.dataset_states[0] = snapshot.state
+        timeout = self.loader.timeout or None
+        self.runs = []
+        for lane, template in enumerate(self.templates):
+            if self.ended[lane]:
+                self.runs.append(None)
+                continue
+            tasks = _tasks(epoch, self.yielded[lane])
+            self.runs.append(template.with_source(tasks, epoch=epoch,
+                                                  start=self.yielded[lane]).open(timeout=timeout))
+        return LanesIterator(self, self.loader._state, _length(self.loader),
+                             self.loader.timeout)
+
+    def state_dict(self, in_epoch: bool) -> dict[str, Any]:
+        """Each lane's progress and saved states; between epochs, only the datasets' states
+        (the next epoch starts new iterators)."""
+        if not in_epoch:
+            return {"lanes": [
+                {"yielded": 0, "ended": False,
+                 "state": {"dataset": s.get("dataset"), "iterator": None} if s else None}
+                for s in self.dataset_states
+            ], "next": 0}
+        return {
+            "lanes": [
+                {"yielded": n, "ended": e, "state": s}
+                for n, e, s in zip(self.yielded, self.ended, self.dataset_states, strict=True)
+            ],
+            "next": self.next_lane,
+        }
+
+    def stats(self) -> PipelineStats:
+        for run in self.runs:
+            if run is not None:
+                return run.stats()
+        return PipelineStats()
+
+    def close_runs(self) -> None:
+        for run in self.runs:
+            if run is not None:
+                run.close()
+        self.runs = []
+
+    def shutdown(self) -> None:
+        """Stop the runs and every lane's persistent worker."""
+        self.close_runs()
+        for template in self.templates:
+            template._pools.shutdown()
+
+
+def _warn_past_len(loader: DataLoader[Any], yielded: int) -> None:
+    """Warn, as torch's loader does, once more batches came than ``len(loader)`` promised."""
+    promised = loader._IterableDataset_len_called
+    if promised is None or yielded <= promised:
+        return
+    message = (f"Length of IterableDataset {loader.dataset} was reported to be {promised} "
+               f"(when accessing len(dataloader)), but {yielded} samples have been fetched. ")
+    if loader.num_workers > 0:
+        message += ("For multiprocessing data-loading, this could be caused by not properly "
+                    "configuring the IterableDataset replica at each worker.")
+    warnings.warn(message, stacklevel=4)
+
+
+def _tasks(epoch: int, start: int) -> Iterator[tuple[int, int]]:
+    return ((epoch, position) for position in itertools.count(start))
+
+
+def _length(loader: DataLoader[Any]) -> int:
+    asked = loader._IterableDataset_len_called  # torch's len() notes it was asked: we don't
+    try:
+        return len(loader)
+    except TypeError:
+        return 0
+    finally:
+        loader._IterableDataset_len_called = asked
+
+
+def _resume_plan(saved: dict[str, Any] | None, lanes: int, epoch: int
+                 ) -> list[tuple[int, bool, Any]]:
+    """Per lane: (batches delivered, ended, dataset state) from a saved state."""
+    if not saved:
+        return [(0, False, None)] * lanes
+    try:
+        records = [(int(r["yielded"]), bool(r["ended"]), r.get("state"))
+                   for r in saved["lanes"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"not an iterable DataLoader state: {saved!r:.200}") from exc
+    if len(records) != lanes:
+        raise ConfigError(
+            f"the saved state has {len(records)} worker lane(s), this loader {lanes}: resume "
+            "an IterableDataset with the same num_workers and workers= as the saved loader"
+        )
+    return records
+
+
+class LanesIterator(EpochIterator):
+    """An iterable dataset's epoch: a batch from each lane in turn, skipping ended lanes."""
+
+    def __init__(self, epochs: IterableEpochs, state: LoaderState, length: int,
+                 timeout: float) -> None:
+        super().__init__(None, state, length, timeout)
+        self._epochs = epochs
+        self._runs = list(epochs.runs)  # this epoch's own: a later epoch opens others
+        self._yielded = 0
+        self._lane = epochs.next_lane
+
+    def _advance(self) -> int | None:
+        """The lane to read next, or ``None`` when every lane has ended."""
+        ended = self._epochs.ended
+        for step in range(len(ended)):
+            lane = (self._lane + step) % len(ended)
+            if not ended[lane]:
+                return lane
+        return None
+
+    def _take(self, lane: int, item: Positioned) -> bool:
+        """Note ``item`` from ``lane``; ``False`` when it says the lane has ended."""
+        epochs = self._epochs
+        if item.batch is END:
+            if self._current() and not epochs.ended[lane]:
+                epochs.ended[lane] = True
+                if item.snapshot is not None:
+                    epochs.dataset_states[lane] = item.snapshot.state
+            run = self._runs[lane]
+            if run is not None:
+                run.close()
+            return False
+        self._lane = (lane + 1) % epochs.count
+        if self._current():
+            epochs.yielded[lane] += 1
+            epochs.next_lane = self._lane
+            if item.snapshot is not None:
+                epochs.dataset_states[lane] = item.snapshot.state
+        return True
+
+    def _pull(self) -> Positioned:
+        while (lane := self._advance()) is not None:
+            run = self._runs[lane]
+            assert run is not None
+            item = next(run)
+            if self._take(lane, item):
+                return item  # type: ignore[no-any-return]
+        raise StopIteration
+
+    async def _apull(self) -> Positioned:
+        while (lane := self._advance()) is not None:
+            run = self._runs[lane]
+            assert run is not None
+            item = await run.__anext__()
+            if self._take(lane, item):
+                return item  # type: ignore[no-any-return]
+        raise StopAsyncIteration
+
+    def _count(self, item: Positioned) -> None:
+        self._state.delivered += 1
+
+    def _delivered(self, item: Positioned) -> Any:
+        batch = item.batch
+        if self._current():
+            self._count(item)
+        if isinstance(batch, Failed):
+            batch.raise_it()
+        self._yielded += 1
+        _warn_past_len(self._epochs.loader, self._yielded)
+        return batch
+
+    def close(self) -> None:
+        for run in self._runs:
+            if run is not None:
+                run.close()
+
+    async def aclose(self) -> None:
+        for run in self._runs:
+            if run is not None:
+                await run.aclose()
+
+    def stats(self) -> PipelineStats:
+        for run in self._runs:
+            if run is not None:
+                return run.stats()
+        return PipelineStats()

@@ -1,0 +1,223 @@
+"""Imports point one way: the engine knows none of its features, and features only the layers
+below them.
+
+Every module under ``asyncflow/`` is parsed (not imported), and every import is collected:
+absolute and relative, at module level, inside functions, under ``if TYPE_CHECKING:``, and
+``importlib.import_module("...")`` with a literal name. A type-only import is an import too: it
+ties the engine's source to the feature all the same.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "asyncflow"
+
+#: What the engine (``asyncflow.pipeline``) may import besides itself: the error tree and the
+#: two helpers it is built on. Features attach through its public seams instead
+#: (``asyncflow/pipeline/EXTENDING.md``); the public face registers them.
+ENGINE_MAY_IMPORT = ("asyncflow._errors", "asyncflow._redact", "asyncflow._scope")
+
+_FEATURES = (
+    "asyncflow.torch", "asyncflow.cache", "asyncflow.sources", "asyncflow.image",
+    "asyncflow._display", "asyncflow._progress", "asyncflow._profile",
+)
+_FRONT = ("asyncflow._cli", "asyncflow._demo", "asyncflow.__main__")
+
+#: (importer, forbidden targets, why). A name covers the module and everything under it.
+RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("asyncflow.sources",
+     ("asyncflow.torch", "asyncflow.cache", "asyncflow.image", "asyncflow._display",
+      "asyncflow._progress", "asyncflow._profile", *_FRONT),
+     "sources say where items come from; they know nothing of what consumes them"),
+    ("asyncflow.image",
+     ("asyncflow.torch", "asyncflow.cache", "asyncflow.sources", "asyncflow._display",
+      "asyncflow._progress", "asyncflow._profile", *_FRONT),
+     "image decoding is pure and torch-free (its worker processes never load torch)"),
+    ("asyncflow.cache",
+     ("asyncflow.torch", "asyncflow.image", "asyncflow.sources", "asyncflow._display",
+      "asyncflow._progress", "asyncflow._profile", *_FRONT),
+     "the cache stores any pipeline's output through the engine's public seams"),
+    ("asyncflow.torch",
+     ("asyncflow.cache", "asyncflow.image", "asyncflow._display", "asyncflow._progress",
+      "asyncflow._profile", *_FRONT),
+     "torch integration builds on the engine and the sources, not on other features"),
+    ("asyncflow._display",
+     ("asyncflow.pipeline", *_FEATURES[:4], "asyncflow._progress", "asyncflow._profile",
+      *_FRONT),
+     "display formats what it is given (duck-typed stats and descriptions)"),
+    ("asyncflow._progress",
+     ("asyncflow.pipeline", *_FEATURES[:4], "asyncflow._profile", *_FRONT),
+     "a progress bar is a consumer hook built from the run it is given"),
+    ("asyncflow._errors",
+     (*_FEATURES, *_FRONT),
+     "the error tree is the bottom layer: everything imports it"),
+)
+
+
+@dataclass(frozen=True)
+class Import:
+    file: Path
+    line: int
+    target: str
+
+    def where(self) -> str:
+        file = self.file
+        if file.is_relative_to(PACKAGE.parent):
+            file = file.relative_to(PACKAGE.parent)
+        return f"{file}:{self.line}"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_module(name: str) -> bool:
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _targets(node: ast.AST, package: str) -> Iterator[str]:
+    if isinstance(node, ast.Import):
+        yield from (alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom):
+        if node.level:
+            parts = package.split(".")
+            base = ".".join(parts[: len(parts) - node.level + 1])
+            module = f"{base}.{node.module}" if node.module else base
+        else:
+            module = node.module or ""
+        for alias in node.names:
+            # ``from . import _display`` imports a module; ``from . import Pipeline`` a name.
+            name = f"{module}.{alias.name}"
+            yield name if _is_module(name) else module
+    elif (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute | ast.Name)
+        and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+        in ("import_module", "__import__")
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ):
+        yield node.args[0].value
+
+
+def collect_imports(path: Path, module: str | None = None) -> list[Import]:
+    """Every import in the module at ``path`` (named ``module``, by default from its place
+    under ``asyncflow/``), at any depth, as absolute module names."""
+    module = module or _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: dict[Import, None] = {}
+    for node in ast.walk(tree):
+        for target in _targets(node, package):
+            if target == "asyncflow" or target.startswith("asyncflow."):
+                found[Import(path, getattr(node, "lineno", 0), target)] = None
+    return list(found)
+
+
+@functools.cache
+def _all_imports() -> dict[str, list[Import]]:
+    return {_module_name(p): collect_imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_the_engine_imports_none_of_its_features() -> None:
+    bad = [
+        f"{imp.where()}: the engine imports {imp.target}; asyncflow.pipeline may import only "
+        f"itself and {', '.join(ENGINE_MAY_IMPORT)} (features attach through its public seams, "
+        "see asyncflow/pipeline/EXTENDING.md)"
+        for module, imports in _all_imports().items() if _under(module, "asyncflow.pipeline")
+        for imp in imports
+        if not _under(imp.target, "asyncflow.pipeline")
+        and not any(_under(imp.target, ok) for ok in ENGINE_MAY_IMPORT)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("importer, forbidden, why", RULES, ids=[r[0] for r in RULES])
+def test_layers_point_one_way(importer: str, forbidden: tuple[str, ...], why: str) -> None:
+    bad = [
+        f"{imp.where()}: {importer} must not import {imp.target} ({why})"
+        for module, imports in _all_imports().items() if _under(module, importer)
+        for imp in imports
+        if any(_under(imp.target, f) for f in forbidden)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_walker_sees_every_kind_of_import(tmp_path: Path) -> None:
+    source = (
+        "from __future__ import annotations\n"          # 1
+        "import importlib\n"                              # 2
+        "from typing import TYPE_CHECKING\n"              # 3
+        "from .._errors import ConfigError\n"             # 4
+        "from .. import _display\n"                       # 5
+        "if TYPE_CHECKING:\n"                             # 6
+        "    from ..torch._transfer import to_device\n"   # 7
+        "def f():\n"                                      # 8
+        "    import asyncflow.cache\n"                    # 9
+        "    from . import _spec\n"                       # 10
+        "    importlib.import_module('asyncflow.sources')\n"  # 11
+    )
+    path = tmp_path / "_probe.py"
+    path.write_text(source)
+    found = {(i.line, i.target) for i in collect_imports(path, "asyncflow.pipeline._probe")}
+    assert found == {
+        (4, "asyncflow._errors"),
+        (5, "asyncflow._display"),
+        (7, "asyncflow.torch._transfer"),
+        (9, "asyncflow.cache"),
+        (10, "asyncflow.pipeline._spec"),
+        (11, "asyncflow.sources"),
+    }
+
+
+def test_features_still_reach_the_engine() -> None:
+    """The rules above are not vacuous: the walker finds the arrows that should exist."""
+    imports = _all_imports()
+    assert any(
+        i.target.startswith("asyncflow.pipeline") for i in imports["asyncflow.torch._transfer"]
+    )
+    assert any(i.target == "asyncflow._errors" for i in imports["asyncflow.pipeline._spec"])
+
+
+#: Features that still reach into the engine's private modules (issue 15 removes these):
+#: (importer, target). No new entry should be needed: use ``asyncflow.pipeline``'s public
+#: names, and add one there (documented in EXTENDING.md) when a feature needs more.
+KNOWN_PRIVATE_REACHES = {
+    ("asyncflow", "asyncflow.pipeline._shm"),
+    ("asyncflow._errors", "asyncflow.pipeline._stats"),
+    ("asyncflow.image._folder", "asyncflow.pipeline._auto"),
+    ("asyncflow.image._rows", "asyncflow.pipeline._shm"),
+    ("asyncflow.image._shared", "asyncflow.pipeline._shm"),
+    ("asyncflow.torch._layout", "asyncflow.pipeline._auto"),
+    ("asyncflow.torch._layout", "asyncflow.pipeline._boot"),
+    ("asyncflow.torch._loader", "asyncflow.pipeline._auto"),
+    ("asyncflow.torch._share", "asyncflow.pipeline._shm"),
+}
+
+
+def test_features_use_the_engines_public_names() -> None:
+    bad = [
+        f"{imp.where()}: {module} imports the engine's private {imp.target}; import from "
+        "asyncflow.pipeline (its public seams, see asyncflow/pipeline/EXTENDING.md)"
+        for module, imports in _all_imports().items() if not _under(module, "asyncflow.pipeline")
+        for imp in imports
+        if _under(imp.target, "asyncflow.pipeline") and imp.target != "asyncflow.pipeline"
+        and (module, imp.target) not in KNOWN_PRIVATE_REACHES
+    ]
+    assert not bad, "\n".join(bad)

@@ -1,0 +1,200 @@
+"""asyncflow.DataLoader over an IterableDataset, as torch's: split by get_worker_info(),
+batches round-robin across workers, len() when defined, errors in place, resume."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+from asyncflow import DataLoader
+
+
+class Range(tud.IterableDataset[int]):
+    """``range(n)``, split between workers by torch's get_worker_info(), as torch's docs do."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[int]:
+        info = tud.get_worker_info()
+        if info is None:
+            return iter(range(self.n))
+        per = math.ceil(self.n / info.num_workers)
+        return iter(range(info.id * per, min(self.n, (info.id + 1) * per)))
+
+
+class Sized(Range):
+    def __len__(self) -> int:
+        return self.n
+
+
+class Unsplit(tud.IterableDataset[int]):
+    """Every worker yields everything, as with torch."""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(3))
+
+
+class Bumpy(tud.IterableDataset[int]):
+    """Item 2 fails; the iterator goes on after it (a class, not a generator)."""
+
+    def __iter__(self) -> Iterator[int]:
+        return _Bumpy()
+
+
+class _Bumpy:
+    def __init__(self) -> None:
+        self.i = -1
+
+    def __iter__(self) -> _Bumpy:
+        return self
+
+    def __next__(self) -> int:
+        self.i += 1
+        if self.i >= 5:
+            raise StopIteration
+        if self.i == 2:
+            raise ValueError("item 2 is bad")
+        return self.i
+
+
+class Cursor(tud.IterableDataset[int]):
+    """An iterable dataset with a state of its own: where its cursor stands."""
+
+    def __init__(self, n: int = 10) -> None:
+        self.n = n
+        self.pos = 0
+
+    def __iter__(self) -> Iterator[int]:
+        while self.pos < self.n:
+            self.pos += 1
+            yield self.pos - 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos = state["pos"]
+
+
+def _torch(dataset: Any, **kwargs: Any) -> list[Any]:
+    return [b.tolist() if isinstance(b, torch.Tensor) else b
+            for b in tud.DataLoader(dataset, **kwargs)]
+
+
+def _ours(dataset: Any, **kwargs: Any) -> list[Any]:
+    return [b.tolist() if isinstance(b, torch.Tensor) else b for b in DataLoader(dataset, **kwargs)]
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"batch_size": 3}, {"batch_size": 3, "drop_last": True}, {"batch_size": None},
+])
+def test_in_this_process_batches_match_torchs(kwargs: dict[str, Any]) -> None:
+    assert _ours(Range(10), num_workers=0, **kwargs) == _torch(Range(10), **kwargs)
+
+
+def test_len_is_torchs_when_the_dataset_defines_it() -> None:
+    assert len(DataLoader(Sized(10), batch_size=3, num_workers=0)) == 4
+    assert len(DataLoader(Sized(10), batch_size=3, drop_last=True, num_workers=0)) == 3
+    with pytest.raises(TypeError):
+        len(DataLoader(Range(10), batch_size=3, num_workers=0))
+
+
+def test_shuffle_and_samplers_are_refused_with_torchs_messages() -> None:
+    with pytest.raises(ValueError, match="expected unspecified shuffle option"):
+        DataLoader(Range(4), shuffle=True)
+    with pytest.raises(ValueError, match="expected unspecified sampler option"):
+        DataLoader(Range(4), sampler=[0, 1])
+
+
+def test_on_threads_one_iterator_reads_it_and_stats_say_why() -> None:
+    loader = DataLoader(Range(7), batch_size=2, num_workers=2, workers="threads")
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6]]
+    assert any("one iterator" in note for note in loader.stats().notes)
+
+
+def test_a_failing_item_raises_in_place_and_the_iterator_goes_on() -> None:
+    it = iter(DataLoader(Bumpy(), batch_size=None, num_workers=0))
+    got: list[Any] = []
+    for _ in range(4):
+        try:
+            got.append(next(it))
+        except ValueError:
+            got.append(ValueError)
+    assert got == [0, 1, ValueError, 3]
+    assert next(it) == 4
+
+
+def test_async_for_reads_an_iterable_dataset() -> None:
+    async def main() -> list[list[int]]:
+        return [b.tolist() async for b in DataLoader(Range(5), batch_size=2, num_workers=0)]
+
+    assert asyncio.run(main()) == [[0, 1], [2, 3], [4]]
+
+
+def test_a_new_iteration_starts_a_new_iterator() -> None:
+    loader = DataLoader(Range(4), batch_size=2, num_workers=0)
+    assert [b.tolist() for b in loader] == [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+@pytest.mark.parametrize("resume_after", [1, 3])
+def test_resume_replays_a_plain_iterable_to_where_it_stopped(resume_after: int) -> None:
+    loader = DataLoader(Range(11), batch_size=2, num_workers=0)
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(resume_after)]
+    state = loader.state_dict()
+    it.close()
+    resumed = DataLoader(Range(11), batch_size=2, num_workers=0)
+    resumed.load_state_dict(state)
+    assert head + [b.tolist() for b in resumed] == _torch(Range(11), batch_size=2)
+
+
+def test_resume_restores_a_stateful_iterable_dataset() -> None:
+    loader = DataLoader(Cursor(), batch_size=3, num_workers=0)
+    it = iter(loader)
+    assert next(it).tolist() == [0, 1, 2]
+    state = loader.state_dict()
+    it.close()
+    assert state["iterable"]["lanes"][0]["state"]["dataset"] == {"pos": 3}
+    fresh = Cursor()
+    resumed = DataLoader(fresh, batch_size=3, num_workers=0)
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == [[3, 4, 5], [6, 7, 8], [9]]
+
+
+# -- worker processes: one lane each, torch's order -------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_worker_processes_split_it_by_get_worker_info_in_torchs_order(leak_check: None) -> None:
+    kwargs: dict[str, Any] = {"batch_size": 2, "num_workers": 2}
+    ours = _ours(Range(9), workers="processes", **kwargs)
+    theirs = _torch(Range(9), multiprocessing_context="spawn", **kwargs)
+    # worker 0 has 0-4, worker 1 has 5-8: batches alternate, worker 0's last one at the end
+    assert ours == theirs == [[0, 1], [5, 6], [2, 3], [7, 8], [4]]
+    # a dataset that ignores get_worker_info comes once per worker, as in torch
+    assert sorted(_ours(Unsplit(), batch_size=None, workers="processes", num_workers=2)) == [
+        0, 0, 1, 1, 2, 2]
+
+
+@pytest.mark.timeout(90)
+def test_worker_processes_resume_each_lane(leak_check: None) -> None:
+    def make() -> DataLoader[Any]:
+        return DataLoader(Range(9), batch_size=2, num_workers=2, workers="processes")
+
+    loader = make()
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(3)]
+    state = loader.state_dict()
+    it.close()
+    del it, loader
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + [b.tolist() for b in resumed] == [[0, 1], [5, 6], [2, 3], [7, 8], [4]]
+    del resumed
