@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
@@ -28,8 +28,7 @@ from ._pinned import PinnedPool, align
 from ._structure import flatten, map_tensors
 
 if TYPE_CHECKING:
-    from ..pipeline import Pipeline
-    from ..pipeline._node import NodeContext, Receiver, Sender
+    from ..pipeline import NodeContext, Pipeline, Receiver, Sender
 
 P = TypeVar("P", bound="Pipeline")
 
@@ -195,12 +194,13 @@ class _TransferNode:
             ctx.counters.items_in += len(items)
             for item in items:
                 try:
-                    moved = await ctx.run_sync(self.transfer.send, item)
+                    # timed like a map stage's function: busy time, in flight, a chunk each
+                    moved = await ctx.run_timed(self.transfer.send, item)
                 except Exception as exc:
                     ctx.item_failed(item, exc)
                     continue
                 await out.put(moved)
-                ctx.counters.items_out += 1
+                ctx.produced(1)
 
 
 def _cpu_node_fn(device: torch.device, non_blocking: bool) -> Any:
@@ -244,7 +244,8 @@ def to_device(
     if dev.type == "cpu":
         return pipe
     if dev.type != "cuda":
-        return pipe.map(_cpu_node_fn(dev, non_blocking), name="to_device")
+        # The items keep their type (tensors move), and the copy its class.
+        return cast(P, pipe.map(_cpu_node_fn(dev, non_blocking), name="to_device"))
     spec = CustomSpec(
         label="to_device",
         factory=functools.partial(
@@ -255,4 +256,4 @@ def to_device(
         items_per_output=1,
         terminal=True,
     )
-    return pipe._then(spec)
+    return pipe.with_stage(spec)

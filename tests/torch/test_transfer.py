@@ -203,3 +203,42 @@ def test_copies_overlap_a_matmul_loop_on_the_default_stream() -> None:
     print(f"copies {copy_s * 1e3:.1f} ms, compute {compute_s * 1e3:.1f} ms, "
           f"both {both_s * 1e3:.1f} ms, overlap {hidden:.0%}")
     assert both_s < 0.8 * (copy_s + compute_s), (copy_s, compute_s, both_s)
+
+
+class _SlowTransfer:
+    """A stand-in for :class:`DeviceTransfer` (no CUDA here): each send takes 10 ms."""
+
+    def __init__(self, device: object, **_: object) -> None:
+        pass
+
+    def send(self, batch: object) -> object:
+        time.sleep(0.01)
+        return batch
+
+    def receive(self, item: object) -> object:
+        return item
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_transfer_stage_s_busy_time_is_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    import functools
+
+    from asyncflow.pipeline import CustomSpec
+    from asyncflow.torch import _transfer
+
+    monkeypatch.setattr(_transfer, "DeviceTransfer", _SlowTransfer)
+    spec = CustomSpec(
+        label="to_device", concurrency=1, items_per_output=1, terminal=True,
+        factory=functools.partial(_transfer._TransferNode, device=torch.device("cpu"),
+                                  non_blocking=True, pool_size=2),
+    )
+    pipe = Pipeline(range(20)).with_stage(spec)
+    assert list(pipe) == list(range(20))
+    stats = pipe.stats()
+    stage = stats["to_device"]
+    assert stage.busy_seconds >= 20 * 0.009
+    assert stage.mean_seconds_per_item >= 0.009 and stage.utilization > 0.5
+    assert (stage.items_in, stage.items_out, stage.chunks) == (20, 20, 20)
+    assert stats.bottleneck == "to_device"
