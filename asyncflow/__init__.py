@@ -34,7 +34,7 @@ from .pipeline import (
     register_feature,
     worker_info,
 )
-from .pipeline._shm import register_lazy_reducers
+from .pipeline.shm import register_lazy_reducers
 
 __version__ = "0.1.0"
 

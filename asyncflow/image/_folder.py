@@ -33,8 +33,7 @@ import numpy as np
 import torch
 
 from .._errors import ConfigError, SourceNotFound
-from ..pipeline import ItemGroup, Pipeline, Processes, label_stage
-from ..pipeline._auto import choose_workers, usable_cpus
+from ..pipeline import ItemGroup, Pipeline, Processes, choose_workers, label_stage, usable_cpus
 from ._batch import IMAGENET_MEAN, IMAGENET_STD
 from ._decode import DEFAULT_MAX_PIXELS, decode
 from ._geometry import target_size

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..pipeline import ItemGroup
-from ..pipeline._shm import SHM_DIR
+from ..pipeline.shm import SHM_DIR
 from ._decode import decode
 
 __all__ = ["Claimed", "DecodeIntoSharedRow", "Failed", "Ticket"]

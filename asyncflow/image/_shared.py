@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..pipeline import ItemGroup, label_stage
-from ..pipeline._shm import SHM_DIR, segment_prefix, sweep
+from ..pipeline.shm import SHM_DIR, segment_prefix, sweep
 from ._rows import Claimed
 from ._slots import BatchAssembler
 

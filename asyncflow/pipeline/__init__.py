@@ -4,6 +4,8 @@ Features (``asyncflow.torch``, ``asyncflow.cache``, progress bars, display) exte
 through the public seams exported here; see ``EXTENDING.md``.
 """
 
+from ._auto import choose_workers, usable_cpus
+from ._boot import check_picklable
 from ._core import HookFactory
 from ._features import feature, register_feature
 from ._handle import ConsumerHook, Run
@@ -47,10 +49,13 @@ __all__ = [
     "StageSpec",
     "StageStats",
     "WorkerInfo",
+    "check_picklable",
+    "choose_workers",
     "feature",
     "label_stage",
     "register_feature",
     "register_reducer",
     "register_worker_setup",
+    "usable_cpus",
     "worker_info",
 ]

@@ -11,8 +11,7 @@ import torch
 from torch.utils.data.dataloader import _DatasetKind
 
 from .._errors import ConfigError
-from ..pipeline import Pipeline, Processes
-from ..pipeline._auto import choose_workers
+from ..pipeline import Pipeline, Processes, check_picklable, choose_workers
 from ._args import start_method
 from ._fetch import Failed, Fetch, Indexed, Positioned, TorchWorkerInit, is_stateful, pin
 
@@ -104,8 +103,6 @@ def choose(loader: DataLoader[Any], fn: Any, spec: Processes, stage: str
         return None, None  # num_workers=0: load in this process, as torch does
     if loader.workers == "processes":
         return spec, None
-    from ..pipeline._boot import check_picklable
-
     needed = needs_processes(loader)
     chosen, note = choose_workers(
         fn, loader.num_workers, stage=stage, min_cores=PROCESS_CORES, small=_SMALL,

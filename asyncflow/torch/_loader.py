@@ -10,8 +10,7 @@ from torch.utils.data import BatchSampler
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data.dataloader import _DatasetKind
 
-from ..pipeline import Pipeline, PipelineStats
-from ..pipeline._auto import usable_cpus
+from ..pipeline import Pipeline, PipelineStats, usable_cpus
 from ._args import check_extras, refuse_unsupported, start_method
 from ._fetch import Fetch, is_stateful
 from ._frameworks import record_for_rebuild

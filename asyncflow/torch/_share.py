@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..pipeline import register_reducer, register_worker_setup, worker_info
-from ..pipeline._shm import SHM_THRESHOLD
+from ..pipeline.shm import SHM_THRESHOLD
 
 __all__ = ["rebuild_tensor", "reduce_tensor", "worker_setup"]
 
