@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from asyncflow._display import _STATS_HEADERS
+from tests.doc_citations import cited_tests
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "profiling.md"
@@ -40,20 +41,8 @@ def test_the_table_counts_images_and_hides_internal_stages() -> None:
     assert any(line.startswith("internal stages hidden: ") for line in _demo_table())
 
 
-def _cited(text: str) -> list[tuple[str, str]]:
-    cited, current = [], ""
-    text = re.sub(r"```.*?```", "", text, flags=re.S)
-    for token in re.findall(r"`([^`\n]+)`", text):
-        if "::" in token:
-            current, name = token.split("::", 1)
-            cited.append((current, name))
-        elif re.fullmatch(r"test_\w+", token) and current:
-            cited.append((current, token))
-    return cited
-
-
 def test_every_cited_test_exists() -> None:
-    cited = _cited(PAGE.read_text())
+    cited = cited_tests(PAGE.read_text())
     for file, name in cited:
         source = (ROOT / file).read_text()
         assert re.search(rf"^(async )?def {name}\(", source, re.M), f"{file}::{name}"
