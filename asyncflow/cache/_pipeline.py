@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from .._errors import ConfigError
-from ..pipeline import Pipeline, RunPlan
+from ..pipeline import Merge, Pipeline, RunPlan, StageSpec
+from ._fill import Gate, cache_stage, hooks_stage, one_shot_guard
 from ._fingerprint import canonical, fingerprint, state_of, summarize
 from ._info import CacheInfo, info
 from ._replay import finish
@@ -44,20 +47,50 @@ class CachedPipeline(Pipeline[T_co]):
                          buffer=4 if source.layout == "batches" else None)
         self._cache_source = source
         self._upstream = upstream
+        self._check_reuse = one_shot_guard(upstream.source)
 
     def run_plan(self) -> RunPlan:
+        """This epoch's run: the cache's replay as its source when the manifest says the cache
+        can be replayed; else upstream's source and stages, then the ``cache`` stage that
+        fills it (or replays it after all: see _fill.py), then the stages after ``.cache()``.
+
+        Runs in the consumer's thread: it reads only the manifest and ``stat``s the files;
+        the epoch checks and maps them on the run's threads.
+        """
         plan = super().run_plan()
         source = self._cache_source
-        if self.stages or source.layout != "batches" or not source.ready():
-            return plan
+        options = plan.options
+        hooks = plan.receive_hooks
         # A replay whose batches go straight to the consumer: those that need a copy
         # (shuffled ones) are copied in its thread when it asks for them (why:
         # asyncflow.cache._replay). Until then they hold no memory, so more of them may wait.
-        # ready() reads only the manifest (this runs in the consumer's thread); the epoch
-        # checks and maps the files on a worker thread, and fills the cache should they fail.
-        options = dataclasses.replace(plan.options, source_buffer=_DEFERRED_BUFFER)
-        return RunPlan(open_source=source.replaying, options=options,
-                       receive_hooks=(finish, *plan.receive_hooks))
+        defer = not self.stages and source.layout == "batches"
+        if defer:
+            hooks = (finish, *hooks)
+        if source.ready():
+            if defer:
+                options = dataclasses.replace(options, source_buffer=_DEFERRED_BUFFER)
+            return RunPlan(open_source=functools.partial(source.run_epoch, None, defer=defer),
+                           options=options, receive_hooks=hooks)
+        up = self._upstream.run_plan()
+        gate = Gate(up.open_source, self._check_reuse)
+        stages = list(_upstream_stages(self._upstream, up))
+        if up.receive_hooks:
+            stages.append(hooks_stage(up.receive_hooks))
+        buffer = _DEFERRED_BUFFER if defer else options.source_buffer
+        stages.append(cache_stage(source, gate, defer=defer, buffer=buffer))
+        options = dataclasses.replace(
+            options, source_buffer=up.options.source_buffer,
+            settings=(*up.options.settings, *options.settings),
+            notes=(*up.options.notes, *options.notes),
+        )
+        # A merge upstream (a cached mix) is built by the run as branches: it waits at the
+        # gate itself rather than being read through it.
+        open_source: Any = gate
+        if isinstance(up.open_source, Merge):
+            open_source = dataclasses.replace(up.open_source, gate=gate.opened)
+        return RunPlan(open_source=open_source, options=options, receive_hooks=hooks,
+                       stages=(*stages, *self.stages))
 
     @property
     def path(self) -> Path:
@@ -92,6 +125,7 @@ class CachedPipeline(Pipeline[T_co]):
             return super().shuffle(buffer_size=1024 if buffer_size is None else buffer_size,
                                    seed=seed, name=name)
         new = type(self)(self._cache_source.shuffled(seed), upstream=self._upstream)
+        new._check_reuse = self._check_reuse
         for hook in self.hooks:
             new = new.with_hook(hook)
         return new
@@ -105,21 +139,39 @@ class CachedPipeline(Pipeline[T_co]):
 
 
 def _layout(pipe: Pipeline[Any], batched: bool | None) -> str:
+    """What ``pipe`` yields, as its ``describe()`` declares it (``batched`` overrides).
+
+    The last stage that makes or splits batches decides: an ``assemble`` stage, or any stage
+    that declares a ``batch_size`` (a custom stage's option), yields ``"batches"``; a
+    ``batch`` stage yields ``"lists"`` of samples, or ``"batches"`` once a stage other than
+    ``prefetch``, ``shuffle`` or ``filter`` (a collating map) follows it; ``unbatch`` and
+    ``flat_map`` yield ``"samples"``, as does a pipeline with none of these.
+    """
     if batched is not None:
         if not isinstance(batched, bool):
             raise ConfigError(f"batched must be True, False or None, got {batched!r}")
         return "batches" if batched else "samples"
-    stages = pipe.describe()
+    stages = pipe.describe()[1:]  # the source's entry describes its object, not a stage
     for i in range(len(stages) - 1, -1, -1):
-        kind = stages[i].get("kind")
+        kind = stages[i]["kind"]
+        if kind == "assemble" or "batch_size" in stages[i]:
+            return "batches"
         if kind == "batch":
-            after = {s.get("kind") for s in stages[i + 1:]}
+            after = {s["kind"] for s in stages[i + 1:]}
             return "lists" if after <= _KEEPS_LISTS else "batches"
         if kind in ("unbatch", "flat_map"):
             return "samples"
-        if "batch_size" in stages[i]:
-            return "batches"
     return "samples"
+
+
+def _upstream_stages(upstream: Pipeline[Any], plan: RunPlan) -> Iterator[StageSpec]:
+    """Upstream's stages for a run of the cached pipeline, each with upstream's failure
+    budget where it has none of its own (the run's options are the cached pipeline's)."""
+    limit = plan.options.max_failures
+    for spec in upstream.stages if plan.stages is None else plan.stages:
+        if getattr(spec, "max_failures", limit) is None and dataclasses.is_dataclass(spec):
+            spec = dataclasses.replace(spec, max_failures=limit)  # type: ignore[call-arg]
+        yield spec
 
 
 def _description(pipe: Pipeline[Any]) -> list[dict[str, Any]]:
@@ -181,7 +233,7 @@ def cache(
     layout = _layout(pipe, batched)
     description = _description(pipe)
     source = CacheSource(
-        upstream=lambda: pipe, path=where, layout=layout,
+        upstream=None, path=where, layout=layout,
         fingerprint=fingerprint(description, key), summary=summarize(description),
         key=canonical(key), wait=wait, durable=durable,
     )

@@ -22,7 +22,6 @@ take turns (the consumer holds the last batch while it asks for the next).
 from __future__ import annotations
 
 import functools
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from .._recycle import PoolStats, Recycler
+from ..pipeline.seeding import epoch_rng
 from ._checks import Checks
 from ._schema import Field, unflatten
 from ._store import CacheInvalid, Reader, map_shared
@@ -37,9 +38,13 @@ from ._store import CacheInvalid, Reader, map_shared
 __all__ = ["BufferPool", "Deferred", "KeptMapping", "finish", "permutation", "replay"]
 
 
-def permutation(count: int, seed: int | list[int] | None) -> np.ndarray:
-    """The replay order for ``seed`` (a fresh random one when ``seed`` is None)."""
-    return np.random.default_rng(seed).permutation(count)
+def permutation(count: int, seed: int | Sequence[int] | None) -> np.ndarray:
+    """The replay order for ``seed``: a ``(seed, epoch)`` pair or a seed alone (epoch 0), drawn
+    by :func:`~asyncflow.pipeline.seeding.epoch_rng`; a fresh random one when ``seed`` is None."""
+    if seed is None:
+        return np.random.default_rng().permutation(count)
+    key = (seed, 0) if isinstance(seed, int) else tuple(seed)
+    return epoch_rng(*key).permutation(count)
 
 
 def _leaf_maker(field: Field) -> Callable[[np.ndarray], Any]:
@@ -62,31 +67,25 @@ class BufferPool:
 
     A fresh 10 MB buffer per batch costs more in page faults than the copy into it; a buffer
     whose reference count shows that the consumer let go of every view of it is rewritten
-    instead. The count is exact: an array or tensor made from a buffer holds a reference to
-    it, however it was sliced or wrapped. One pool may serve many epochs (a cached pipeline
-    and its shuffled copies share one), in any threads.
+    instead (``asyncflow/_recycle.py``'s ``"unreferenced"`` recycler). The count is exact: an
+    array or tensor made from a buffer holds a reference to it, however it was sliced or
+    wrapped. One pool may serve many epochs (a cached pipeline and its shuffled copies share
+    one), in any threads.
     """
 
     def __init__(self, keep: int = 8) -> None:
-        self._keep = keep
-        self._free: dict[tuple[tuple[int, ...], np.dtype[Any]], list[np.ndarray]] = {}
-        self._lock = threading.Lock()
+        self._buffers: Recycler[tuple[tuple[int, ...], np.dtype[Any]], np.ndarray] = Recycler(
+            lambda key, _: np.empty(*key), nbytes=lambda a: a.nbytes, limit=keep,
+            returned="unreferenced",
+        )
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype[Any], rows: int) -> np.ndarray:
         """A buffer of ``shape`` and ``dtype`` that nobody holds, its first ``rows`` rows."""
-        with self._lock:
-            pool = self._free.setdefault((shape, dtype), [])
-            for buffer in pool:
-                # held by: the pool's list, this loop's variable, getrefcount's argument
-                if sys.getrefcount(buffer) == _FREE:
-                    return buffer[:rows]
-            buffer = np.empty(shape, dtype)
-            if len(pool) < self._keep:
-                pool.append(buffer)
-            return buffer[:rows]
+        return self._buffers.acquire((shape, dtype))[:rows]
 
-
-_FREE = 3
+    def stats(self) -> PoolStats:
+        """How many buffers the pool keeps, how many are held, and how often one was reused."""
+        return self._buffers.stats()
 
 
 def _gather(source: Any, rows: np.ndarray, out: np.ndarray) -> np.ndarray:

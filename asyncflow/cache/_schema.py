@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _tree
 from .._errors import ConfigError
 
 __all__ = ["Field", "Schema", "as_array", "flatten", "unflatten"]
@@ -70,41 +71,19 @@ def _is_tensor(value: Any) -> bool:
 
 
 def flatten(item: Any, name: str = "item") -> tuple[Node, list[tuple[str, Any]]]:
-    """Split ``item`` into its structure and its ``(name, leaf)`` pairs, in a fixed order.
+    """Split ``item`` into its structure and its ``(name, leaf)`` pairs, in a fixed order
+    (``asyncflow/_tree.py`` walks it, as it walks batches for ``to_device``).
 
     Raises:
         ConfigError: A dict key is not a string.
     """
-    leaves: list[tuple[str, Any]] = []
-
-    def walk(value: Any, where: str) -> Node:
-        if isinstance(value, tuple | list) and not _is_tensor(value):
-            kind = "tuple" if isinstance(value, tuple) else "list"
-            return {kind: [walk(v, f"{where}[{i}]") for i, v in enumerate(value)]}
-        if isinstance(value, Mapping):
-            pairs = []
-            for key, v in value.items():
-                if not isinstance(key, str):
-                    raise ConfigError(
-                        f"the cache needs string dict keys; {where} has the key {key!r}"
-                    )
-                pairs.append([key, walk(v, f"{where}[{key!r}]")])
-            return {"dict": pairs}
-        leaves.append((where, value))
-        return {"field": len(leaves) - 1}
-
-    return walk(item, name), leaves
+    tree, leaves = _tree.flatten(item)
+    return tree.to_json(name), list(zip(tree.names(name), leaves, strict=True))
 
 
 def unflatten(node: Node, leaves: list[Any]) -> Any:
     """Rebuild an item from its structure and its leaves (the inverse of :func:`flatten`)."""
-    if "field" in node:
-        return leaves[node["field"]]
-    if "tuple" in node:
-        return tuple(unflatten(n, leaves) for n in node["tuple"])
-    if "list" in node:
-        return [unflatten(n, leaves) for n in node["list"]]
-    return {key: unflatten(n, leaves) for key, n in node["dict"]}
+    return _tree.Tree.from_json(node).unflatten(leaves)
 
 
 def as_array(value: Any) -> np.ndarray:

@@ -15,10 +15,15 @@ the ``asyncflow.cache`` logger. A block found damaged while replaying ends that 
 
 An epoch runs on the run's event loop, so everything that touches the file system (the checks
 and the mapping, the writer lock, each write, the commit with its ``fsync`` and rename,
-replaying with its checksum checks and page faults) runs on worker threads
-(``asyncio.to_thread``): the loop stays free for the other stages. Work handed to a thread
-finishes there even when the epoch is cancelled meanwhile; the run waits for its threads
-before it ends.
+replaying with its checksum checks and page faults) runs on the run's worker threads
+(:func:`~asyncflow.pipeline.run_thread`): the loop stays free for the other stages. Work handed
+to a thread finishes there even when the epoch is cancelled meanwhile; the run waits for its
+threads before it ends.
+
+In a cached pipeline's run, "upstream's items" are those reaching its ``cache`` stage from
+upstream's source and stages, run as stages of the same run (see _fill.py); an epoch built to
+replay has no upstream, and fails with a ``SourceError`` should the cache turn out unusable
+(the next epoch rebuilds it).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from .._errors import SourceError
+from ..pipeline import run_failed, run_thread
 from ._checks import ALL_CHECKED, Checks
 from ._fingerprint import describe_change
 from ._format import read_manifest
@@ -49,9 +56,13 @@ from ._store import (
     leftovers,
     remove_cache,
     remove_path,
+    sizes_match,
 )
 
-__all__ = ["CacheSource"]
+__all__ = ["CacheSource", "Upstream"]
+
+#: Returns a fresh iterable (or async iterable) of upstream's items for one pass.
+Upstream = Callable[[], Iterable[Any] | AsyncIterable[Any]]
 
 log = logging.getLogger("asyncflow.cache")
 
@@ -61,8 +72,9 @@ class CacheSource:
     """The source of a cached pipeline; each call is one epoch.
 
     Args:
-        upstream: Returns a fresh iterable (or async iterable, as a Pipeline is) of upstream's
-            items for one pass.
+        upstream: Returns a fresh iterable (or async iterable) of upstream's items for one
+            pass, for epochs started by calling the source; ``None``: the epochs are given
+            their upstream (:meth:`run_epoch`).
         path: The cache directory.
         layout: What upstream's items are: ``samples``, ``batches`` (collated: fields with a
             batch dimension) or ``lists`` (of samples); batches are stored per sample and
@@ -77,7 +89,7 @@ class CacheSource:
         durable: fsync the cache when committing it.
     """
 
-    upstream: Callable[[], Iterable[Any] | AsyncIterable[Any]]
+    upstream: Upstream | None
     path: Path
     layout: str
     fingerprint: str
@@ -91,6 +103,7 @@ class CacheSource:
     buffers: BufferPool = field(default_factory=BufferPool, compare=False, repr=False)
     kept: KeptMapping = field(default_factory=KeptMapping, compare=False, repr=False)
     checks: Checks = field(default_factory=Checks, compare=False, repr=False)
+    refused: set[Any] = field(default_factory=set, compare=False, repr=False)
 
     def shuffled(self, seed: int | None) -> CacheSource:
         """This source replaying in a random order by index: with a ``seed``, the order
@@ -98,7 +111,19 @@ class CacheSource:
         return dataclasses.replace(self, shuffle=True, seed=seed, epochs=itertools.count())
 
     def __call__(self) -> AsyncGenerator[Any, None]:
-        return self._epoch(next(self.epochs))
+        return self.run_epoch(self.upstream)
+
+    def run_epoch(self, upstream: Upstream | None, *, defer: bool = False
+                  ) -> AsyncGenerator[Any, None]:
+        """One epoch reading ``upstream`` when it does not replay.
+
+        Args:
+            upstream: Returns upstream's items for this pass; ``None``: the epoch can only
+                replay, and raises ``SourceError`` when the cache turns out unusable.
+            defer: Batches that need a copy come as :class:`~asyncflow.cache._replay.Deferred`
+                copies, which the consumer makes (:func:`~asyncflow.cache._replay.finish`).
+        """
+        return self._epoch(next(self.epochs), upstream, defer=defer)
 
     def ready(self) -> bool:
         """Whether the manifest says the cache can be replayed now (its files are checked by
@@ -108,15 +133,11 @@ class CacheSource:
             manifest = read_manifest(self.path)
             if self._mismatch(manifest) is not None:
                 return False
-            return self.checks.damage(identity_of(self.path, manifest)) is None
+            identity = identity_of(self.path, manifest)
+            return (self.checks.damage(identity) is None and identity not in self.refused
+                    and sizes_match(manifest, identity))
         except (FileNotFoundError, CacheInvalid):
             return False
-
-    def replaying(self) -> AsyncGenerator[Any, None]:
-        """One epoch, for a run that hands its items straight to the consumer: batches that
-        need a copy come as :class:`~asyncflow.cache._replay.Deferred` copies, which the
-        consumer makes (:func:`~asyncflow.cache._replay.finish`)."""
-        return self._epoch(next(self.epochs), defer=True)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r})"
@@ -128,18 +149,24 @@ class CacheSource:
             return permutation(count, None)
         return permutation(count, [self.seed % 2**64, epoch])
 
-    async def _epoch(self, epoch: int, *, defer: bool = False) -> AsyncGenerator[Any, None]:
+    async def _epoch(self, epoch: int, upstream: Upstream | None, *, defer: bool = False
+                     ) -> AsyncGenerator[Any, None]:
         # An async generator: the engine closes it (aclose) however the run ends, which
         # releases the lock and removes an unfinished write at once.
-        reader = await asyncio.to_thread(self._open, say_why=True)
+        reader = await run_thread(self._open, True)
+        if reader is None and upstream is None:
+            await run_thread(self._refuse)
+            raise SourceError(f"cache {self.path} was found unusable when its epoch began "
+                              "(see the asyncflow.cache log); the next epoch rebuilds it")
         if reader is None:
+            assert upstream is not None
             lock = WriterLock(self.path)
             if not await _acquire(lock):
-                holder = await asyncio.to_thread(lock.holder)
+                holder = await run_thread(lock.holder)
                 if not self.wait:
                     log.info("cache %s is being written by process %s; this epoch reads "
                              "upstream", self.path, holder)
-                    async with _Upstream(self.upstream()) as items:
+                    async with _Upstream(upstream()) as items:
                         async for item in items:
                             yield item
                     return
@@ -151,14 +178,14 @@ class CacheSource:
                     delay = min(delay * 2, 0.2)
             try:
                 # another writer may have just finished
-                reader = await asyncio.to_thread(self._open, say_why=False)
+                reader = await run_thread(self._open, False)
                 if reader is None:
-                    async with contextlib.aclosing(self._fill()) as items:
+                    async with contextlib.aclosing(self._fill(upstream)) as items:
                         async for item in items:
                             yield item
                     return
             finally:
-                await asyncio.to_thread(lock.release)
+                await run_thread(lock.release)
         async with contextlib.aclosing(self._replay(reader, epoch, defer=defer)) as items:
             async for item in items:
                 yield item
@@ -170,7 +197,7 @@ class CacheSource:
         # indices, a residency probe), less than a thread hand-off; the consumer copies.
         inline = defer and reader.layout == "batches" and self.checks.complete(reader)
         # replay() maps the files a shuffled replay reads through: on a thread too
-        items = await asyncio.to_thread(replay, reader, order, self.buffers, self.kept,
+        items = await run_thread(replay, reader, order, self.buffers, self.kept,
                                         defer=defer,
                                         checks=ALL_CHECKED if inline else self.checks)
         # Items that hold no memory of their own (single samples, views of the mapping,
@@ -182,7 +209,7 @@ class CacheSource:
                 yield item
             return
         size = 1 if copies else _CHUNK[reader.layout]
-        while chunk := await asyncio.to_thread(_take, items, size):
+        while chunk := await run_thread(_take, items, size):
             for item in chunk:
                 yield item
 
@@ -201,7 +228,7 @@ class CacheSource:
             return f"it holds {manifest.get('layout')}, upstream yields {self.layout}"
         return None
 
-    def _open(self, *, say_why: bool) -> Reader | None:
+    def _open(self, say_why: bool) -> Reader | None:
         try:
             reader = Reader.open(self.path)
             why = self._mismatch(reader.manifest) or self.checks.damage(reader.identity)
@@ -222,28 +249,38 @@ class CacheSource:
             return None
         return reader
 
-    async def _fill(self) -> AsyncGenerator[Any, None]:
+    def _refuse(self) -> None:
+        """Remember the files of a cache found unusable, so :meth:`ready` says no to them."""
+        with contextlib.suppress(FileNotFoundError, CacheInvalid):
+            self.refused.add(identity_of(self.path, read_manifest(self.path)))
+
+    async def _fill(self, upstream: Upstream) -> AsyncGenerator[Any, None]:
         """Pass upstream's items through, writing each; commit when upstream ends.
 
         Runs with the writer lock held, so whatever else lies at or beside ``path`` is from
         a writer that stopped midway or a cache that failed its checks: it is removed first.
         Each item is written (on a worker thread) before it is yielded, so a consumer that
-        changes its items in place cannot change the cache.
+        changes its items in place cannot change the cache. Nothing is committed when a
+        stage of the run failed (:func:`~asyncflow.pipeline.run_failed`): upstream's stream
+        then ends early, as if complete.
         """
-        await asyncio.to_thread(self._clear)
+        await run_thread(self._clear)
         meta = {"fingerprint": self.fingerprint, "key": self.key, "upstream": self.summary}
-        writer = await asyncio.to_thread(Writer, self.path, layout=self.layout, meta=meta)
+        writer = await run_thread(Writer, self.path, layout=self.layout, meta=meta)
         try:
-            async with _Upstream(self.upstream()) as items:
+            async with _Upstream(upstream()) as items:
                 async for item in items:
-                    await asyncio.to_thread(writer.write, item)
+                    await run_thread(writer.write, item)
                     yield item
-            await asyncio.to_thread(writer.commit, durable=self.durable)
+            if run_failed():  # upstream's stream ended because a stage of it failed
+                log.info("cache %s not written: the run failed before its end", self.path)
+                return
+            await run_thread(writer.commit, durable=self.durable)
             log.info("cache %s written: %d samples in %d items", self.path, writer.count,
                      writer.items)
         finally:
             # after a commit the temporary directory is gone: a no-op
-            await asyncio.to_thread(writer.abort)
+            await run_thread(writer.abort)
 
     def _clear(self) -> None:
         for stale in leftovers(self.path):
@@ -257,7 +294,7 @@ async def _acquire(lock: WriterLock) -> bool:
     Cancellation:
         The thread runs on; should it take the lock after all, it gives it back at once.
     """
-    taking = asyncio.ensure_future(asyncio.to_thread(lock.acquire))
+    taking = asyncio.ensure_future(run_thread(lock.acquire))
     taken = False
     try:
         taken = await asyncio.shield(taking)

@@ -49,6 +49,7 @@ __all__ = [
     "read_manifest",
     "remove_cache",
     "remove_path",
+    "sizes_match",
 ]
 
 # MAP_NORESERVE keeps a private mapping of a cache larger than RAM from being refused by the
@@ -254,6 +255,19 @@ def identity_of(path: Path, manifest: dict[str, Any]) -> tuple[tuple[int, int, i
         return tuple(_identity(os.stat(path / str(name))) for name in manifest["files"])
     except (OSError, KeyError, TypeError) as exc:
         raise CacheInvalid(f"its files cannot be found ({exc})") from None
+
+
+def sizes_match(manifest: dict[str, Any], identity: tuple[tuple[int, int, int, int], ...]
+                ) -> bool:
+    """Whether the field files of ``identity`` (from :func:`identity_of`) have the sizes
+    ``manifest`` gives them: a truncated cache is found without opening it."""
+    try:
+        count = int(manifest["count"])
+        fields = [Field.from_json(f) for f in manifest["fields"]]
+    except (KeyError, TypeError, ValueError):
+        return False
+    expected = [HEADER_BYTES + count * f.sample_bytes for f in fields]
+    return expected == [size for _, _, size, _ in identity]
 
 
 def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:

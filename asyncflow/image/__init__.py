@@ -16,7 +16,7 @@ from ._decode import DEFAULT_MAX_PIXELS, decode
 from ._info import backend_info
 
 _LAZY = {
-    "IMG_EXTENSIONS": "asyncflow.image._folder",
+    "IMG_EXTENSIONS": "asyncflow.image._scan",
     "ImageFolder": "asyncflow.image._folder",
     "folder": "asyncflow.image._folder",
 }
@@ -24,7 +24,8 @@ _LAZY = {
 __getattr__ = lazy_getattr(__name__, _LAZY)
 
 if TYPE_CHECKING:
-    from ._folder import IMG_EXTENSIONS, ImageFolder, folder
+    from ._folder import ImageFolder, folder
+    from ._scan import IMG_EXTENSIONS
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",

@@ -28,13 +28,13 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from .._errors import ConfigError, DecodeError, SourceError, SourceNotFound, SourcePermissionError
+from ..pipeline.seeding import item_random
 from . import _jpeg
 from ._batch import IMAGENET_MEAN, IMAGENET_STD
 from ._geometry import (
     Crop,
     centre_box,
     draft_request,
-    item_rng,
     orientation_op,
     random_resized_box,
     target_size,
@@ -123,7 +123,7 @@ def decode(
     affine = _affine(tuple(mean), tuple(std)) if normalize else None
     label, data = _read(src, name)
     if train and rng is None:
-        rng = random.Random() if seed is None else item_rng(seed, epoch, index)
+        rng = random.Random() if seed is None else item_random(seed, epoch, index)
     try:
         return _decode(data, dims, resize, rng if train else None, scale, ratio, flip,
                        out, layout, affine, max_pixels, background, label)

@@ -1,4 +1,5 @@
-"""Where to crop: centre crops, random-resized crops, EXIF orientation and per-item seeds.
+"""Where to crop: centre crops, random-resized crops and EXIF orientation (per-item seeds are
+``asyncflow.pipeline.seeding``'s).
 
 Everything here is plain arithmetic on sizes and boxes (no pixels), so the decode kernel can
 settle the whole geometry, and with it the JPEG draft scale, before a byte is decoded. Boxes
@@ -21,7 +22,6 @@ __all__ = [
     "Crop",
     "centre_box",
     "draft_request",
-    "item_rng",
     "orientation_op",
     "random_resized_box",
     "target_size",
@@ -41,7 +41,6 @@ _ORIENTATION = {
     8: Image.Transpose.ROTATE_90,
 }
 _SWAPS_AXES = {5, 6, 7, 8}
-_MASK64 = (1 << 64) - 1
 
 
 class Crop(NamedTuple):
@@ -138,18 +137,3 @@ def draft_request(
     if factor < 2.0:
         return None
     return (math.ceil(raw_size[0] / factor), math.ceil(raw_size[1] / factor))
-
-
-def item_rng(seed: int, epoch: int, index: int) -> random.Random:
-    """A generator fixed by ``(seed, epoch, index)`` alone, whatever the thread or order."""
-    x = (seed & _MASK64) ^ 0x9E3779B97F4A7C15
-    for part in (epoch, index):
-        x = _splitmix64((x + (part & _MASK64)) & _MASK64)
-    return random.Random(x)
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)

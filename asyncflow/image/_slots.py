@@ -14,28 +14,31 @@ Decoding may run ahead of the oldest unfinished batch by at most ``ahead`` batch
 claiming a row further ahead waits (up to a second at a time) for the head to be released, so
 one very slow image cannot make memory grow without bound while the others run on.
 
-Buffers are recycled once nothing refers to them any more: a fresh 19 MB float batch costs
-~5,000 page faults (about 10% of the decode work), a recycled one none. Each buffer is a NumPy
-array that the batch tensor wraps (``torch.from_numpy``), so it is free exactly when its
-reference count shows that no tensor, view or decode holds it: a batch the consumer still holds,
-or any view of it, is never reused.
+Buffers are recycled once nothing refers to them any more (``asyncflow/_recycle.py``'s
+``"unreferenced"`` :class:`Recycler`): a fresh 19 MB float batch costs ~5,000 page faults (about
+10% of the decode work), a recycled one none. Each buffer is a NumPy array that the batch tensor
+wraps (``torch.from_numpy``), so it is free exactly when its reference count shows that no
+tensor, view or decode holds it: a batch the consumer still holds, or any view of it, is never
+reused. Past ``pool`` buffers, a batch gets a spare, made for it alone.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from ._rows import Ticket
+from .._recycle import PoolStats, Recycler
+from ._rows import Failed, Ticket
 
 __all__ = ["BatchAssembler", "Ticket"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+_Key = tuple[tuple[int, ...], np.dtype[Any]]
 
 _RUNS = 64  # open iterations of one pipeline kept before the idlest is dropped
 
@@ -65,6 +68,16 @@ class _Run:
         self.open: dict[int, _Open] = {}
 
 
+def _make(slabs: Any, names: dict[int, str], key: _Key, need: int) -> np.ndarray:
+    """A new batch buffer: private memory, or a shared-memory slab whose name goes in ``names``."""
+    if slabs is None:
+        return np.empty(*key)
+    array: np.ndarray
+    array, name = slabs.allocate(*key)
+    names[id(array)] = name
+    return array
+
+
 class BatchAssembler:
     """Rows of per-batch ``N x 3 x H x W`` buffers by item position; whole batches in order.
 
@@ -77,7 +90,7 @@ class BatchAssembler:
         dtype: The buffers' element type.
         drop_last: Never release a last batch shorter than ``batch_size``.
         ahead: How many batches past the oldest unreleased one decoding may start.
-        pool: How many buffers to keep for reuse.
+        pool: How many buffers to keep for reuse (>= 1); past it, batches get spares.
         slabs: Allocates buffers in shared memory (a ``SharedSlabs``), for decoding in
             worker processes; ``None``: private memory.
     """
@@ -101,10 +114,14 @@ class BatchAssembler:
         #: Claims that waited the full second for older batches (0 when the decoders' hand-offs
         #: stay within ``ahead``).
         self.stalls = 0
-        self._pool: list[np.ndarray] = []
-        self._names: list[str] = []  # the pool's slab names, in step with it
-        self._pool_max = pool
         self._slabs = slabs
+        self._names: dict[int, str] = {}  # slab names by ``id`` of the kept and spare buffers
+        # Not a bound method: a cycle through ``self`` would keep the slabs (unlinked when the
+        # assembler goes) until the garbage collector runs.
+        self._buffers: Recycler[_Key, np.ndarray] = Recycler(
+            partial(_make, slabs, self._names), nbytes=lambda a: a.nbytes, limit=pool,
+            returned="unreferenced",
+        )
 
     def claim(
         self, run: int, pos: int, label: int, *, wait: bool = True
@@ -143,9 +160,19 @@ class BatchAssembler:
             entry = self._runs[run].open[ticket.number]
             return ticket, entry.slab
 
-    def arrived(self, ticket: Ticket, ok: bool = True) -> list[Batch]:
+    @staticmethod
+    def failure(row: Ticket | Failed) -> Exception | None:
+        """The decode error of a failed row (``None``: the image is in its row)."""
+        return row.error if isinstance(row, Failed) else None
+
+    def arrived(self, row: Ticket | Failed, ok: bool = True) -> list[Batch]:
         """Record a decoded row (``ok``) or a failed one; return the batches now complete, in
-        batch order (often none). Called for every claimed row, from one thread."""
+        batch order (often none). Called for every claimed row, from one thread.
+
+        With :meth:`failure`, this makes the assembler an ``asyncflow.pipeline.Assembler``:
+        ``image.folder``'s ``assemble`` stage tells it of each row as it arrives.
+        """
+        ticket = row.ticket if isinstance(row, Failed) else row
         with self._lock:
             if ticket.run in self._dropped:
                 raise RuntimeError(
@@ -193,25 +220,16 @@ class BatchAssembler:
         state.active = time.monotonic()
         return state
 
+    def pool_stats(self) -> PoolStats:
+        """The batch buffers kept for reuse, and how often one was reused."""
+        return self._buffers.stats()
+
     def _new_batch(self, rows: int) -> _Open:
-        array, slab, spare = None, "", False
-        for i in range(len(self._pool)):
-            # 2 references: the pool's, and getrefcount's argument. Anything more is a
-            # tensor, a view or a decode still using it.
-            if sys.getrefcount(self._pool[i]) == 2:
-                array, slab = self._pool[i], self._names[i]
-                break
-        if array is None:
-            shape = (self.batch_size, *self.shape)
-            if self._slabs is not None:
-                array, slab = self._slabs.allocate(shape, self._np_dtype)
-            else:
-                array = np.empty(shape, self._np_dtype)
-            if len(self._pool) < self._pool_max:
-                self._pool.append(array)
-                self._names.append(slab)
-            else:
-                spare = True
+        array = self._buffers.acquire(((self.batch_size, *self.shape), self._np_dtype))
+        spare = not self._buffers.owns(array)
+        # A spare's name goes with its batch (and is unlinked when that batch is complete);
+        # its ``id`` may be reused once the array is gone.
+        slab = self._names.pop(id(array), "") if spare else self._names.get(id(array), "")
         view = array[:rows]
         return _Open(torch.from_numpy(view), view, rows, slab, spare)
 

@@ -4,16 +4,21 @@ Features (``asyncflow.torch``, ``asyncflow.cache``, progress bars, display) exte
 through the public seams exported here; see ``EXTENDING.md``.
 """
 
+from ._assemble import Assembler
 from ._auto import choose_workers, usable_cpus
 from ._boot import check_picklable
 from ._core import HookFactory
+from ._current import run_failed
 from ._features import feature, register_feature
 from ._handle import ConsumerHook, Run
+from ._merge import BranchEnd, Merge, MergeChooser, MergePolicy
 from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender
 from ._options import RunOptions, RunPlan
 from ._pipeline import Pipeline
-from ._spec import CustomSpec, StageSpec
+from ._span import Span
+from ._spec import AssembleSpec, CustomSpec, StageSpec
 from ._stats import FailureRecord, ItemGroup, PipelineStats, StageStats, label_stage
+from ._threadpool import run_thread
 from ._workers import (
     Processes,
     WorkerInfo,
@@ -30,11 +35,17 @@ def register_reducer(cls: type, reducer: object) -> None:
 
 
 __all__ = [
+    "AssembleSpec",
+    "Assembler",
+    "BranchEnd",
     "ConsumerHook",
     "CustomSpec",
     "FailureRecord",
     "HookFactory",
     "ItemGroup",
+    "Merge",
+    "MergeChooser",
+    "MergePolicy",
     "Node",
     "NodeContext",
     "Pipeline",
@@ -46,6 +57,7 @@ __all__ = [
     "RunOptions",
     "RunPlan",
     "Sender",
+    "Span",
     "StageSpec",
     "StageStats",
     "WorkerInfo",
@@ -56,6 +68,8 @@ __all__ = [
     "register_feature",
     "register_reducer",
     "register_worker_setup",
+    "run_failed",
+    "run_thread",
     "usable_cpus",
     "worker_info",
 ]

@@ -5,16 +5,19 @@ loop (a synchronous training step) does not stop loading. Items cross to the con
 chunks: a plain ``for`` waits on a condition variable, ``async for`` on a future of its own
 loop, woken with ``call_soon_threadsafe``. Neither touches the other side's loop otherwise, so
 plain ``for`` works in a thread whose loop is already running (Jupyter).
+
+:class:`Handoff` is the thread-safe variant of the run's one channel type: the buffer, the
+accounting, the writer side, close and abort are :class:`~._channel.ChannelBase`'s; only the
+consumer's wait is its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections import deque
 from typing import Any
 
-from ._channel import ChannelAborted, nbytes_of
+from ._channel import ALL, ChannelBase
 
 __all__ = ["Handoff"]
 
@@ -24,19 +27,19 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def _notify(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> None:
-    try:
-        loop.call_soon_threadsafe(_resolve, fut)
-    except RuntimeError:  # that loop is closed: nobody is waiting any more
-        pass
+def _resolve_all(futs: list[asyncio.Future[None]]) -> None:
+    for fut in futs:
+        if not fut.done():
+            fut.set_result(None)
 
 
-class Handoff:
+class Handoff(ChannelBase):
     """The last, bounded channel of a run: written on the run's loop, read by the consumer.
 
-    It offers the writer side of :class:`~asyncflow.pipeline._channel.Channel` (``put``,
-    ``put_many``, ``close``, ``abort``) and two reader calls, :meth:`get_chunk` for a thread
-    and :meth:`aget_chunk` for a coroutine on any loop.
+    It offers the writer side of every channel (``put``, ``put_many``, ``try_put_many``,
+    ``close``, ``abort``) and two reader calls, :meth:`get_chunk` for a thread and
+    :meth:`aget_chunk` for a coroutine on any loop. After an :meth:`abort`, the reader gets
+    the error given there (once), else the end of the stream: never ``ChannelAborted``.
 
     The consumer takes up to half the capacity at a time. With a byte budget, the bytes of the
     chunk it is working through still count until it asks for the next one, so that what waits
@@ -45,173 +48,55 @@ class Handoff:
     Args:
         capacity: The most items held for the consumer.
         loop: The run's loop, where writers wait.
-        max_bytes: A byte budget (see ``Channel``); ``None``: items only.
+        max_bytes: A byte budget (see ``ChannelBase``); ``None``: items only.
     """
+
+    __slots__ = ("_cond", "_loop", "_reader", "_sleeping", "_take_size")
 
     def __init__(
         self, capacity: int, loop: asyncio.AbstractEventLoop, max_bytes: int | None = None
     ) -> None:
-        self.capacity = capacity
-        self.max_bytes = max_bytes
-        self._sizes: deque[int] = deque()
-        self._bytes = 0
-        self._lent_bytes = 0  # bytes of the consumer's current chunk
+        super().__init__(capacity, max_bytes, lend=True)
         self._loop = loop
-        self._cond = threading.Condition(threading.Lock())
-        self._items: deque[Any] = deque()
-        self._putters: deque[asyncio.Future[None]] = deque()
+        self._cond = threading.Condition(self._lock)
+        # The consumer waiting on a loop, if any: that loop and the future it waits on.
         self._reader: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
-        self._closed = False
-        self._aborted = False
-        self._error: BaseException | None = None
-        self._take = max(1, capacity // 2)
+        self._sleeping = 0  # consumer threads waiting on the condition
+        self._take_size = max(1, capacity // 2)
 
-    def __len__(self) -> int:
-        return len(self._items)
+    # -- the variant's hooks (lock held) ----------------------------------------------------
 
-    @property
-    def closed(self) -> bool:
-        return self._closed or self._aborted
+    def _readers_ready(self, count: int) -> None:
+        if self._sleeping:
+            if count >= ALL:  # the end: every waiting thread sees it
+                self._cond.notify_all()
+            else:
+                self._cond.notify()
+        reader, self._reader = self._reader, None
+        if reader is not None:  # one wake-up per put, however many items it brought
+            _notify(reader[0], _resolve, reader[1])
 
-    # -- writer side (the run's loop) ---------------------------------------------------
-
-    async def put(self, item: Any) -> None:
-        await self.put_many([item])
-
-    async def put_many(self, items: list[Any]) -> None:
-        """Append ``items``, waiting (on the run's loop) while the consumer is behind.
-
-        Cancellation:
-            Items appended before the cancellation stay for the consumer.
-        """
-        start, total = 0, len(items)
-        sizes = [nbytes_of(item) for item in items] if self.max_bytes is not None else None
-        while start < total:
-            reader = None
-            with self._cond:
-                if self._aborted:
-                    raise ChannelAborted
-                room = self._room(sizes, start, total)
-                if room > 0:
-                    end = start + room
-                    self._items.extend(items[start:end] if start or end < total else items)
-                    if sizes is not None:
-                        self._sizes.extend(sizes[start:end])
-                        self._bytes += sum(sizes[start:end])
-                    start = end
-                    self._cond.notify()
-                    reader, self._reader = self._reader, None
-                    fut = None
-                else:
-                    fut = self._loop.create_future()
-                    self._putters.append(fut)
-            if reader is not None:
-                _notify(*reader)
-            if fut is not None:
-                try:
-                    await fut
-                except asyncio.CancelledError:
-                    with self._cond:
-                        if fut in self._putters:
-                            self._putters.remove(fut)
-                    raise
-
-    def take_pending(self) -> BaseException | None:
-        """Take the error no reader has been given yet (the reader has left), if any."""
-        with self._cond:
-            error, self._error = self._error, None
-        return error
-
-    def _room(self, sizes: list[int] | None, start: int, total: int) -> int:
-        """How many of the items from ``start`` fit now (with the lock held)."""
-        held = len(self._items)
-        room = min(total - start, self.capacity - held)
-        if sizes is None or room <= 0:
-            return max(0, room)
-        assert self.max_bytes is not None
-        budget = self.max_bytes - self._bytes - self._lent_bytes
-        fit = 0
-        empty = held == 0 and self._lent_bytes == 0
-        while fit < room and (sizes[start + fit] <= budget or (empty and fit == 0)):
-            budget -= sizes[start + fit]
-            fit += 1
-        return fit
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held for the consumer and in its current chunk (with a byte budget)."""
-        return self._bytes + self._lent_bytes
-
-    def close(self, error: BaseException | None = None) -> None:
-        """End the stream; the consumer drains what is left, then gets ``error`` if any.
-
-        After :meth:`abort`, the error given there (if any) stands. Thread-safe.
-        """
-        with self._cond:
-            if not self._closed and not self._aborted:
-                self._error = error
-            self._closed = True
-            self._cond.notify_all()
-            reader, self._reader = self._reader, None
-        if reader is not None:
-            _notify(*reader)
-
-    def abort(self, error: BaseException | None = None) -> None:
-        """Stop: drop what is held and make writers stop. Thread-safe.
-
-        Args:
-            error: What ended the run before the stop, if anything: a reader still waiting
-                (or reading next) gets it, once, instead of the end of the stream.
-        """
-        with self._cond:
-            if not self._aborted and not self._closed:
-                self._error = error
-            self._aborted = True
-            self._items.clear()
-            self._sizes.clear()
-            self._bytes = self._lent_bytes = 0
-            putters = list(self._putters)
-            self._putters.clear()
-            self._cond.notify_all()
-            reader, self._reader = self._reader, None
-        for fut in putters:
-            _notify(self._loop, fut)
-        if reader is not None:
-            _notify(*reader)
+    def _resolve_writers(self, waiters: list[asyncio.Future[None]]) -> None:
+        if waiters:  # one call into the run's loop for all of them
+            _notify(self._loop, _resolve_all, waiters)
 
     # -- reader side (the consumer) -----------------------------------------------------
 
-    def _take_locked(self) -> list[Any]:
-        items = self._items
-        if len(items) <= self._take:
-            taken = list(items)
-            items.clear()
+    def _next_chunk(self) -> list[Any] | None:
+        """The next chunk, the end (``[]``, or the error raised), or ``None``: nothing yet
+        (lock held). The previous chunk is done with either way."""
+        freed = self._lent > 0
+        self._give_back()
+        if self._items:
+            taken: list[Any] | None = self._take(self._take_size)
+            freed = True
+        elif self._closed or self._aborted:
+            taken = self._end()
         else:
-            popleft = items.popleft
-            taken = [popleft() for _ in range(self._take)]
-        if self.max_bytes is not None:  # the previous chunk is consumed: this one counts
-            self._lent_bytes = sum(self._sizes.popleft() for _ in range(len(taken)))
-            self._bytes -= self._lent_bytes
+            taken = None
+        if freed:  # room came back: every waiting writer re-checks
+            self._resolve_writers(self._take_putters())
         return taken
-
-    def _give_back(self) -> list[asyncio.Future[None]]:
-        """The consumer is back for more: its previous chunk is done with (lock held)."""
-        if not self._lent_bytes:
-            return []
-        self._lent_bytes = 0
-        return self._release(0)
-
-    def _release(self, count: int) -> list[asyncio.Future[None]]:
-        # Room came back (this chunk, less the one before it): every waiting writer checks.
-        woken = list(self._putters)
-        self._putters.clear()
-        return woken
-
-    def _finish(self) -> list[Any]:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-        return []
 
     def get_chunk(self, timeout: float | None = None) -> list[Any]:
         """Take the next chunk of items; ``[]`` at the end; raise the run's error after its
@@ -224,19 +109,14 @@ class Handoff:
             The wait is interruptible by signals (Ctrl-C raises ``KeyboardInterrupt`` here).
         """
         with self._cond:
-            woken = self._give_back()
-        for fut in woken:
-            _notify(self._loop, fut)
-        with self._cond:
-            while not self._items:
-                if self._closed or self._aborted:
-                    return self._finish()
-                if not self._cond.wait(timeout):
+            while (taken := self._next_chunk()) is None:
+                self._sleeping += 1
+                try:
+                    woken = self._cond.wait(timeout)
+                finally:
+                    self._sleeping -= 1
+                if not woken:
                     raise TimeoutError(f"no item arrived within {timeout} s")
-            taken = self._take_locked()
-            woken = self._release(len(taken))
-        for fut in woken:
-            _notify(self._loop, fut)
         return taken
 
     async def aget_chunk(self, timeout: float | None = None) -> list[Any]:
@@ -246,18 +126,11 @@ class Handoff:
             Safe: nothing is taken unless the call returns.
         """
         loop = asyncio.get_running_loop()
-        with self._cond:
-            woken = self._give_back()
-        for fut in woken:
-            _notify(self._loop, fut)
         while True:
-            with self._cond:
-                if self._items:
-                    taken = self._take_locked()
-                    woken = self._release(len(taken))
-                    break
-                if self._closed or self._aborted:
-                    return self._finish()
+            with self._lock:
+                taken = self._next_chunk()
+                if taken is not None:
+                    return taken
                 fut = loop.create_future()
                 self._reader = (loop, fut)
             try:
@@ -266,9 +139,13 @@ class Handoff:
             except TimeoutError:
                 raise TimeoutError(f"no item arrived within {timeout} s") from None
             finally:
-                with self._cond:
+                with self._lock:
                     if self._reader is not None and self._reader[1] is fut:
                         self._reader = None
-        for fut in woken:
-            _notify(self._loop, fut)
-        return taken
+
+
+def _notify(loop: asyncio.AbstractEventLoop, callback: Any, arg: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(callback, arg)
+    except RuntimeError:  # that loop is closed: nobody is waiting any more
+        pass

@@ -2,27 +2,34 @@
 
 The source is stage 0. Every stage writes to a bounded :class:`Channel`, the last one to the
 consumer's :class:`Handoff`; each gets its counters, failure budget and (for a map on worker
-processes) its process pool.
+processes) its process pool. A :class:`Merge` source adds each input's source and stages as a
+branch of the same graph, before the merge node that reads them (``_merge.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._scope import RunScope
+from ._assemble import AssembleNode
 from ._bridge import Handoff
 from ._channel import Channel
 from ._failures import FailureBudget
+from ._lineage import Lineage, SourcePlan
 from ._map import MapNode
+from ._merge import Branch, BranchRun, Merge, MergeNode
 from ._node import Node, NodeContext
 from ._offload import WorkerPool
 from ._options import RunOptions
 from ._pools import PoolHolder
+from ._source_node import SourceNode
 from ._spec import (
+    AssembleSpec,
     BatchSpec,
     CustomSpec,
     MapSpec,
@@ -30,13 +37,13 @@ from ._spec import (
     ShuffleSpec,
     StageSpec,
     UnbatchSpec,
+    stage_names,
 )
 from ._stages import (
     BatchNode,
     FlatMapNode,
     PrefetchNode,
     ShuffleNode,
-    SourceNode,
     UnbatchNode,
 )
 from ._stats import StageCounters
@@ -48,13 +55,43 @@ _UNBATCHED_BUFFER = 64
 
 @dataclass
 class Graph:
-    """One run's stages, in order: ``nodes[i]`` reads ``outputs[i - 1]`` and writes
-    ``outputs[i]``; ``contexts[i]`` is what it may use."""
+    """One run's stages, branches first: ``nodes[i]`` reads ``inputs[i]`` (``None`` for a
+    source) and writes ``outputs[i]``; ``contexts[i]`` is what it may use. The pipeline's own
+    stages (``chain``) come last, the last one writing the consumer's hand-off.
+
+    A merge replaces a branch's entries when it restarts it (on the run's loop), so the
+    runtime keeps its tasks and failures by context, not by position.
+    """
 
     contexts: list[NodeContext] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
+    inputs: list[Any] = field(default_factory=list)
     outputs: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: The contexts of the pipeline's own source and stages (their receive hooks are the run's).
+    chain: list[NodeContext] = field(default_factory=list)
+    #: The running stages' tasks, by context (the runtime fills it).
+    tasks: dict[Any, asyncio.Task[None]] = field(default_factory=dict)
+    #: The contexts of the stages that failed (the runtime fills it).
+    failed: set[NodeContext] = field(default_factory=set)
+    #: The branches' run scopes, closed when the run ends.
+    scopes: list[RunScope] = field(default_factory=list)
+    #: The contexts of the branches' stages: their merge nodes start them, not the runtime.
+    deferred: set[NodeContext] = field(default_factory=set)
+    #: Starts the tasks of the stages with these contexts (set by the runtime).
+    spawn: Callable[[Sequence[NodeContext]], None] | None = None
+    #: The ledgers of the pipeline's own stages: what the consumer's items came from.
+    lineage: Lineage = field(default_factory=Lineage)
+
+    def move(self, start: int, old: Sequence[NodeContext]) -> None:
+        """Put the entries from ``start`` on in the place of those of ``old`` (a contiguous
+        run of entries before ``start``)."""
+        lo = next(i for i, ctx in enumerate(self.contexts) if ctx is old[0])
+        hi = lo + len(old)
+        for entries in (self.contexts, self.nodes, self.inputs, self.outputs):
+            new = entries[start:]
+            del entries[start:]
+            entries[lo:hi] = new  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -69,11 +106,17 @@ class RunResources:
     pools: PoolHolder
     epoch: int
     start: int
+    #: Where a resumed run's source starts, and its stages' saved state.
+    resume: SourcePlan | None = None
 
 
-def thread_count(specs: Sequence[StageSpec]) -> int:
-    """Worker threads a run of ``specs`` reserves: one per sync call in flight, plus one."""
-    return 1 + sum(
+def thread_count(specs: Sequence[StageSpec], source: Any = None) -> int:
+    """Worker threads a run of ``specs`` reserves: one per sync call in flight, plus one
+    (and those of each branch, when ``source`` is a :class:`Merge`)."""
+    branches = 0
+    if isinstance(source, Merge):
+        branches = sum(thread_count(p.stages, p.source) for p in source.inputs)
+    return 1 + branches + sum(
         s.concurrency_ for s in specs
         if (isinstance(s, MapSpec) and not s.is_async and s.executor is None
             and s.processes is None)
@@ -91,41 +134,60 @@ def _default_capacity(spec: StageSpec | None, batched: bool) -> int:
     return max(2, 2 * concurrency) if batched else max(_UNBATCHED_BUFFER, 2 * concurrency)
 
 
-def _unique(base: str, names: set[str]) -> str:
-    name, n = base, 2
-    while name in names:
-        name, n = f"{base}#{n}", n + 1
-    names.add(name)
-    return name
-
-
 def build_graph(
-    open_source: Callable[[], Any], specs: Sequence[StageSpec], run: RunResources
+    open_source: Callable[[], Any] | Merge[Any], specs: Sequence[StageSpec], run: RunResources
 ) -> Graph:
     """The nodes, contexts and output channels of one run (in the consumer's thread)."""
     graph = Graph()
+    graph.chain = _add_chain(graph, open_source, specs, run, prefix="", handoff=True)
+    return graph
+
+
+def _add_chain(
+    graph: Graph,
+    open_source: Callable[[], Any] | Merge[Any],
+    specs: Sequence[StageSpec],
+    run: RunResources,
+    *,
+    prefix: str,
+    handoff: bool,
+    counters_of: Mapping[str, StageCounters] | None = None,
+) -> list[NodeContext]:
+    """Append a source and its stages to ``graph`` (a merge source's branches first); the
+    last writes the hand-off if ``handoff``. Returns their contexts. Stages are named
+    ``prefix + name``; those named in ``counters_of`` count on with those counters."""
     options = run.options
-    names: set[str] = set()
+    merge = open_source if isinstance(open_source, Merge) else None
+    names = [prefix + name for name in stage_names(specs)]
+    if merge is not None:
+        names[0] = prefix + merge.name
+    chain: list[NodeContext] = []
+    previous: Any = None
     stages: list[StageSpec | None] = [None, *specs]
+    plan = run.resume if handoff and run.resume is not None else SourcePlan(first=run.start)
+    lineage = Lineage(plan)
+    nodes: list[Node] = []
     in_step = True  # every stage so far maps source items 1:1, in order
     batched = False
     for index, spec in enumerate(stages):
-        if isinstance(spec, BatchSpec):
+        if isinstance(spec, BatchSpec | AssembleSpec):
             batched = True
         elif isinstance(spec, UnbatchSpec):
             batched = False
-        kind = "source" if spec is None else spec.kind
-        name = _unique("source" if spec is None else (spec.name or spec.default_name()), names)
+        kind = ("source" if merge is None else "merge") if spec is None else spec.kind
+        name = names[index]
         capacity = _default_capacity(spec, batched)
         if spec is None and options.source_buffer is not None:
             capacity = options.source_buffer
-        last = index == len(stages) - 1
+        last = handoff and index == len(stages) - 1
         max_bytes = getattr(spec, "buffer_bytes", None) or options.buffer_bytes
         output: Any = (
             Handoff(capacity, run.loop, max_bytes) if last else Channel(capacity, max_bytes)
         )
         concurrency = 1 if spec is None else spec.concurrency_
-        counters = StageCounters(name, kind, concurrency, capacity)
+        counters = (counters_of or {}).get(name) or StageCounters(
+            name, kind, concurrency, capacity
+        )
         counters.output = output
         limit = getattr(spec, "max_failures", None)
         budget = FailureBudget(options.max_failures if limit is None else limit, name)
@@ -134,8 +196,10 @@ def build_graph(
             stop=run.stop, scope=run.scope, epoch=run.epoch,
             executor=getattr(spec, "executor", None),
         )
+        ctx.lineage = lineage
         if in_step:
             ctx.start = run.start  # positions count from the resumed one
+            ctx.in_step = True
         in_step = in_step and (spec is None or (
             isinstance(spec, MapSpec) and spec.mode == "map" and spec.ordered
         ) or isinstance(spec, PrefetchSpec))
@@ -143,10 +207,78 @@ def build_graph(
             ctx.processes = _process_pool(index, spec, name, ctx, run)
         if isinstance(spec, MapSpec) and spec.note:
             graph.notes.append(f"stage {name!r} runs on {spec.note}")
+        if spec is None and merge is not None:
+            node: Node = _merge_node(graph, merge, ctx, run, prefix)
+        else:
+            node = _make_node(ctx, spec, open_source, capacity)
         graph.contexts.append(ctx)
+        graph.inputs.append(previous)
         graph.outputs.append(output)
-        graph.nodes.append(_make_node(ctx, spec, open_source, capacity))
-    return graph
+        graph.nodes.append(node)
+        chain.append(ctx)
+        nodes.append(node)
+        previous = output
+    lineage.attach(names, nodes, specs, keep=handoff)
+    if handoff:
+        graph.lineage = lineage
+    return chain
+
+
+def _add_branch(
+    graph: Graph,
+    branch: Branch,
+    run: RunResources,
+    prefix: str,
+    counters_of: Mapping[str, StageCounters] | None = None,
+) -> BranchRun:
+    """Append one epoch of a merge's input to ``graph``, with a run scope of its own (its
+    pipeline's ``retry`` / ``timeout`` settings)."""
+    plan = branch.plan
+    scope = RunScope(dict(plan.options.settings))
+    resources = dataclasses.replace(
+        run, options=plan.options, scope=scope, pools=branch.pools, epoch=branch.epoch,
+        start=branch.start,
+    )
+    first = len(graph.contexts)
+    chain = _add_chain(graph, plan.open_source, branch.stages, resources, prefix=prefix,
+                       handoff=False, counters_of=counters_of)
+    graph.scopes.append(scope)
+    graph.notes.extend(f"{prefix[:-1]}: {note}" for note in plan.options.notes)
+    hooks = (*plan.receive_hooks, *(h for ctx in chain for h in ctx.receive_hooks))
+    contexts = graph.contexts[first:]
+    starts = [ctx for ctx in contexts if ctx not in graph.deferred]  # nested: their merge's
+    graph.deferred.update(contexts)
+    return BranchRun(contexts=contexts, starts=starts, output=graph.outputs[-1], hooks=hooks,
+                     scope=scope)
+
+
+def _merge_node(
+    graph: Graph, merge: Merge[Any], ctx: NodeContext, run: RunResources, prefix: str
+) -> MergeNode:
+    """Build a merge's branches into ``graph`` and the node that reads them."""
+    prefixes = [f"{prefix}{label}/" for label in merge.labels]
+    branches = [
+        _add_branch(graph, pipe._branch(), run, at)
+        for pipe, at in zip(merge.inputs, prefixes, strict=True)
+    ]
+
+    async def rebuild(i: int, old: BranchRun) -> BranchRun:
+        branch = await ctx.run_sync(merge.inputs[i]._branch)  # run_plan() may read files
+        start = len(graph.contexts)
+        new = _add_branch(graph, branch, run, prefixes[i],
+                          counters_of={c.name: c.counters for c in old.contexts})
+        graph.move(start, old.contexts)
+        graph.deferred.difference_update(old.contexts)
+        if old.scope in graph.scopes:
+            graph.scopes.remove(old.scope)
+        spawn(new.starts)
+        return new
+
+    def spawn(contexts: Sequence[NodeContext]) -> None:
+        assert graph.spawn is not None  # the run is running
+        graph.spawn(contexts)
+
+    return MergeNode(ctx, merge, branches, spawn, rebuild, graph.tasks, graph.failed)
 
 
 def _process_pool(
@@ -163,7 +295,11 @@ def _process_pool(
     if processes.persistent:
         return run.pools.get(index, make)
     pool = make()
-    ctx.add_stop_callback(lambda: pool.shutdown(run.options.stop_timeout))
+
+    def stop() -> None:
+        pool.shutdown(run.options.stop_timeout)  # a process pool abandons no call
+
+    ctx.add_stop_callback(stop)
     return pool
 
 
@@ -178,6 +314,8 @@ def _make_node(
         return MapNode(ctx, spec)
     if isinstance(spec, BatchSpec):
         return BatchNode(ctx, spec)
+    if isinstance(spec, AssembleSpec):
+        return AssembleNode(ctx, spec)
     if isinstance(spec, UnbatchSpec):
         return UnbatchNode(ctx)
     if isinstance(spec, PrefetchSpec):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import multiprocessing.util  # noqa: F401  (why: see _stop_all_at_exit)
 import os
 import time
 import weakref
@@ -52,7 +53,12 @@ def track(run: Any) -> None:
 
 @atexit.register
 def _stop_all_at_exit() -> None:
-    """Stop runs still going at interpreter exit, so that their resources close cleanly."""
+    """Stop runs still going at interpreter exit, so that their resources close cleanly.
+
+    Registered after ``multiprocessing``'s own exit hook (imported above), so it runs first
+    (``atexit`` runs last-registered first): runs stop their worker processes before
+    ``multiprocessing`` joins its children.
+    """
     runs = list(_LIVE)
     for run in runs:
         run.request_stop()

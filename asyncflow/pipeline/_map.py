@@ -1,21 +1,42 @@
 """``map`` and ``filter``: sync functions on worker threads or processes in adaptive chunks,
-async functions on the loop, ``concurrency`` at a time, in input order when ``ordered``."""
+async functions on the loop, ``concurrency`` at a time, in input order when ``ordered``.
+
+Per-item overhead is paid per chunk wherever the semantics allow it:
+
+* An async function at ``concurrency=1`` is awaited directly, a chunk of items after another,
+  with no task or future per item. Each call is stepped once by hand (``_stepped.py``): a call
+  that completes at once costs no wake-up; before waiting on one that suspends, the results
+  done so far are handed on if the output has room, so a slow call never holds finished
+  items back. The chunk adapts to the time per item as a sync stage's does.
+* A cheap sync function runs *inline* on the run's loop instead of paying a thread round trip
+  per chunk. The rule: a stage on the run's worker threads (no executor, no processes) whose
+  last :data:`_INLINE_AFTER` chunks on threads each took at most :data:`_INLINE_PER_ITEM`
+  seconds per item and at most half of :data:`_INLINE_CHUNK_LIMIT` in all runs its chunks on
+  the loop from then on; the first inline chunk that takes longer than
+  :data:`_INLINE_CHUNK_LIMIT` sends it back to the threads for the rest of the run. So the
+  loop is blocked at most once, by one chunk. A function that may block now and then (waits on
+  a lock or a condition, does I/O) opts out with the attribute ``asyncflow_inline = False``.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from .._errors import ConfigError
 from ._channel import nbytes_of
+from ._ledger import MapLedger
 from ._node import NodeContext, Receiver, Sender
 from ._offload import FAILED, run_chunk, run_chunk_remote
 from ._spec import MapSpec
 from ._stages import _MAX_CHUNK, _PER_PROCESS, _TARGET_CHUNK_SECONDS, _progress
 from ._stats import count_items
+from ._stepped import Resume
 
 __all__ = ["MapNode"]
 
@@ -56,11 +77,24 @@ class MapNode:
         self._max_bytes = getattr(ctx.counters.output, "max_bytes", None)
         self._holders = holders
         self._out_size: float | None = None
+        # Inline-on-the-loop state of a sync stage (see the module docstring): chunks seen cheap
+        # on threads so far, -1 once the stage may never run inline (again).
+        self._cheap_chunks = 0 if (
+            not self.is_async and self.processes is None and spec.executor is None
+            and getattr(spec.fn, "asyncflow_inline", True) is not False
+        ) else -1
+        # state: which inputs each output came from, recorded before it is put out; concurrent
+        # workers emit one at a time, so that the records follow the output order
+        self.ledger = MapLedger.of(spec, concurrency, ctx.budget.limit)
+        self._emit_lock = contextlib.nullcontext() if self.ledger.in_order else asyncio.Lock()
         ctx.counters.label(spec.fn)
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
-        worker = self._async_worker if self.is_async else self._sync_worker
+        if self.is_async:
+            worker = self._async_chunks if self.concurrency == 1 else self._async_worker
+        else:
+            worker = self._sync_worker
         if self.processes is not None:
             await self.ctx.run_sync(self.processes.start)
         if self.concurrency == 1:
@@ -110,6 +144,7 @@ class MapNode:
         self, items: list[Any], values: list[Any], failures: list[tuple[int, BaseException]],
         out: Sender,
     ) -> None:
+        self.ledger.emit(items, values, failures)
         for index, exc in failures:
             try:
                 self.ctx.item_failed(items[index], exc)
@@ -128,25 +163,49 @@ class MapNode:
         if self._reorder is not None:
             self._reorder.put(ticket, result)
         else:
-            await self._emit(result[0], result[1], result[2], out)
+            async with self._emit_lock:
+                await self._emit(result[0], result[1], result[2], out)
 
     async def _take(self, inp: Receiver, limit: int) -> tuple[int, list[Any]]:
         if self._reorder is not None:
             await self._reorder.room()
+        if self.processes is not None:  # a chunk's seeds are consecutive positions
+            limit = self.ctx.positions(self._taken, limit)[1]
         items = await inp.get_many(limit)
         if not items:
             return -1, items
         ticket = self._ticket  # assigned with no await after the get: tickets follow items
         self._ticket += 1
         self._taken += len(items)
+        self.ledger.take(items)
         return ticket, items
+
+    @property
+    def inline(self) -> bool:
+        """Whether the stage's sync chunks run on the run's loop now (see the module
+        docstring)."""
+        return self._cheap_chunks >= _INLINE_AFTER
+
+    def _note_cost(self, elapsed: float, count: int, was_inline: bool) -> None:
+        """Move the stage onto the loop or back to the threads, as the rule says."""
+        cheap = self._cheap_chunks
+        if cheap < 0:
+            return
+        if was_inline:
+            if elapsed > _INLINE_CHUNK_LIMIT:
+                self._cheap_chunks = -1  # a slow call: threads from now on
+        elif elapsed <= _INLINE_PER_ITEM * count and elapsed <= _INLINE_CHUNK_LIMIT / 2:
+            self._cheap_chunks = cheap + 1
+        else:
+            self._cheap_chunks = 0
 
     def _submit(self, items: list[Any]) -> Any:
         """Run the function on a chunk: in a worker process, the stage's executor or a thread."""
         ctx = self.ctx
         if self.processes is not None:
             # positions are assigned with no await since the take: items[0] is _taken - len
-            return self.processes.submit(items, self._taken - len(items), ctx.epoch)
+            first = ctx.positions(self._taken - len(items), len(items))[0]
+            return self.processes.submit(items, first, ctx.epoch)
         if self.remote:
             return ctx.run_sync(run_chunk_remote, self.fn, items)
         return ctx.run_sync(run_chunk, self.fn, items, ctx.stop)
@@ -160,12 +219,17 @@ class MapNode:
             counters.items_in += count_items(items)
             counters.chunks += 1
             counters.in_flight += 1
+            inline = self._cheap_chunks >= _INLINE_AFTER
             try:
-                values, failures, elapsed = await self._submit(items)
+                if inline:
+                    values, failures, elapsed = run_chunk(self.fn, items, self.ctx.stop)
+                else:
+                    values, failures, elapsed = await self._submit(items)
             finally:
                 counters.in_flight -= 1
             counters.busy += elapsed
             self._adapt(elapsed, len(items))
+            self._note_cost(elapsed, len(items), inline)
             if self._max_bytes is not None:
                 self._fit_bytes(values)
             if not self._checked:
@@ -195,8 +259,94 @@ class MapNode:
             await self._deliver(ticket, result, out)
             del items, result
 
+    async def _async_chunks(self, inp: Receiver, out: Sender) -> None:
+        """An async function at ``concurrency=1``: awaited directly, a chunk at a time.
+
+        A call that completes without suspending costs no wake-up at all. Before the chunk
+        waits on a call that does suspend, the results done so far are handed on if the
+        output has room now, so that a slow or stuck call never holds back finished items.
+
+        Cancellation:
+            Cancels the call in progress; the chunk's other items are dropped (the run is
+            stopping).
+        """
+        counters, fn, perf_counter = self.ctx.counters, self.fn, time.perf_counter
+        offer = getattr(out, "try_put_many", None)
+        carry: list[Any] = []  # items taken but not yet run (a chunk cut short)
+        while True:
+            if carry:
+                items, carry = carry, []
+            else:
+                items = await inp.get_many(self._chunk)
+                if not items:
+                    return
+                counters.items_in += count_items(items)
+                counters.chunks += 1
+                self._taken += len(items)
+            values: list[Any] = []
+            failures: list[tuple[int, BaseException]] = []
+            base = 0  # items[:base] were handed on already
+            end = len(items)
+            counters.in_flight += 1
+            start = perf_counter()
+            try:
+                for index, item in enumerate(items):
+                    try:
+                        value = fn(item)
+                        if inspect.iscoroutine(value):
+                            try:
+                                signal = value.send(None)
+                            except StopIteration as done:
+                                value = done.value
+                            else:
+                                if (values and not failures and offer is not None
+                                        and self._offer(offer, items[base:index], values, value)):
+                                    base, values = index, []
+                                value = await Resume(value, signal)
+                        elif inspect.isawaitable(value):
+                            value = await value
+                    except Exception as exc:
+                        value = FAILED
+                        failures.append((index - base, exc))
+                    values.append(value)
+                    if perf_counter() - start > _TARGET_CHUNK_SECONDS and index + 1 < end:
+                        carry, end = items[index + 1:], index + 1  # slow: hand on what is done
+                        break
+            finally:
+                counters.in_flight -= 1
+                elapsed = perf_counter() - start
+                counters.busy += elapsed
+            self._adapt(elapsed, end)
+            await self._emit(items[base:end], values, failures, out)
+            del items, values
+
+    def _offer(
+        self, offer: Callable[[list[Any]], bool], items: list[Any], values: list[Any],
+        running: Coroutine[Any, Any, Any],
+    ) -> bool:
+        """Hand on the results of ``items`` (none failed) if the output has room now, with no
+        wait; close the ``running`` call should the output be aborted."""
+        outs = self._outputs(items, values, len(values), clean=True)
+        token = self.ledger.emit(items, values, [])
+        try:
+            if outs and not offer(outs):
+                self.ledger.undo(token)
+                return False
+        except Exception:
+            running.close()
+            raise
+        _progress(self.ctx, count_items(outs))
+        return True
+
 
 _Single = tuple[list[Any], list[Any], list[tuple[int, BaseException]]]
+
+#: Chunks a sync stage runs on threads, all cheap, before it may run inline on the loop.
+_INLINE_AFTER = 3
+#: The most seconds per item a chunk on threads may take to count as cheap.
+_INLINE_PER_ITEM = 5e-6
+#: An inline chunk that takes longer than this sends its stage back to the threads for good.
+_INLINE_CHUNK_LIMIT = 0.001
 
 
 class _Reorder:

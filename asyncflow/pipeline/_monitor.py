@@ -43,14 +43,15 @@ class Monitor:
         self.outputs = outputs
         self.stall_timeout = stall_timeout
         self.report_every = report_every
-        self.stalled: dict[int, StallError] = {}
+        self.stalled: dict[NodeContext, StallError] = {}
         #: The longest callback that held the run's loop (seconds).
         self.loop_delay_max = 0.0
 
     async def run(
-        self, tasks: dict[int, asyncio.Task[None]], report: Callable[[], PipelineStats]
+        self, tasks: dict[Any, asyncio.Task[None]], report: Callable[[], PipelineStats]
     ) -> None:
-        """Sample until cancelled; a stalled stage's task in ``tasks`` is cancelled, and
+        """Sample until cancelled; a stalled stage's task in ``tasks`` (by context) is
+        cancelled, and
         ``report()`` is logged every ``report_every`` seconds."""
         last = time.monotonic()
         next_report = last + (self.report_every or float("inf"))
@@ -62,7 +63,7 @@ class Monitor:
             for index, ctx in enumerate(self.contexts):
                 ctx.counters.fill_area += len(self.outputs[index]) * (now - last)
                 if self._stalls(index, ctx, now):
-                    tasks[index].cancel()
+                    tasks[ctx].cancel()
             last = now
             if now >= next_report:
                 next_report = now + (self.report_every or float("inf"))
@@ -70,13 +71,13 @@ class Monitor:
 
     def _stalls(self, index: int, ctx: NodeContext, now: float) -> bool:
         stall = self.stall_timeout
-        if stall is None or index in self.stalled:
+        if stall is None or ctx in self.stalled:
             return False
         counters = ctx.counters
         silent = now - counters.last_progress
         output = self.outputs[index]
         if counters.in_flight and silent > stall and len(output) < output.capacity:
-            self.stalled[index] = StallError(
+            self.stalled[ctx] = StallError(
                 f"stage {ctx.name!r} has had work in hand and produced nothing for "
                 f"{silent:.1f} s (stall_timeout={stall} s)"
             )

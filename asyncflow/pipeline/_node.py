@@ -4,16 +4,21 @@ thread pool, scope and hooks."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
+from .._redact import format_exception
 from .._scope import RunScope
 from ._failures import FailureBudget, describe_item
+from ._lineage import Lineage
 from ._offload import WorkerPool, run_in
 from ._stats import StageCounters
+
+logger = logging.getLogger("asyncflow")
 
 __all__ = ["Node", "NodeContext", "ReceiveHook", "Receiver", "Sender"]
 
@@ -88,6 +93,22 @@ class NodeContext:
         self.start = 0
         self.receive_hooks: list[ReceiveHook] = []
         self.stop_callbacks: list[Callable[[], None]] = []
+        #: The run's lineage (``_lineage.py``): where the node's ledger, if any, belongs.
+        self.lineage = Lineage()
+        #: Whether the stages before this one map source items 1:1, in order.
+        self.in_step = False
+
+    def positions(self, taken: int, count: int) -> tuple[int, int]:
+        """The source position of the stage's input item ``taken`` (counted from
+        :attr:`start`), and how many of the ``count`` items from it have consecutive
+        positions (a resumed run leaves settled positions out). For a stage in step with the
+        source; any other gets ``(taken, count)``."""
+        plan = self.lineage.source.plan
+        if not self.in_step or not plan.skip.ranges:
+            return taken, count
+        ordinal = taken - self.start
+        low, high = self.lineage.source.positions(ordinal, ordinal + count)[0]
+        return low, high - low
 
     def run_sync(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run ``fn(*args)`` on the run's worker threads (or the stage's executor).
@@ -134,6 +155,19 @@ class NodeContext:
     def add_stop_callback(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once when the run stops (on whichever thread stops it)."""
         self.stop_callbacks.append(callback)
+
+    def call_stop_callbacks(self) -> None:
+        """Call the stop callbacks, each at most once, on this thread; a failing one is
+        logged and the others still run (the run, or the branch of a merge, has ended)."""
+        callbacks, self.stop_callbacks = self.stop_callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception as exc:
+                logger.error(
+                    "asyncflow: stop callback of stage %r failed: %s", self.name,
+                    format_exception(exc),
+                )
 
     def item_failed(self, item: Any, exc: BaseException) -> None:
         """Count a failed item; raise ``exc`` (with a note) once the budget is exceeded."""

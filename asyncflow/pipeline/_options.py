@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._node import ReceiveHook
+
+if TYPE_CHECKING:
+    from ._merge import Merge
+from ._spec import StageSpec
 
 __all__ = ["RunOptions", "RunPlan"]
 
@@ -33,13 +37,18 @@ class RunPlan:
 
     Attributes:
         open_source: Returns the iterable (or async iterable) the run reads, called once on
-            the run's loop thread.
+            the run's loop thread; or a :class:`~asyncflow.pipeline.Merge`, whose inputs the
+            run builds as branches of its own graph.
         options: The run's settings.
         receive_hooks: ``item -> item`` functions applied in the consumer's thread to every
             item before it is yielded, before the stages' own receive hooks and the pipeline's
             consumer hooks (``with_hook``).
+        stages: The stages the run builds after its source; ``None``: the pipeline's own.
+            A feature that runs another pipeline's stages in the same run (a cache fill
+            runs upstream's source and stages, then its writer) lists them here.
     """
 
-    open_source: Callable[[], Any]
+    open_source: Callable[[], Any] | Merge[Any]
     options: RunOptions
     receive_hooks: tuple[ReceiveHook, ...] = ()
+    stages: tuple[StageSpec, ...] | None = None

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from .._errors import PipelineError
-from .._redact import describe_exception
+import logging
+from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["flatten", "make_error"]
+from .._errors import PipelineError
+from .._redact import describe_exception, format_exception
+
+__all__ = ["final_error", "flatten", "make_error", "mark_abandoned", "note_stage"]
+
+logger = logging.getLogger("asyncflow")
 
 
 def flatten(exc: BaseException) -> list[BaseException]:
@@ -36,3 +42,47 @@ def make_error(name: str, errors: list[BaseException]) -> BaseException:
         f"{describe_exception(errors[0])}"
     )
     return PipelineError(message, errors)  # type: ignore[arg-type]
+
+
+def note_stage(exc: BaseException, ctx: Any) -> None:
+    """Note on ``exc`` the stage (a ``NodeContext``) it failed in, once: the note, and the
+    stage's name for :func:`make_error`."""
+    notes = getattr(exc, "__notes__", ())
+    if not any(str(n).startswith("asyncflow: stage") for n in notes):
+        exc.add_note(
+            f"asyncflow: stage {ctx.name!r} ({ctx.counters.kind} #{ctx.index}) failed "
+            f"after producing {ctx.counters.items_out} item(s)"
+        )
+    if getattr(exc, "_asyncflow_stage", None) is None:
+        exc._asyncflow_stage = ctx.name  # type: ignore[attr-defined]
+
+
+def final_error(name: str, errors: list[BaseException]) -> BaseException | None:
+    """What the consumer of run ``name`` gets after the items: ``None`` (no ``errors``), or
+    :func:`make_error`'s. Never raises: should building the error fail, the first one."""
+    if not errors:
+        return None
+    try:
+        return make_error(name, errors)
+    except Exception as exc:  # never leave the hand-off open for want of a message
+        logger.warning("asyncflow run %r: building its error failed: %s", name,
+                       format_exception(exc))
+        return errors[0]
+
+
+def mark_abandoned(stuck: list[str], contexts: Sequence[Any], timeout: float) -> list[str]:
+    """Mark the stages labelled in ``stuck`` (their calls outlived the stop) as abandoned;
+    the notes that say so, each also logged as a warning."""
+    notes = []
+    for label in stuck:
+        for ctx in contexts:
+            if ctx.name == label:
+                ctx.counters.abandoned = True
+        note = (
+            f"stage {label!r} was abandoned: its function was still running {timeout:.1f} s "
+            "after the run stopped (stuck in C code?); its daemon thread will not block "
+            "interpreter exit"
+        )
+        logger.warning("asyncflow: %s", note)
+        notes.append(note)
+    return notes

@@ -19,6 +19,7 @@ from ._options import RunOptions
 from ._pools import PoolHolder
 from ._source import SharedSource, Source, check_source
 from ._spec import (
+    AssembleSpec,
     BatchSpec,
     MapSpec,
     PrefetchSpec,
@@ -32,6 +33,8 @@ from ._workers import Processes, resolve_workers
 
 if TYPE_CHECKING:
     import os
+
+    from ._assemble import Assembler
 
 __all__ = ["Pipeline"]
 
@@ -277,6 +280,45 @@ class Pipeline(PipelineCore[T_co]):
         return cast("Pipeline[list[T_co]]", self.with_stage(
             BatchSpec(size=size, drop_last=drop_last, name=name)
         ))
+
+    def assemble(
+        self,
+        assembler: Assembler[U],
+        *,
+        batch_size: int,
+        drop_last: bool = False,
+        name: str | None = None,
+        max_failures: int | float | None = None,
+        buffer: int | None = None,
+    ) -> Pipeline[U]:
+        """Whole batches, in batch order, from rows that arrive in any order.
+
+        For stages that write each item straight into its row of a batch (decoding
+        unordered, so that no worker waits for a slower neighbour): each item that arrives
+        is a row, handed to ``assembler`` on the run's loop (``assembler.failure(row)``, then
+        ``assembler.arrived(row, ok=...)``), and the batches it completes go on in order.
+        A failed row counts against ``max_failures`` (named by its repr) after the batches it
+        completed. Rows may also arrive several to an ``ItemGroup``. The assembler is an
+        ``asyncflow.pipeline.Assembler`` (a protocol); ``image.folder``'s ``batch`` stage is
+        one of these.
+
+        Args:
+            assembler: Tracks the rows; returns completed batches (a ``Pipeline[U]`` when it
+                returns ``U`` batches).
+            batch_size: Rows per batch, as the assembler makes them: ``describe()`` shows it
+                (``.cache()`` stores batches of this size).
+            drop_last: Whether the assembler drops a last, shorter batch (shown likewise).
+            name: The stage's name in stats and errors (default ``"assemble"``).
+            max_failures: This stage's failure budget (default: the pipeline's).
+            buffer: Capacity of the stage's output queue, in batches (default 2).
+
+        Raises:
+            ConfigError: An argument is invalid, or ``assembler`` lacks the methods.
+        """
+        return cast("Pipeline[U]", self.with_stage(AssembleSpec(
+            assembler=assembler, batch_size=batch_size, drop_last=drop_last, name=name,
+            max_failures=max_failures, buffer=buffer,
+        )))
 
     def unbatch(self: Pipeline[Iterable[U]], *, name: str | None = None) -> Pipeline[U]:
         """Emit the elements of each item (a list, tuple, tensor, or any iterable).

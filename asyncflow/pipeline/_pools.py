@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+
+from ._pool import Pool
 
 __all__ = ["PoolHolder"]
 
@@ -13,15 +14,18 @@ __all__ = ["PoolHolder"]
 class PoolHolder:
     """The persistent worker-process pools of one pipeline object, by stage index.
 
-    They stop when the holder (the pipeline object) is garbage-collected, or at exit.
+    They stop when the holder (the pipeline object) is garbage-collected, or at exit. Each
+    is a :class:`~asyncflow.pipeline._pool.Pool` (a ``ProcessPool``).
     """
 
     def __init__(self) -> None:
-        self.pools: dict[int, Any] = {}
+        self.pools: dict[int, Pool] = {}
         self._lock = threading.Lock()
         weakref.finalize(self, _shutdown_pools, self.pools)
 
-    def get(self, index: int, make: Callable[[], Any]) -> Any:
+    def get(self, index: int, make: Callable[[], Pool]) -> Pool:
+        """The persistent pool of stage ``index``, made by ``make()`` when it has none (or
+        its pool was shut down)."""
         with self._lock:
             pool = self.pools.get(index)
             if pool is None or pool.closed:
@@ -33,7 +37,7 @@ class PoolHolder:
         _shutdown_pools(self.pools, timeout)
 
 
-def _shutdown_pools(pools: dict[int, Any], timeout: float = 2.0) -> None:
+def _shutdown_pools(pools: dict[int, Pool], timeout: float = 2.0) -> None:
     for pool in list(pools.values()):
         pool.shutdown(timeout)
     pools.clear()

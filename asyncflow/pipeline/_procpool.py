@@ -34,6 +34,7 @@ from ._boot import boot_payload, check_picklable, start_context, without_main
 from ._failures import describe_item
 from ._jobs import Job, Slot, exit_reason, merge, settle, unpack
 from ._offload import ChunkResult
+from ._pool import PoolStats
 from ._worker import STATUS, send, worker_main
 from ._workers import Processes
 
@@ -115,11 +116,15 @@ class ProcessPool:
         child.close()
         return Slot(wid, process, parent)
 
-    def shutdown(self, timeout: float = 2.0) -> None:
-        """Stop every worker (asked, then terminated, then killed) and sweep their segments."""
+    def shutdown(self, timeout: float = 2.0) -> list[str]:
+        """Stop every worker (asked, then terminated, then killed) and sweep their segments.
+
+        Returns:
+            ``[]``: a worker that does not stop is killed, never abandoned.
+        """
         with self._lock:
             if self._closed:
-                return
+                return []
             self._closed = True
             slots = list(self._slots)
             pending = [job for slot in slots for job in slot.jobs] + self._waiting
@@ -158,6 +163,7 @@ class ProcessPool:
         error = RuntimeError("the process pool was shut down")
         for job in pending:
             settle(job, None, error)
+        return []
 
     @property
     def closed(self) -> bool:
@@ -215,6 +221,14 @@ class ProcessPool:
     def busy(self) -> int:
         with self._lock:
             return sum(len(s.jobs) for s in self._slots)
+
+    def statistics(self) -> PoolStats:
+        """The pool now (any thread): its workers alive and the chunks they hold."""
+        with self._lock:
+            workers = sum(s.process.is_alive() for s in self._slots)
+            busy = sum(len(s.jobs) for s in self._slots) + len(self._waiting)
+        return PoolStats(kind="processes", name=f"asyncflow-{self.stage}", size=self.size,
+                         workers=workers, busy=busy)
 
     # -- the reader thread --------------------------------------------------------------
 

@@ -1,72 +1,181 @@
-"""Resume arithmetic: how many source items lie behind each output, and a run's position."""
+"""A pipeline's state: what its latest run delivered, as plain JSON, and how a new run resumes.
+
+The state holds the *settled source positions* (those whose every output the consumer has
+received, or which made none: filtered, failed within the budget, dropped by ``drop_last``):
+a watermark below which all are settled, plus the ranges settled above it (``Span``). Its
+size follows what was in flight, not the epoch's length. Each stage may add extras (a
+``flat_map`` its expansions delivered in part). A fingerprint of the stages and the source,
+and a checksum, make a state from another pipeline, or an edited one, fail loudly.
+
+A sampler source (with ``state_dict`` / ``load_state_dict``) has its own state saved too, with
+``offset`` at the watermark: it resumes its order from there, and the run leaves out the
+settled positions above it. Any other source is read from its start, leaving out the settled
+positions (a sequence by slicing, an iterator by reading past them).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from .._errors import ConfigError
-from ._spec import BatchSpec, CustomSpec, MapSpec, PrefetchSpec, StageSpec
+from ._lineage import SourcePlan
+from ._span import Span
 
-__all__ = ["items_per_output", "load_state", "state_of"]
+__all__ = ["VERSION", "fingerprint", "load_state", "state_of"]
+
+#: The state format's version (states without one are a sampler's state plus ``offset``).
+VERSION = 2
+_SAMPLED = 16  # items of a sequence source hashed into its fingerprint
 
 
-def items_per_output(stages: Sequence[StageSpec], max_failures: int | float) -> int:
-    """Source items behind each output item, when the stages make that a constant.
+def _is_sampler(source: Any) -> bool:
+    return callable(getattr(source, "state_dict", None)) and callable(
+        getattr(source, "load_state_dict", None)
+    )
+
+
+def _length(source: Any) -> int | None:
+    try:
+        return len(source)
+    except TypeError:
+        return None
+
+
+def _token(item: Any) -> str:
+    """A cheap, stable text for an item of a listing (names, numbers), else its type."""
+    if isinstance(item, str | int | float | bool) or item is None:
+        return repr(item)
+    if isinstance(item, bytes) and len(item) <= 256:
+        return repr(item)
+    if isinstance(item, os.PathLike):
+        return repr(os.fspath(item))
+    if isinstance(item, tuple) and len(item) <= 8:
+        return "(" + ",".join(_token(x) for x in item) + ")"
+    return type(item).__qualname__
+
+
+def fingerprint(source: Any, describe: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What a state must match: each stage's kind and name, the source's type and length,
+    and a hash of a sample of a sequence source's items (a listing that changed)."""
+    info: dict[str, Any] = {"type": type(source).__qualname__}
+    if callable(source) and not hasattr(source, "__iter__"):  # a factory: which one
+        info["type"] = getattr(source, "__qualname__", info["type"])
+    length = _length(source)
+    if length is not None:
+        info["len"] = length
+    if isinstance(source, Sequence) and not isinstance(source, str | bytes) and length:
+        step = max(1, length // _SAMPLED)
+        sample = "\n".join(_token(source[i]) for i in range(0, length, step))
+        info["listing"] = hashlib.sha256(sample.encode()).hexdigest()[:16]
+    return {"source": info, "stages": [[d["kind"], d["name"]] for d in describe[1:]]}
+
+
+def _checksum(body: dict[str, Any]) -> str:
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def state_of(source: Any, describe: Sequence[dict[str, Any]], last: Any) -> dict[str, Any]:
+    """The state of the latest run ``last`` (a ``Runtime``, or ``None``: nothing delivered
+    yet) of a pipeline over ``source``; called in the consumer's thread.
 
     Raises:
-        ConfigError: A stage makes the count ambiguous.
+        ConfigError: A stage cannot report its position (it is named).
     """
-    factor = 1
-    for spec in stages:
-        budget = getattr(spec, "max_failures", None)
-        budget = max_failures if budget is None else budget
-        if isinstance(spec, MapSpec) and spec.mode == "map" and spec.ordered and not budget:
-            continue
-        if isinstance(spec, BatchSpec):
-            factor *= spec.size
-            continue
-        if isinstance(spec, PrefetchSpec):
-            continue
-        if isinstance(spec, CustomSpec) and spec.items_per_output is not None:
-            factor *= spec.items_per_output
-            continue
-        raise ConfigError(
-            f"this pipeline cannot be resumed: stage {spec.name or spec.default_name()!r} "
-            f"({spec.kind}) does not map source items to outputs in a fixed, ordered way "
-            "(resumable pipelines use ordered maps with max_failures=0, batch and prefetch)"
-        )
-    return factor
-
-
-def state_of(
-    source: Any, stages: Sequence[StageSpec], max_failures: int | float, last: Any
-) -> dict[str, Any]:
-    """The sampler ``source``'s state, with ``offset`` counting the source items behind what
-    the consumer of the latest run ``last`` (a ``Runtime``, or ``None``) has received."""
-    if not callable(getattr(source, "state_dict", None)):
-        raise ConfigError(
-            f"state_dict() needs a sampler source (with state_dict/load_state_dict); "
-            f"this pipeline reads a {type(source).__name__}"
-        )
-    factor = items_per_output(stages, max_failures)
-    state = dict(source.state_dict())
+    positions, extras, epoch = Span(), {}, 0
+    failed: dict[str, int] = {}
     if last is not None:
         run = last.consumer() if last.consumer is not None else None
         delivered = run.delivered if run is not None else last.delivered
-        state["offset"] = min(len(source), last.start_offset + delivered * factor)
-    return state
+        try:
+            positions, extras = last.lineage.snapshot(delivered)
+        except LookupError as exc:
+            raise ConfigError(
+                f"this pipeline cannot be resumed: stage {exc.args[0]!r} does not report its "
+                "position (a custom stage implements settled_inputs(), or sets "
+                "CustomSpec(items_per_output=...); see asyncflow/pipeline/EXTENDING.md)"
+            ) from None
+        epoch = last.epoch
+        failed = {c.name: c.counters.failures for c in last.contexts if c.counters.failures}
+    body: dict[str, Any] = {
+        "version": VERSION,
+        "pipeline": fingerprint(source, describe),
+        "epoch": epoch,
+        "positions": positions.to_json(),
+        "nodes": extras,
+        "failed": failed,
+    }
+    if _is_sampler(source):
+        body["sampler"] = {**source.state_dict(), "offset": positions.mark}
+    body["offset"] = positions.mark
+    return {**body, "check": _checksum(body)}
+
+
+def _differs(saved: dict[str, Any], here: dict[str, Any]) -> str | None:
+    """What differs between two fingerprints, in words, or ``None``."""
+    for key in ("type", "len", "listing"):
+        a, b = saved["source"].get(key), here["source"].get(key)
+        if a != b:
+            what = {"type": "type", "len": "length", "listing": "items (its listing changed)"}
+            return f"the source's {what[key]} differs: {b!r} here, {a!r} in the state"
+    old, new = saved["stages"], here["stages"]
+    for index, (a, b) in enumerate(zip(old, new, strict=False), 1):
+        if list(a) != list(b):
+            return (f"stage {index} is {b[0]} {b[1]!r} here, {a[0]} {a[1]!r} in the state")
+    if len(old) != len(new):
+        return f"{len(new)} stage(s) here, {len(old)} in the state"
+    return None
 
 
 def load_state(
-    source: Any, stages: Sequence[StageSpec], max_failures: int | float, state: dict[str, Any]
-) -> int:
-    """Load ``state`` into the sampler ``source``; returns the offset to resume from."""
-    if not callable(getattr(source, "load_state_dict", None)):
+    source: Any, describe: Sequence[dict[str, Any]], state: Any
+) -> tuple[int | None, SourcePlan]:
+    """Check ``state`` against this pipeline; returns the epoch to resume (``None``: the
+    pipeline's own) and where the next run's source starts. A sampler source has its own
+    state loaded.
+
+    Raises:
+        ConfigError: The state is not a dict from :func:`state_of`, it was edited or cut, or
+            it is from another pipeline (the message says what differs).
+    """
+    if not isinstance(state, dict):
+        raise ConfigError(f"not a pipeline state: {type(state).__name__}")
+    if "version" not in state and "offset" in state and _is_sampler(source):
+        return _load_legacy(source, state)
+    if state.get("version") != VERSION:
         raise ConfigError(
-            f"load_state_dict() needs a sampler source; this pipeline reads a "
-            f"{type(source).__name__}"
+            f"not a pipeline state of version {VERSION}: version {state.get('version')!r}"
         )
-    items_per_output(stages, max_failures)
+    body = {k: v for k, v in state.items() if k != "check"}
+    if state.get("check") != _checksum(body):
+        raise ConfigError("the state was edited or damaged: its checksum does not match")
+    missing = {"pipeline", "epoch", "positions", "nodes", "offset"} - set(state)
+    if missing:
+        raise ConfigError(f"the state lacks {sorted(missing)}")
+    difference = _differs(state["pipeline"], fingerprint(source, describe))
+    if difference is not None:
+        raise ConfigError(f"the state is from another pipeline: {difference}")
+    epoch = state["epoch"]
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ConfigError(f"the state's epoch must be an int >= 0, got {epoch!r}")
+    positions = Span.from_json(state["positions"], "the state's positions", _length(source))
+    nodes = state["nodes"]
+    if not isinstance(nodes, dict) or not all(isinstance(v, dict) for v in nodes.values()):
+        raise ConfigError("the state's nodes must map stage names to dicts")
+    first = 0
+    if _is_sampler(source):
+        source.load_state_dict({**state["sampler"], "offset": positions.mark})
+        first = positions.mark
+    return epoch, SourcePlan(first=first, skip=positions, nodes=nodes)
+
+
+def _load_legacy(source: Any, state: dict[str, Any]) -> tuple[int | None, SourcePlan]:
+    """A state of asyncflow before version 2: a sampler's state, ``offset`` source items
+    delivered (the pipeline's epoch count is left as it is)."""
     source.load_state_dict(state)
-    return int(state.get("offset", 0))
+    offset = int(state["offset"])
+    return None, SourcePlan(first=offset, skip=Span(offset))

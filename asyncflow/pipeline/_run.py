@@ -21,16 +21,19 @@ from .._redact import describe_exception, format_exception
 from .._scope import RunScope, use_scope
 from ._bridge import Handoff
 from ._channel import ChannelAborted
+from ._current import RunLocal, enter_run
 from ._graph import RunResources, build_graph, thread_count
+from ._lineage import SourcePlan
 from ._loop import cancel_pending, new_loop, resolve, track
+from ._merge import Merge
 from ._monitor import Monitor, snapshot
 from ._node import NodeContext, ReceiveHook
-from ._offload import WorkerPool
 from ._options import RunOptions
-from ._outcome import flatten, make_error
+from ._outcome import final_error, flatten, mark_abandoned, note_stage
 from ._pools import PoolHolder
 from ._spec import StageSpec
 from ._stats import PipelineStats
+from ._threadpool import WorkerPool
 
 __all__ = ["Runtime"]
 
@@ -45,10 +48,14 @@ class Runtime:
     """The data plane of one run. Built in the consumer's thread, run on its own thread.
 
     Args:
-        open_source: Returns the source iterable for this run.
+        open_source: Returns the source iterable for this run (or a :class:`Merge`: the
+            run reads several pipelines, built as branches of its graph).
         specs: The stages after the source.
         options: Pipeline-wide settings.
         epoch: How many runs of the pipeline started before this one.
+        start: The source position of the source's first item (a resumed epoch).
+        resume: Where a resumed run's source starts and what it leaves out, with the
+            stages' saved state (from ``load_state_dict``).
     """
 
     #: How many errors the run had when a stop was requested (those after it are its echo).
@@ -56,12 +63,13 @@ class Runtime:
 
     def __init__(
         self,
-        open_source: Callable[[], Any],
+        open_source: Callable[[], Any] | Merge[Any],
         specs: Sequence[StageSpec],
         options: RunOptions,
         epoch: int,
         pools: PoolHolder | None = None,
         start: int = 0,
+        resume: SourcePlan | None = None,
     ) -> None:
         self.options = options
         self.loop = new_loop()
@@ -73,16 +81,27 @@ class Runtime:
         self.consumer: Callable[[], Any] | None = None  # weak reference to the Run
         self.started_at = time.monotonic()
         self.finished_at: float | None = None
-        self.pool = WorkerPool(thread_count(specs), f"asyncflow-{options.name}-worker")
+        self.pool = WorkerPool(
+            thread_count(specs, open_source), f"asyncflow-{options.name}-worker"
+        )
+        # asyncio.to_thread and run_in_executor(None, ...) on the run's loop use its pool too
+        self.loop.set_default_executor(self.pool.executor)
         graph = build_graph(open_source, specs, RunResources(
             options=options, pool=self.pool, stop=self.stop_event, scope=self.scope,
             loop=self.loop, pools=pools if pools is not None else PoolHolder(), epoch=epoch,
-            start=start,
+            start=start, resume=resume,
         ))
+        self.graph = graph
+        self.epoch = epoch
+        self.lineage = graph.lineage
+        # the consumer surely has every item but those of the chunk it is working through
+        take = max(1, graph.outputs[-1].capacity // 2)
+        self.lineage.follow(lambda: self.delivered - take)
         self.contexts, self.nodes, self.outputs = graph.contexts, graph.nodes, graph.outputs
+        self.inputs = graph.inputs
         self.notes: list[str] = [*options.notes, *graph.notes]
         self.handoff: Handoff = self.outputs[-1]
-        self.receive_hooks: list[ReceiveHook] = [h for c in self.contexts for h in c.receive_hooks]
+        self.receive_hooks: list[ReceiveHook] = [h for c in graph.chain for h in c.receive_hooks]
         self.monitor = Monitor(
             options.name, self.contexts, self.outputs, stall_timeout=options.stall_timeout,
             report_every=options.report_every,
@@ -91,7 +110,8 @@ class Runtime:
             target=self._thread_main, name=f"asyncflow-{options.name}", daemon=True
         )
         self._main_task: asyncio.Task[None] | None = None
-        self._node_tasks: dict[int, asyncio.Task[None]] = {}
+        self._node_tasks: dict[Any, asyncio.Task[None]] = graph.tasks  # by context
+        self._group: asyncio.TaskGroup | None = None
         self._stop_requested = False
         self._started = False
         self._done = threading.Event()
@@ -132,7 +152,7 @@ class Runtime:
 
     def _finish_unstarted(self) -> None:
         for ctx in self.contexts:
-            self._call_stop_callbacks(ctx)
+            ctx.call_stop_callbacks()
         if not self.loop.is_closed():
             self.loop.close()
         self._done.set()
@@ -170,10 +190,13 @@ class Runtime:
     def _thread_main(self) -> None:
         loop = self.loop
         asyncio.set_event_loop(loop)
+        # run_thread() on this loop uses the run's threads; run_failed() reads its errors
+        enter_run(RunLocal(self.pool, self.errors))
         try:
             self._run_loop(loop)
         finally:
             self._cleanup(loop)
+            enter_run(None)
 
     def _run_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         # KeyboardInterrupt and SystemExit raised in any task escape run_until_complete at
@@ -248,20 +271,10 @@ class Runtime:
             stuck = self.pool.shutdown(self.options.stop_timeout)
         finally:
             for ctx in self.contexts:
-                self._call_stop_callbacks(ctx)
+                ctx.call_stop_callbacks()
             asyncio.set_event_loop(None)
             loop.close()
-        for label in stuck:
-            for ctx in self.contexts:
-                if ctx.name == label:
-                    ctx.counters.abandoned = True
-            note = (
-                f"stage {label!r} was abandoned: its function was still running "
-                f"{self.options.stop_timeout:.1f} s after the run stopped (stuck in C code?); "
-                "its daemon thread will not block interpreter exit"
-            )
-            self.notes.append(note)
-            logger.warning("asyncflow: %s", note)
+        self.notes.extend(mark_abandoned(stuck, self.contexts, self.options.stop_timeout))
 
     def report_undelivered(self) -> None:
         """The consumer has left: a failure it was never given is noted and logged, not lost.
@@ -282,35 +295,13 @@ class Runtime:
         self.notes.append(note)
         logger.warning("asyncflow pipeline %r: %s", self.options.name, note)
 
-    @staticmethod
-    def _call_stop_callbacks(ctx: NodeContext) -> None:
-        callbacks, ctx.stop_callbacks = ctx.stop_callbacks, []
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception as exc:
-                logger.error(
-                    "asyncflow: stop callback of stage %r failed: %s", ctx.name,
-                    format_exception(exc),
-                )
-
     def _final_error(self) -> BaseException | None:
         """What the consumer gets after the items: ``None``, a :class:`PipelineError` of the
         stages' exceptions, or a ``BaseException`` raised in a stage (``KeyboardInterrupt``,
         ``SystemExit``), as itself. Failures after a requested stop are not counted. Never
         raises."""
         at = self._errors_at_stop
-        errors = list(self.errors if at is None else self.errors[:at])
-        if not errors:
-            return None
-        try:
-            return make_error(self.options.name, errors)
-        except Exception as exc:  # never leave the hand-off open for want of a message
-            logger.warning(
-                "asyncflow run %r: building its error failed: %s", self.options.name,
-                format_exception(exc),
-            )
-            return errors[0]
+        return final_error(self.options.name, self.errors if at is None else self.errors[:at])
 
     # -- the run ------------------------------------------------------------------------
 
@@ -322,33 +313,45 @@ class Runtime:
         with use_scope(self.scope):
             try:
                 async with asyncio.TaskGroup() as tg:
-                    for index in range(len(self.nodes)):
-                        self._node_tasks[index] = tg.create_task(self._run_node(index))
+                    self._group = tg
+                    self.graph.spawn = self._spawn
+                    self._spawn([c for c in self.contexts if c not in self.graph.deferred])
                     sampler = asyncio.create_task(self.monitor.run(self._node_tasks, self.snapshot))
             finally:
+                self.graph.spawn = None
                 if sampler is not None:
                     sampler.cancel()
                     await asyncio.gather(sampler, return_exceptions=True)
+                for scope in self.graph.scopes:  # branches' (_merge.py)
+                    await scope.aclose()
                 await self.scope.aclose()
 
-    async def _run_node(self, index: int) -> None:
-        node = self.nodes[index]
-        inp = self.outputs[index - 1] if index else None
-        out = self.outputs[index]
-        ctx = self.contexts[index]
+    def _spawn(self, contexts: Sequence[NodeContext]) -> None:
+        """Start the tasks of the stages of ``contexts``, each with its stage's run scope
+        current (the run starts its own stages so; a merge node, its branches')."""
+        assert self._group is not None
+        position = {id(ctx): index for index, ctx in enumerate(self.contexts)}
+        for ctx in contexts:
+            index = position[id(ctx)]
+            with use_scope(ctx.scope):
+                self._node_tasks[ctx] = self._group.create_task(self._run_node(
+                    ctx, self.nodes[index], self.inputs[index], self.outputs[index]
+                ))
+
+    async def _run_node(self, ctx: NodeContext, node: Any, inp: Any, out: Any) -> None:
         ctx.budget.records = ctx.counters.records  # FailureBudgetExceeded carries them
         try:
             await node.run(inp, out)
         except asyncio.CancelledError:
-            stall = self.monitor.stalled.get(index)
+            stall = self.monitor.stalled.get(ctx)
             if stall is None or self.stop_event.is_set():
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            self._fail(index, [stall])
+            self._fail(ctx, inp, out, [stall])
         except Exception as exc:
             failures = [e for e in flatten(exc) if not isinstance(e, ChannelAborted)]
             if failures:
-                self._fail(index, failures)
+                self._fail(ctx, inp, out, failures)
             elif inp is not None:
                 inp.abort()
         except BaseException as exc:
@@ -358,30 +361,23 @@ class Runtime:
                 e for e in flatten(exc)
                 if not isinstance(e, ChannelAborted | asyncio.CancelledError)
             ]
-            self._fail(index, leaves or [exc])
+            self._fail(ctx, inp, out, leaves or [exc])
             self.stop_event.set()
             self._cancel_main()
         else:
-            if index < len(self.nodes) - 1:
+            if out is not self.handoff:
                 out.close()  # the hand-off is closed last, with the run's error, in _cleanup
 
-    def _fail(self, index: int, failures: list[BaseException]) -> None:
-        ctx = self.contexts[index]
+    def _fail(self, ctx: NodeContext, inp: Any, out: Any, failures: list[BaseException]) -> None:
+        self.graph.failed.add(ctx)
         for exc in failures:
-            notes = getattr(exc, "__notes__", ())
-            if not any(str(n).startswith("asyncflow: stage") for n in notes):
-                exc.add_note(
-                    f"asyncflow: stage {ctx.name!r} ({ctx.counters.kind} #{index}) failed "
-                    f"after producing {ctx.counters.items_out} item(s)"
-                )
-            if getattr(exc, "_asyncflow_stage", None) is None:
-                exc._asyncflow_stage = ctx.name  # type: ignore[attr-defined]
+            note_stage(exc, ctx)
             if not any(e is exc for e in self.errors):
                 self.errors.append(exc)
-        if index < len(self.nodes) - 1:
-            self.outputs[index].close()
-        if index:
-            self.outputs[index - 1].abort()
+        if out is not self.handoff:
+            out.close()
+        if inp is not None:
+            inp.abort()
 
     # -- statistics ---------------------------------------------------------------------
 

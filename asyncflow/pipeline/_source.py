@@ -7,14 +7,18 @@ from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Any, TypeAlias, TypeVar
 
 from .._errors import ConfigError
+from ._merge import Merge
 
 __all__ = ["SharedSource", "Source", "check_source"]
 
 T = TypeVar("T")
 
-#: What a pipeline reads items of type ``T`` from: an iterable, an async iterable, or a
-#: zero-argument callable returning one (called again for each epoch).
-Source: TypeAlias = Iterable[T] | AsyncIterable[T] | Callable[[], Iterable[T] | AsyncIterable[T]]
+#: What a pipeline reads items of type ``T`` from: an iterable, an async iterable, a
+#: zero-argument callable returning one (called again for each epoch), or a ``Merge`` of
+#: pipelines (read as branches of the run).
+Source: TypeAlias = (
+    Iterable[T] | AsyncIterable[T] | Callable[[], Iterable[T] | AsyncIterable[T]] | Merge[T]
+)
 
 
 def check_source(where: str, source: Any) -> None:
@@ -45,6 +49,7 @@ class SharedSource:
         self.runs = 0
         self.first = 0  # the first run's epoch number (with_source may start later)
         self.resume_offset = 0
+        self.resume_plan: Any = None  # a SourcePlan from load_state_dict(), for the next run
         self.lock = threading.Lock()
 
     def next_epoch(self) -> int:
@@ -71,6 +76,8 @@ class SharedSource:
 
     def describe(self) -> dict[str, Any]:
         source = self.source
+        if isinstance(source, Merge):
+            return source.describe()
         info: dict[str, Any] = {"type": type(source).__name__}
         if self.is_factory:
             info["callable"] = getattr(source, "__qualname__", None) or type(source).__qualname__

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .._errors import ConfigError
 
 if TYPE_CHECKING:
+    from ._assemble import Assembler
     from ._node import Node, NodeContext
     from ._workers import Processes
 
 __all__ = [
+    "AssembleSpec",
     "BatchSpec",
     "CustomSpec",
     "MapSpec",
@@ -28,6 +30,7 @@ __all__ = [
     "check_seconds",
     "fn_name",
     "is_async_callable",
+    "stage_names",
 ]
 
 
@@ -93,6 +96,24 @@ def _check_callable(kind: str, fn: Any) -> None:
             f"{kind}({fn_name(fn)}): the function must accept one positional argument "
             f"(the item), but its signature is {fn_name(fn)}{sig}: {exc}"
         ) from None
+
+
+def stage_names(specs: Sequence[StageSpec]) -> list[str]:
+    """The unique names of a pipeline's stages, the source's (``"source"``) first.
+
+    Each is the stage's ``name=`` or its default name; a name already taken gets ``#2``,
+    ``#3``, ...: two unnamed ``map`` stages are ``map`` and ``map#2``. ``stats()``,
+    ``describe()`` and error notes all name stages so.
+    """
+    names: list[str] = []
+    taken: set[str] = set()
+    for base in ("source", *(spec.name or spec.default_name() for spec in specs)):
+        name, n = base, 2
+        while name in taken:
+            name, n = f"{base}#{n}", n + 1
+        taken.add(name)
+        names.append(name)
+    return names
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,6 +241,46 @@ class BatchSpec(StageSpec):
 
     def settings(self) -> dict[str, Any]:
         return {"size": self.size, "drop_last": self.drop_last}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AssembleSpec(StageSpec):
+    """Tell ``assembler`` of each arriving row; put out the whole batches it completes, in
+    batch order (see ``_assemble.py``).
+
+    ``batch_size`` and ``drop_last`` declare what comes out (batches of ``batch_size`` rows,
+    less any failed ones; a shorter last one unless ``drop_last``): ``describe()`` shows them,
+    and tools reading a description (``.cache()``) rely on them. The assembler keeps to them.
+    """
+
+    kind: ClassVar[str] = "assemble"
+    assembler: Assembler[Any]
+    batch_size: int
+    drop_last: bool = False
+    max_failures: int | float | None = None
+    buffer: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("batch_size", self.batch_size)
+        check_positive("buffer", self.buffer, allow_none=True)
+        check_budget(self.max_failures, allow_none=True)
+        if not isinstance(self.drop_last, bool):
+            raise ConfigError(f"drop_last must be True or False, got {self.drop_last!r}")
+        missing = [m for m in ("failure", "arrived")
+                   if not callable(getattr(self.assembler, m, None))]
+        if missing:
+            raise ConfigError(
+                f"assemble() needs an assembler with failure(row) and arrived(row, ok=...) "
+                f"methods; {type(self.assembler).__name__} lacks {', '.join(missing)}"
+            )
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "assembler": type(self.assembler).__name__, "batch_size": self.batch_size,
+            "drop_last": self.drop_last, "max_failures": self.max_failures,
+            "buffer": self.buffer,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)

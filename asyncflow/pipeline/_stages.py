@@ -1,6 +1,7 @@
-"""The stage coroutines of a run: source, map / filter, flat_map, batch, unbatch, prefetch,
-shuffle. Each reads chunks from its input channel and writes to its output (``map`` and
-``filter`` are in ``_map.py``).
+"""The stage coroutines of a run: flat_map, batch, unbatch, prefetch, shuffle. Each reads
+chunks from its input channel and writes to its output (the source is in ``_source_node.py``,
+``map`` and ``filter`` in ``_map.py``). Each keeps a ledger of what its outputs came from
+(``_ledger.py``), written before the outputs are put out.
 
 Counters count user items, not messages: an :class:`ItemGroup` (several items moving as one)
 counts as its length (:func:`count_items`)."""
@@ -11,22 +12,22 @@ import asyncio
 import inspect
 import random
 import time
-from collections.abc import Callable, Mapping, MappingView, Sequence, Set
+from collections.abc import Callable
 from typing import Any
 
-from .._errors import ConfigError
 from ._channel import Channel
+from ._ledger import FixedLedger, Passthrough, ShuffleLedger, SplitLedger
 from ._node import NodeContext, Receiver, Sender
 from ._offload import next_chunk
 from ._spec import BatchSpec, MapSpec, PrefetchSpec, ShuffleSpec
 from ._stats import ItemGroup, count_items, count_one
+from .seeding import epoch_random
 
 __all__ = [
     "BatchNode",
     "FlatMapNode",
     "PrefetchNode",
     "ShuffleNode",
-    "SourceNode",
     "UnbatchNode",
 ]
 
@@ -47,80 +48,6 @@ async def _aclose(obj: Any) -> None:
     aclose = getattr(obj, "aclose", None)
     if aclose is not None:
         await aclose()
-
-
-def _advance(it: Any, limit: int, stop: Any) -> tuple[list[Any], bool, Exception | None]:
-    """:func:`next_chunk` on a worker; if the run stopped meanwhile, close the iterator here,
-    since the loop cannot close a generator while this thread is running it."""
-    items, done, error = next_chunk(it, limit)
-    if stop.is_set() and not done:
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
-    return items, done, error
-
-
-class SourceNode:
-    """Feeds the run from an iterable, an async iterable, or a zero-argument callable."""
-
-    def __init__(self, ctx: NodeContext, open_source: Callable[[], Any]) -> None:
-        self.ctx = ctx
-        self._open = open_source
-
-    async def run(self, inp: Receiver | None, out: Sender) -> None:
-        source = self._open()
-        if hasattr(source, "__aiter__"):
-            await self._run_async(source, out)
-        elif isinstance(source, Sequence):
-            await self._run_sequence(source, out)
-        elif isinstance(source, Set | Mapping | MappingView):
-            await self._run_sequence(list(source), out)  # type: ignore[arg-type]
-        elif hasattr(source, "__iter__"):
-            await self._run_iterator(iter(source), out)
-        else:
-            raise ConfigError(
-                f"the source must be an iterable, an async iterable or a zero-argument "
-                f"callable returning one; got {type(source).__name__}"
-            )
-
-    async def _run_async(self, source: Any, out: Sender) -> None:
-        it = source.__aiter__()
-        try:
-            async for item in it:
-                await out.put(item)
-                _progress(self.ctx, count_one(item))
-        finally:
-            await _aclose(it)
-
-    async def _run_sequence(self, seq: Sequence[Any], out: Sender) -> None:
-        for start in range(0, len(seq), _SOURCE_CHUNK):
-            chunk = list(seq[start : start + _SOURCE_CHUNK])
-            await out.put_many(chunk)
-            _progress(self.ctx, count_items(chunk))
-
-    async def _run_iterator(self, it: Any, out: Sender) -> None:
-        # The iterator may do slow work (listing files, reading a manifest): advance it on a
-        # worker thread, a chunk per hand-off.
-        ctx = self.ctx
-        running = False
-        try:
-            while True:
-                running = True
-                ctx.counters.in_flight = 1
-                items, done, error = await ctx.run_sync(_advance, it, _SOURCE_CHUNK, ctx.stop)
-                ctx.counters.in_flight = 0
-                running = False
-                if items:
-                    await out.put_many(items)
-                    _progress(ctx, count_items(items))
-                if error is not None:
-                    raise error
-                if done:
-                    return
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None and not running:
-                close()
 
 
 def _expand_start(
@@ -156,6 +83,10 @@ class FlatMapNode:
         self._slots: dict[int, _Slot] = {}
         self._slot_added: asyncio.Event | None = None
         self._workers_left = 0
+        self.ledger = SplitLedger()
+        # workers that put out directly record and put one at a time: a put that waits
+        # for room must not let another's items in between its own
+        self._put_lock = asyncio.Lock() if self.concurrency > 1 and not self.ordered else None
         ctx.counters.label(spec.fn)
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
@@ -174,7 +105,23 @@ class FlatMapNode:
         counters = self.ctx.counters
         self.ctx.budget.check_end(counters.failures, counters.items_in)
 
-    async def _expand(self, item: Any, out: Sender) -> None:
+    async def _put(self, ordinal: int | None, values: list[Any], out: Sender) -> None:
+        """Put out the next ``values`` of input ``ordinal``, recorded in the ledger first
+        (``None``: into an ordered slot, whose emitter records them)."""
+        if ordinal is None:
+            await out.put_many(values)
+        elif self._put_lock is None:
+            values = self.ledger.keep(ordinal, values)
+            if values:
+                await out.put_many(values)
+        else:
+            async with self._put_lock:
+                values = self.ledger.keep(ordinal, values)
+                if values:
+                    await out.put_many(values)
+        _progress(self.ctx, count_items(values))
+
+    async def _expand(self, item: Any, out: Sender, ordinal: int | None) -> None:
         ctx = self.ctx
         start = time.perf_counter()
         ctx.counters.chunks += 1
@@ -195,15 +142,13 @@ class FlatMapNode:
             if hasattr(it, "__anext__"):
                 try:
                     async for value in it:
-                        await out.put(value)
-                        _progress(ctx, count_one(value))
+                        await self._put(ordinal, [value], out)
                 finally:
                     await _aclose(it)
                 return
             while True:
                 if chunk:
-                    await out.put_many(chunk)
-                    _progress(ctx, count_items(chunk))
+                    await self._put(ordinal, chunk, out)
                 if error is not None:
                     raise error
                 if done:
@@ -213,9 +158,9 @@ class FlatMapNode:
             ctx.counters.in_flight -= 1
             ctx.counters.busy += time.perf_counter() - start
 
-    async def _expand_or_fail(self, item: Any, out: Sender) -> None:
+    async def _expand_or_fail(self, item: Any, out: Sender, ordinal: int | None) -> None:
         try:
-            await self._expand(item, out)
+            await self._expand(item, out, ordinal)
         except Exception as exc:
             self.ctx.item_failed(item, exc)
 
@@ -229,7 +174,11 @@ class FlatMapNode:
                 return
             for item in items:
                 self.ctx.counters.items_in += count_one(item)
-                await self._expand_or_fail(item, out)
+                ordinal = self.ledger.begin()
+                try:
+                    await self._expand_or_fail(item, out, ordinal)
+                finally:
+                    self.ledger.end(ordinal)
 
     async def _slot_worker(self, inp: Receiver) -> None:
         assert self._slot_added is not None
@@ -239,12 +188,13 @@ class FlatMapNode:
                 if not items:
                     return
                 self.ctx.counters.items_in += count_items(items)
+                self.ledger.begin()  # its ordinal is the ticket
                 slot = _Slot(self.capacity)
                 self._slots[self._ticket] = slot
                 self._ticket += 1
                 self._slot_added.set()
                 try:
-                    await self._expand_or_fail(items[0], slot.channel)
+                    await self._expand_or_fail(items[0], slot.channel, None)
                 except Exception as exc:
                     slot.error = exc  # raised by the emitter once earlier items are out
                     return
@@ -266,7 +216,10 @@ class FlatMapNode:
                 await self._slot_added.wait()
                 continue
             while values := await slot.channel.get_many(_DRAIN):
-                await out.put_many(values)
+                values = self.ledger.keep(ticket, values)
+                if values:
+                    await out.put_many(values)
+            self.ledger.end(ticket)
             del self._slots[ticket]
             if slot.error is not None:
                 raise slot.error
@@ -280,13 +233,16 @@ class BatchNode:
         self.ctx = ctx
         self.size = spec.size
         self.drop_last = spec.drop_last
+        self.ledger = FixedLedger(spec.size)
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
         size, pending = self.size, []
         counters = self.ctx.counters
+        ledger = self.ledger
         while items := await inp.get_many(_DRAIN):
             counters.items_in += count_items(items)
+            ledger.take(len(items))
             pending.extend(items)
             if len(pending) >= size:
                 full = len(pending) - len(pending) % size
@@ -297,6 +253,8 @@ class BatchNode:
         if pending and not self.drop_last:
             await out.put(pending)
             _progress(self.ctx, 1)
+        else:
+            ledger.drop_rest(len(pending))
 
 
 class UnbatchNode:
@@ -307,22 +265,29 @@ class UnbatchNode:
 
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
+        self.ledger = SplitLedger(elementwise=True)
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
         counters = self.ctx.counters
+        ledger = self.ledger
         only_groups = True
         while batches := await inp.get_many(64):
             counters.items_in += count_items(batches)
             only_groups = only_groups and all(b.__class__ is ItemGroup for b in batches)
             counters.internal = only_groups
             for batch in batches:
+                ordinal = ledger.begin()
                 try:
                     items = list(batch)
                 except TypeError as exc:
+                    ledger.end(ordinal)
                     self.ctx.item_failed(batch, exc)
                     continue
-                await out.put_many(items)
+                items = ledger.keep(ordinal, items)
+                ledger.end(ordinal)
+                if items:
+                    await out.put_many(items)
                 _progress(self.ctx, count_items(items))
 
 
@@ -331,6 +296,7 @@ class PrefetchNode:
 
     def __init__(self, ctx: NodeContext, spec: PrefetchSpec) -> None:
         self.ctx = ctx
+        self.ledger = Passthrough()
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
@@ -348,25 +314,35 @@ class ShuffleNode:
         self.ctx = ctx
         self.size = spec.buffer_size
         seed = spec.seed
-        self.rng = random.Random(f"{seed}:{ctx.epoch}") if seed is not None else random.Random()
+        self.rng = epoch_random(seed, ctx.epoch) if seed is not None else random.Random()
+        self.ledger = ShuffleLedger()
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
-        size, rng = self.size, self.rng
+        size, rng, ledger = self.size, self.rng, self.ledger
         pool: list[Any] = []
+        ordinals: list[int] = []  # each pooled item's input ordinal, for the ledger
+        taken = 0
         while items := await inp.get_many(_SOURCE_CHUNK):
             self.ctx.counters.items_in += count_items(items)
-            ready = []
-            for item in items:
+            ready, ready_ordinals = [], []
+            for ordinal, item in enumerate(items, taken):
                 if len(pool) < size:
                     pool.append(item)
+                    ordinals.append(ordinal)
                 else:
                     index = rng.randrange(size)
                     ready.append(pool[index])
-                    pool[index] = item
+                    ready_ordinals.append(ordinals[index])
+                    pool[index], ordinals[index] = item, ordinal
+            taken += len(items)
             if ready:
+                ledger.record(ready_ordinals)
                 await out.put_many(ready)
                 _progress(self.ctx, count_items(ready))
-        rng.shuffle(pool)
+        order = list(range(len(pool)))
+        rng.shuffle(order)  # the same permutation as shuffling the pool itself
+        ledger.record([ordinals[i] for i in order])
+        pool = [pool[i] for i in order]
         await out.put_many(pool)
         _progress(self.ctx, count_items(pool))

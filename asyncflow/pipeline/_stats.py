@@ -31,7 +31,8 @@ _MAX_RECORDS = 10_000
 #: stats table; its time is attributed to the next stage that is not internal.
 INTERNAL = "__asyncflow_internal__"
 #: A stage function with this attribute (a string) names the stage's kind in ``stats()``,
-#: as its pipeline's ``describe()`` names it (``image.folder``'s ``"assemble"``).
+#: for a library whose ``describe()`` names it so (a stage kind of the engine's own, such as
+#: ``assemble``, needs no label: its spec names it).
 KIND = "__asyncflow_kind__"
 
 
@@ -54,7 +55,7 @@ def label_stage(fn: F, *, kind: str | None = None, internal: bool = False) -> F:
     Args:
         fn: The stage function; it gets the attributes :data:`KIND` and :data:`INTERNAL`.
         kind: The kind ``stats()`` shows, as the pipeline's ``describe()`` names it (a library's
-            stage, such as ``image.folder``'s ``"assemble"``).
+            own stage run by a ``map``).
         internal: The stage is a library's, not the user's: the default stats table hides it,
             and its time counts for the next stage that is not internal.
     """
@@ -166,7 +167,7 @@ class StageStats:
         name: The stage's name (``name=`` or derived from its function), as in
             ``pipe.describe()``.
         kind: ``source``, ``map``, ``filter``, ``flat_map``, ``batch``, ... as in
-            ``pipe.describe()`` (a library's stage may name its own, e.g. ``assemble``).
+            ``pipe.describe()`` (``image.folder``'s ``batch`` stage is an ``assemble``).
         concurrency: Items the stage may work on at once.
         items_in: Items it took from its input.
         items_out: Items it produced (a batch stage: batches).

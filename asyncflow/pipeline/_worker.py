@@ -25,7 +25,8 @@ from typing import Any
 
 from .._redact import redact
 from . import _shm
-from ._workers import WorkerInfo, item_seed, seed_everything, set_worker_info
+from ._workers import WorkerInfo, set_worker_info
+from .seeding import item_seed, seed_everything
 
 __all__ = ["STATUS", "send", "worker_main"]
 

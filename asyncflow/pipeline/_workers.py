@@ -7,23 +7,18 @@ consumer's own Python (a training step) from competing with the workers for the 
 
 from __future__ import annotations
 
-import hashlib
-import random
-import struct
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._errors import ConfigError
+from .seeding import fresh_seed
 
 __all__ = [
     "Processes",
     "WorkerInfo",
-    "item_seed",
     "register_worker_setup",
     "resolve_workers",
-    "seed_everything",
     "worker_info",
     "worker_setups",
 ]
@@ -64,8 +59,9 @@ class Processes:
     reported with the item it held, and replaced.
 
     Before each item the worker seeds ``random``, NumPy's global generator and torch's (those
-    that are imported) from ``(seed, epoch, position of the item in the stage's input)``: random
-    augmentations are reproducible whichever worker takes the item.
+    that are imported) from ``(seed, epoch, position of the item in the stage's input)``
+    (:func:`asyncflow.pipeline.seeding.item_seed`): random augmentations are reproducible
+    whichever worker takes the item.
 
     Args:
         start_method: ``"forkserver"`` (default: workers fork from a clean server process that
@@ -129,7 +125,7 @@ def resolve_workers(workers: Any) -> Processes | None:
     if spec.seed is None:
         from dataclasses import replace
 
-        spec = replace(spec, seed=random.SystemRandom().getrandbits(63))
+        spec = replace(spec, seed=fresh_seed())
     return spec
 
 
@@ -144,24 +140,6 @@ def worker_info() -> WorkerInfo | None:
 def set_worker_info(info: WorkerInfo) -> None:
     global _current
     _current = info
-
-
-def item_seed(seed: int, epoch: int, position: int) -> int:
-    """A 64-bit seed for one item, stable across processes and Python versions."""
-    digest = hashlib.blake2b(struct.pack("<QQQ", seed & (2**64 - 1), epoch, position),
-                             digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def seed_everything(seed: int) -> None:
-    """Seed ``random``, and NumPy's and torch's global generators if they are imported."""
-    random.seed(seed)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed(seed % 2**32)
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "manual_seed"):
-        torch.manual_seed(seed)
 
 
 _setups: dict[Callable[[], Any], None] = {}

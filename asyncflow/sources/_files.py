@@ -8,7 +8,6 @@ prefixes and of manifests.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -18,6 +17,7 @@ from urllib.parse import unquote, urlsplit
 import aiofiles
 
 from .._errors import SourceError, SourceNotFound, SourcePermissionError
+from ..pipeline import run_thread
 from ._manifest import MANIFEST_SUFFIXES, local_entries
 from ._retry import Retry, Timeout
 from ._transport import ObjectInfo
@@ -133,7 +133,7 @@ class FileTransport:
         """
         path = file_path(url)
         as_uri = url.lower().startswith("file:")
-        kind, files = await asyncio.to_thread(_local_listing, path)
+        kind, files = await run_thread(_local_listing, path)
         if kind == "manifest":
             for entry in local_entries(await read_file(path), path):
                 yield entry

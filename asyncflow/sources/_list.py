@@ -5,6 +5,8 @@ ready pipeline source::
 
     Pipeline(sources.list_objects("s3://bucket/train/")).map(asyncflow.read_bytes, ...)
 
+With ``split=Split()`` each rank (and DataLoader worker) lists everything and keeps its share.
+
 Each scheme's transport does the listing (see ``_transport``); manifests are parsed by
 ``_manifest``.
 """
@@ -16,6 +18,8 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing
 from typing import Any, Literal, overload
 
+from .._errors import ConfigTypeError
+from .._split import Split
 from ._retry import Retry, Timeout, resolve_policy
 from ._transport import ObjectInfo, Transport, as_url, transport_for
 
@@ -31,6 +35,7 @@ def list_objects(
     timeout: Timeout | None = ...,
     schemes: Iterable[str] | None = ...,
     endpoint_url: str | None = ...,
+    split: Split | None = ...,
 ) -> AsyncIterator[str]: ...
 
 
@@ -43,6 +48,7 @@ def list_objects(
     timeout: Timeout | None = ...,
     schemes: Iterable[str] | None = ...,
     endpoint_url: str | None = ...,
+    split: Split | None = ...,
 ) -> AsyncIterator[ObjectInfo]: ...
 
 
@@ -54,6 +60,7 @@ def list_objects(
     timeout: Timeout | None = None,
     schemes: Iterable[str] | None = None,
     endpoint_url: str | None = None,
+    split: Split | None = None,
 ) -> AsyncIterator[str] | AsyncIterator[ObjectInfo]:
     """Every object under ``prefix_url``, as an async iterator of URLs.
 
@@ -77,8 +84,12 @@ def list_objects(
         timeout: Deadlines of each page request; default: the pipeline's, else ``Timeout()``.
         schemes: The schemes that may be read; default: the pipeline's, else all.
         endpoint_url: An S3-compatible endpoint (default: the standard AWS configuration).
+        split: Yield only this process's share of the listing (see :class:`Split`): the
+            whole listing is read first (every rank lists the same objects, in the same
+            order), then its part is yielded, with the same count on every rank.
 
     Raises:
+        ConfigTypeError: ``split`` is not a :class:`Split`.
         SourcePermissionError: The scheme is not enabled (raised at once, by this call).
         SourceNotFound: The bucket, folder or manifest does not exist (raised on iteration).
         SourceError: A remote manifest is not a list of URLs (an HTML page, say); the
@@ -89,7 +100,10 @@ def list_objects(
         iterator left early with ``contextlib.aclosing`` to release its client at once.
     """
     url = as_url(prefix_url)
-    return _listing(transport_for(url, schemes, endpoint_url), url, detail, retry, timeout)
+    if split is not None and not isinstance(split, Split):
+        raise ConfigTypeError(f"split must be an asyncflow.Split, got {split!r:.80}")
+    listing = _listing(transport_for(url, schemes, endpoint_url), url, detail, retry, timeout)
+    return listing if split is None else split(listing)
 
 
 async def _listing(

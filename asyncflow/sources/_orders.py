@@ -1,4 +1,5 @@
-"""The orders behind the samplers (NumPy arrays drawn from ``(seed, epoch)``, read in chunks),
+"""The orders behind the samplers (NumPy arrays drawn from ``(seed, epoch)`` by
+:func:`~asyncflow.pipeline.seeding.epoch_rng`, read in chunks),
 and the checks of what defines them: the dataset or length, counts, the seed and the weights.
 
 An order is a stream of *blocks* (``int64`` arrays, or ``range`` objects): one block for most
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import secrets
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any, TypeAlias
 
@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._errors import ConfigError, ConfigTypeError
+from ..pipeline.seeding import epoch_rng, fresh_seed
 
 __all__ = [
     "Block",
@@ -39,7 +40,6 @@ __all__ = [
 
 Block: TypeAlias = "npt.NDArray[np.int64] | range"
 
-_SEED_MASK = (1 << 64) - 1
 # Indices turned into Python ints at a time: big enough that ``tolist`` dominates the loop,
 # small enough (32 KiB of pointers) that a first index comes at once.
 _CHUNK = 4096
@@ -82,7 +82,7 @@ def check_num_samples(num_samples: Any) -> int:
 def check_seed(seed: int | None) -> int:
     """``seed``, or a fresh random one for ``None``."""
     if seed is None:
-        return secrets.randbits(63)
+        return fresh_seed()
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigTypeError(f"seed must be an int or None, got {seed!r}")
     return seed
@@ -112,15 +112,11 @@ def read_length(source: Sized | int) -> int:
     return source if isinstance(source, int) else len(source)
 
 
-def _rng(seed: int, epoch: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([seed & _SEED_MASK, epoch]))
-
-
 def random_blocks(
     n: int, num_samples: int, *, seed: int, epoch: int, replacement: bool
 ) -> Iterator[Block]:
     """``num_samples`` indices of ``range(n)``: uniform draws, or whole permutations in turn."""
-    rng = _rng(seed, epoch)
+    rng = epoch_rng(seed, epoch)
     if replacement:
         yield rng.integers(0, n, size=num_samples, dtype=np.int64)
         return
@@ -132,7 +128,7 @@ def weighted_blocks(
     p: npt.NDArray[np.float64], num_samples: int, *, seed: int, epoch: int, replacement: bool
 ) -> Iterator[Block]:
     """``num_samples`` indices drawn with probabilities ``p``."""
-    drawn = _rng(seed, epoch).choice(len(p), size=num_samples, replace=replacement, p=p)
+    drawn = epoch_rng(seed, epoch).choice(len(p), size=num_samples, replace=replacement, p=p)
     yield drawn.astype(np.int64, copy=False)
 
 
@@ -145,7 +141,7 @@ def distributed_blocks(
     ``num_replicas``-th index from ``rank``."""
     per_rank = shard_size(n, num_replicas, drop_last=drop_last)
     total = per_rank * num_replicas
-    order = np.arange(n, dtype=np.int64) if epoch is None else _rng(seed, epoch).permutation(n)
+    order = np.arange(n, dtype=np.int64) if epoch is None else epoch_rng(seed, epoch).permutation(n)
     order = order[:total] if total <= n else np.resize(order, total)
     yield order[rank:total:num_replicas]
 

@@ -17,13 +17,13 @@ validated; a shard must end with its end-of-archive marker, and an empty one is 
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncGenerator, Iterable
 from contextlib import aclosing
 from typing import Any
 
 from .._errors import ConfigError, SourceError
+from ..pipeline import run_thread
 from ._redact import redact_url
 from ._retry import Retry, Timeout, resolve_policy
 from ._tarstream import Event, ShardDecoder
@@ -81,7 +81,7 @@ async def _decode(
             more = True
             while more:
                 # Cancellation leaves the pump to finish on its thread; the decoder is dropped.
-                events, more = await asyncio.to_thread(decoder.pump)
+                events, more = await run_thread(decoder.pump)
                 for event in events:
                     yield event
                 if decoder.error is not None:

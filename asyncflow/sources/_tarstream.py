@@ -1,8 +1,9 @@
 """Sans-I/O decoding of a tar shard: raw bytes in, checked members out.
 
 :class:`ShardDecoder` never awaits and never blocks: ``_tar.py`` pushes the shard's bytes into
-it on the event loop and runs :meth:`ShardDecoder.pump` (gzip inflation and header parsing) in
-a worker thread, one short call at a time, so that no thread ever waits on the loop.
+it on the event loop and runs :meth:`ShardDecoder.pump` (gzip inflation, ``_gunzip.py``, and
+header parsing) in a worker thread, one short call at a time, so that no thread ever waits on
+the loop.
 
 Headers are decoded by ``tarfile.TarInfo.frombuf`` (checksum, octal and base-256 numbers);
 everything around them is checked here, because ``tarfile``'s streaming mode accepts what a
@@ -26,10 +27,10 @@ from __future__ import annotations
 
 import re
 import tarfile
-import zlib
 from collections.abc import Callable
 
 from .._errors import SourceError
+from ._gunzip import Gunzip
 
 __all__ = ["Event", "ShardDecoder", "unsafe_reason"]
 
@@ -87,53 +88,6 @@ def parse_pax(data: bytes, fail: Callable[[str, int], SourceError]) -> dict[str,
         records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         pos = end
     return records
-
-
-class _Gunzip:
-    """Inflates gzip members one after another (``gzip`` output, or several ``cat``-joined)."""
-
-    def __init__(self, what: str) -> None:
-        self._what = what
-        self._inflater = zlib.decompressobj(wbits=31)
-        self._tail = b""
-        self._fed = False  # whether the current gzip member has had any input yet
-        self._full = False  # whether the last call stopped at the output limit
-        self.raw = 0  # compressed bytes received
-
-    def push(self, data: bytes) -> None:
-        self._tail = self._tail + data if self._tail else data
-        self.raw += len(data)
-
-    def pull(self, limit: int) -> bytes:
-        """Up to ``limit`` inflated bytes; ``b""`` when more input is needed."""
-        while self._tail or self._full:
-            if not self._fed and not self._tail.strip(b"\x00"):
-                self._tail = b""  # zero padding after the last member, as some writers leave
-                return b""
-            self._fed = True
-            try:
-                out = self._inflater.decompress(self._tail, limit)
-            except zlib.error as exc:
-                raise SourceError(
-                    f"{self._what}: corrupt gzip data near compressed byte "
-                    f"{self.raw - len(self._tail)} ({exc})"
-                ) from None
-            self._full = len(out) == limit
-            if self._inflater.eof:
-                self._tail = self._inflater.unused_data
-                self._inflater, self._fed, self._full = zlib.decompressobj(wbits=31), False, False
-            else:
-                self._tail = self._inflater.unconsumed_tail
-            if out:
-                return out
-        return b""
-
-    def close(self) -> None:
-        if self._fed:
-            raise SourceError(
-                f"{self._what}: gzip stream ends early at compressed byte {self.raw} "
-                "(truncated shard)"
-            )
 
 
 class _TarParser:
@@ -326,7 +280,7 @@ class ShardDecoder:
         self._max = max_member_bytes
         self._raw: list[bytes] = []
         self._head = b""  # the first bytes, until they tell whether the shard is gzip
-        self._gzip: _Gunzip | None = None
+        self._gzip: Gunzip | None = None
         self._tar: _TarParser | None = None
         self._finished = False
         self.error: SourceError | None = None
@@ -395,7 +349,7 @@ class ShardDecoder:
             return None
         unit = ""
         if self._head[:2] == b"\x1f\x8b":
-            self._gzip = _Gunzip(self._what)
+            self._gzip = Gunzip(self._what)
             unit = " of the inflated tar"
         self._tar = _TarParser(self._what, self._max, unit)
         self._raw, self._head = [self._head], b""

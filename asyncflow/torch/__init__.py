@@ -10,14 +10,18 @@ from . import _share  # noqa: F401  (registers the tensor reducer for worker pro
 from ._collate import Padded, default_collate, pad_collate
 from ._loader import DataLoader
 from ._pinned import PinnedPool, PoolStats
+from ._ranks import EvenSteps, StepStats, even_steps
 from ._transfer import to_device
 
 __all__ = [
     "DataLoader",
+    "EvenSteps",
     "Padded",
     "PinnedPool",
     "PoolStats",
+    "StepStats",
     "default_collate",
+    "even_steps",
     "pad_collate",
     "to_device",
 ]

@@ -9,19 +9,11 @@ import torch
 from torch.utils.data import RandomSampler as TorchRandomSampler
 
 from .._errors import ConfigError
+from ..pipeline.seeding import epoch_seed
 
 __all__ = ["ShuffleSampler"]
 
 _CHUNK = 4096  # indices turned into Python ints at a time
-_MASK = (1 << 63) - 1
-
-
-def _epoch_seed(seed: int, epoch: int) -> int:
-    # a splitmix64 step: neighbouring epochs get unrelated generator seeds
-    z = (seed + 0x9E3779B97F4A7C15 * (epoch + 1)) & ((1 << 64) - 1)
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
-    return (z ^ (z >> 31)) & _MASK
 
 
 class ShuffleSampler(TorchRandomSampler):
@@ -70,7 +62,7 @@ class ShuffleSampler(TorchRandomSampler):
                 self.epoch += 1
             self._pinned = False
             generator = self._own
-            generator.manual_seed(_epoch_seed(self.seed, self.epoch))
+            generator.manual_seed(epoch_seed(self.seed, self.epoch))
         return self._draw(n, generator)
 
     def _draw(self, n: int, generator: torch.Generator) -> Iterator[int]:

@@ -13,6 +13,7 @@ import torch
 
 from asyncflow import ConfigError, DecodeError, Pipeline, PipelineError, SourceNotFound, image
 from asyncflow.image._folder import scan
+from asyncflow.pipeline import AssembleSpec
 
 from ._pictures import jpeg, write_tree
 
@@ -214,6 +215,26 @@ def test_describe_shows_the_batch_stage(tree: Path) -> None:
     assert kinds == [("source", "source"), ("map", "decode"), ("unbatch", "rows"),
                      ("assemble", "batch"), ("map", "map")]
     assert pipe.describe()[3]["batch_size"] == 4
+
+
+def test_the_batch_stage_is_the_engine_s_assemble_stage(tree: Path) -> None:
+    pipe = image.folder(tree, batch_size=5, size=16, workers="threads", drop_last=True)
+    assert type(pipe).describe is Pipeline.describe  # described natively, not patched
+    spec = pipe.stages[-1]
+    assert isinstance(spec, AssembleSpec)
+    assert (spec.name, spec.batch_size, spec.drop_last) == ("batch", 5, True)
+    entry = pipe.describe()[-1]
+    assert (entry["kind"], entry["batch_size"], entry["drop_last"]) == ("assemble", 5, True)
+    assert [len(y) for _, y in pipe] == [5, 5]  # 12 images, the last 2 dropped
+
+
+def test_stages_added_after_it_are_named_alike_in_describe_and_stats(tree: Path) -> None:
+    pipe = image.folder(tree, batch_size=4, size=16, workers="threads")
+    pipe = pipe.map(lambda b: b).map(lambda b: b)
+    assert len(list(pipe)) == 3
+    described = [(s["name"], s["kind"]) for s in pipe.describe()]
+    assert described[-2:] == [("map", "map"), ("map#2", "map")]
+    assert [(s.name, s.kind) for s in pipe.stats().stages] == described
 
 
 def test_an_epoch_where_every_image_fails_is_an_error(tmp_path: Path) -> None:

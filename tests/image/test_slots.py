@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import gc
+import os
 import random
 import threading
+import weakref
 
 import torch
 
+from asyncflow.image._shared import SharedSlabs
 from asyncflow.image._slots import BatchAssembler, Ticket
+from asyncflow.pipeline.shm import SHM_DIR
 
 
 def _decode(assembler: BatchAssembler, run: int, pos: int) -> Ticket:
@@ -127,4 +132,30 @@ def test_the_pool_is_bounded() -> None:
     assembler = BatchAssembler(1, 1, 1, count=50, pool=3)
     kept = [assembler.arrived(_decode(assembler, 0, i))[0][0] for i in range(10)]
     assert len({t.data_ptr() for t in kept}) == 10
-    assert len(assembler._pool) == 3
+    stats = assembler.pool_stats()
+    assert (stats.buffers, stats.misses, stats.spares) == (3, 10, 7)
+
+
+def test_shared_slabs_spares_go_when_complete_kept_ones_with_the_assembler() -> None:
+    slabs = SharedSlabs()
+    prefix = os.path.basename(slabs.prefix)
+
+    def on_disk() -> set[str]:
+        return {name for name in os.listdir(SHM_DIR) if name.startswith(prefix)}
+
+    assembler = BatchAssembler(1, 1, 1, count=5, pool=2, slabs=slabs)
+    names = [assembler.claim_shared(0, pos, label=pos)[1] for pos in range(4)]
+    assert len(set(names)) == 4 and on_disk() == set(names)  # 2 kept, 2 spares, all in use
+    held = [b for pos in range(4) for b in assembler.arrived(Ticket(0, pos, 0, pos))]
+    assert on_disk() == set(names[:2])  # the spares' batches are complete: unlinked
+    del held
+    _, again = assembler.claim_shared(0, 4, label=4)
+    assert again == names[0]  # a kept slab, recycled: no new file
+    assert on_disk() == set(names[:2])
+    gone = weakref.ref(assembler)
+    gc.disable()  # no reference cycle may keep the slabs past the assembler
+    try:
+        del assembler, slabs
+        assert gone() is None and on_disk() == set()
+    finally:
+        gc.enable()

@@ -198,8 +198,11 @@ def test_features_still_reach_the_engine() -> None:
 #: Features that still reach into the engine's private modules (issue 15 removes these):
 #: (importer, target). No new entry should be needed: use ``asyncflow.pipeline``'s public
 #: names, and add one there (documented in EXTENDING.md) when a feature needs more.
-# The engine's public face: its package, and its shared-memory names (``shm.py``).
-PUBLIC_ENGINE_MODULES = {"asyncflow.pipeline", "asyncflow.pipeline.shm"}
+# The engine's public face: its package, its seeding (``seeding.py``) and its shared-memory
+# names (``shm.py``).
+PUBLIC_ENGINE_MODULES = {
+    "asyncflow.pipeline", "asyncflow.pipeline.seeding", "asyncflow.pipeline.shm"
+}
 
 KNOWN_PRIVATE_REACHES = {
     ("asyncflow._errors", "asyncflow.pipeline._stats"),

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 import pytest
 
 from asyncflow import ConfigError, Pipeline, PipelineError, mix
@@ -74,6 +77,52 @@ def test_a_failing_source_fails_the_mix() -> None:
     with pytest.raises(PipelineError) as info:
         list(mix([tagged("a", 20).map(boom), tagged("b", 20)], stop="all"))
     assert info.group_contains(ValueError)
+
+
+def reference(
+    sources: Sequence[list[Any]], weights: Sequence[float], seed: int, epoch: int, stop: str
+) -> list[Any]:
+    """The picks of ``mix`` as it made them before it was an engine merge: one
+    ``rng.choice`` per pick, seeded by (seed, epoch)."""
+    n = len(sources)
+    active = np.asarray(weights, dtype=np.float64) / sum(weights)
+    rng = np.random.default_rng(np.random.SeedSequence([seed & (2**64 - 1), epoch]))
+    its = [iter(s) for s in sources]
+    ran_out, fresh, out = [False] * n, [True] * n, []
+    while active.sum() > 0:
+        i = int(rng.choice(n, p=active / active.sum()))
+        try:
+            item = next(its[i])
+        except StopIteration:
+            ran_out[i] = True
+            if stop == "first" or (stop == "cycle" and all(ran_out)):
+                return out
+            if stop == "all" or fresh[i]:
+                active[i] = 0.0
+            else:
+                its[i], fresh[i] = iter(sources[i]), True
+            continue
+        fresh[i] = False
+        out.append(item)
+    return out
+
+
+@pytest.mark.parametrize("stop", ["first", "all", "cycle"])
+@pytest.mark.parametrize(
+    ("sizes", "weights", "seed"),
+    [
+        ((300, 40, 7), (1, 2, 3), 0),
+        ((50, 0, 90), (0.2, 0.5, 0.3), 11),
+        ((5, 60), (0.05, 0.95), 2**70),
+    ],
+)
+def test_picks_are_those_mix_made_before(
+    stop: str, sizes: tuple[int, ...], weights: tuple[float, ...], seed: int
+) -> None:
+    sources = [[(tag, i) for i in range(n)] for tag, n in zip("abc", sizes, strict=False)]
+    mixed = mix([Pipeline(s) for s in sources], weights, seed, stop=stop)
+    for epoch in range(2):
+        assert list(mixed) == reference(sources, weights, seed, epoch, stop)
 
 
 @pytest.mark.parametrize(

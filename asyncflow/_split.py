@@ -1,0 +1,335 @@
+"""``Split``: this process's share of a list of sources, across ranks and DataLoader workers.
+
+The one way asyncflow splits a source (a shard list, a URL list, an object listing, an
+``image.folder`` tree) between the processes of a job::
+
+    split = Split()                                    # rank and world size from torch.distributed
+    Pipeline(split(shard_urls)).flat_map(sources.tar_samples)
+    sources.list_objects("s3://bucket/train/", split=split)
+    image.folder(root, batch_size=64, size=224, split=split)
+
+The list is cut as torch's ``DistributedSampler`` cuts it: the parts are numbered
+``rank * num_workers + worker`` (``num_workers`` is 1 outside a DataLoader worker, or with
+``workers=False``), and part ``p`` of ``P`` takes positions ``p, p + P, p + 2P, ...``. With
+``remainder="pad"`` the list is first extended cyclically to a multiple of ``P``, repeating
+its first ``P - n % P`` items (none when ``P`` divides ``n``; each once, unless the list is
+shorter than ``P``); with
+``"drop"`` its last ``n % P`` items are left out. Either way every part gets the same count,
+the parts are disjoint, and together they hold every item exactly once, plus the repeats
+(``"pad"``) or less the dropped tail (``"drop"``). :func:`cut` is that rule as a pure function.
+With ``shuffle=True`` the list is first put in the order ``seeding.epoch_rng(seed, epoch)``
+draws, the same on every rank, as ``DistributedSampler`` shuffles.
+
+Nothing here imports torch: ``torch.distributed`` is read only when the program has imported it
+(a process group cannot be initialized without that), and likewise torch's
+``get_worker_info()``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar, overload
+
+from ._errors import ConfigError, ConfigTypeError
+
+__all__ = ["Part", "Share", "Split", "cut", "env_int", "padding", "process_group", "world"]
+
+T = TypeVar("T")
+Remainder = Literal["pad", "drop"]
+
+
+def _check_count(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigTypeError(f"{name} must be an int, got {value!r}")
+    if value < low:
+        raise ConfigError(f"{name} must be >= {low}, got {value}")
+    return value
+
+
+def cut(n: int, index: int, count: int, *, remainder: Remainder = "pad") -> list[int]:
+    """The positions, out of ``n``, that part ``index`` of ``count`` takes (in order).
+
+    Every part gets ``ceil(n / count)`` positions with ``"pad"`` (the list extended
+    cyclically: position ``n + k`` is position ``k``), ``n // count`` with ``"drop"`` (the
+    last ``n % count`` positions left out), as torch's ``DistributedSampler`` without and
+    with ``drop_last``. An empty list gives every part nothing.
+
+    Raises:
+        ConfigError: ``n < 0``, ``count < 1``, ``index`` outside ``[0, count)`` or an
+            unknown ``remainder``.
+    """
+    _check_count("n", n, 0)
+    _check_count("count", count, 1)
+    _check_count("index", index, 0)
+    if index >= count:
+        raise ConfigError(f"part index {index} is outside [0, {count - 1}] ({count} parts)")
+    if remainder not in ("pad", "drop"):
+        raise ConfigError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
+    if n == 0:
+        return []
+    total = -(-n // count) * count if remainder == "pad" else n // count * count
+    return [position % n for position in range(index, total, count)]
+
+
+def padding(n: int, count: int, *, remainder: Remainder = "pad") -> int:
+    """How many items ``"pad"`` repeats (or ``"drop"`` leaves out) for ``n`` items in
+    ``count`` parts: the repeats are positions ``0, 1, ...`` of the list, cyclically."""
+    if n == 0:
+        return 0
+    return (-n) % count if remainder == "pad" else n % count
+
+
+@dataclass(frozen=True)
+class Part:
+    """Which share of a list this process takes, as :meth:`Split.part` resolved it.
+
+    Attributes:
+        rank: This process's rank.
+        world_size: How many ranks there are.
+        worker: This DataLoader worker (0 outside a worker, or when the split ignores workers).
+        num_workers: How many DataLoader workers each rank runs (1 likewise).
+        remainder: ``"pad"`` or ``"drop"``.
+        shuffle: Whether the list is shuffled by ``(seed, epoch)`` before it is cut.
+        seed: The shuffle's seed.
+    """
+
+    rank: int
+    world_size: int
+    worker: int = 0
+    num_workers: int = 1
+    remainder: Remainder = "pad"
+    shuffle: bool = False
+    seed: int = 0
+
+    @property
+    def index(self) -> int:
+        """This part's number: ``rank * num_workers + worker``."""
+        return self.rank * self.num_workers + self.worker
+
+    @property
+    def count(self) -> int:
+        """How many parts: ``world_size * num_workers``."""
+        return self.world_size * self.num_workers
+
+    def positions(self, n: int, epoch: int = 0) -> list[int]:
+        """The positions of a list of ``n`` that this part takes in ``epoch`` (see
+        :func:`cut`; the epoch matters only with ``shuffle``)."""
+        taken = cut(n, self.index, self.count, remainder=self.remainder)
+        if not self.shuffle or not taken:
+            return taken
+        from .pipeline.seeding import epoch_rng  # NumPy: imported when first needed
+
+        order = epoch_rng(self.seed, epoch).permutation(n)
+        return [int(order[i]) for i in taken]
+
+    def size(self, n: int) -> int:
+        """How many items of a list of ``n`` this part (and every other) takes."""
+        if n == 0:
+            return 0
+        return -(-n // self.count) if self.remainder == "pad" else n // self.count
+
+
+def env_int(name: str) -> int | None:
+    """The integer in environment variable ``name`` (``None`` when unset or empty).
+
+    Raises:
+        ConfigError: It is set to something that is not an integer.
+    """
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def process_group() -> tuple[int, int] | None:
+    """``(rank, world_size)`` of the initialized ``torch.distributed`` process group, or
+    ``None``. torch is only consulted if the program has imported it: a group cannot be
+    initialized without that, and importing torch here would make every caller heavy."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size())
+    return None
+
+
+def world() -> tuple[int, int]:
+    """``(rank, world_size)``: the process group's when initialized, else ``$RANK`` and
+    ``$WORLD_SIZE``, else ``(0, 1)``."""
+    group = process_group()
+    if group is not None:
+        return group
+    rank, size = env_int("RANK"), env_int("WORLD_SIZE")
+    return (0 if rank is None else rank), (1 if size is None else size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Split:
+    """How a list of sources is split across the ranks of a job and their DataLoader workers.
+
+    A ``Split`` is resolved (:meth:`part`) when the share is taken, in the process that reads
+    it: ``split(items)`` resolves at each iteration, so inside a DataLoader worker the share
+    is that worker's. The rank and world size are those of the initialized
+    ``torch.distributed`` process group; without one, those given here, else ``$RANK`` and
+    ``$WORLD_SIZE`` (set by ``torchrun``, and inherited by DataLoader worker processes,
+    where the parent's process group is not initialized), else rank 0 of 1.
+
+    Args:
+        rank: This process's rank (default: from ``torch.distributed`` or the environment).
+        world_size: How many ranks (likewise).
+        workers: Also split each rank's share between the workers of a DataLoader
+            (torch's ``get_worker_info()``), so that worker processes read disjoint parts.
+        remainder: ``"pad"``: repeat items from the start of the list until every part has
+            ``ceil(n / parts)``; ``"drop"``: leave the last ``n % parts`` items out.
+        shuffle: Shuffle the list by ``(seed, epoch)`` before cutting it, the same order on
+            every rank (the start that ``"pad"`` repeats is then the shuffled list's). As
+            with ``DistributedSampler``, the epoch does not advance by itself: pass it to
+            :meth:`__call__` or call ``share.set_epoch(epoch)``.
+        seed: The shuffle's seed: the same on every rank.
+
+    Raises:
+        ConfigError: ``world_size < 1``, ``rank`` outside ``[0, world_size)``, or an unknown
+            ``remainder`` (at once); a ``rank`` or ``world_size`` given here that differs
+            from the initialized process group's (by :meth:`part`).
+    """
+
+    rank: int | None = None
+    world_size: int | None = None
+    workers: bool = True
+    remainder: Remainder = "pad"
+    shuffle: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.world_size is not None:
+            _check_count("world_size", self.world_size, 1)
+        if self.rank is not None:
+            _check_count("rank", self.rank, 0)
+            if self.world_size is not None and self.rank >= self.world_size:
+                raise ConfigError(f"rank {self.rank} is outside [0, {self.world_size - 1}] "
+                                  f"(world_size={self.world_size})")
+        if self.remainder not in ("pad", "drop"):
+            raise ConfigError(f"remainder must be 'pad' or 'drop', got {self.remainder!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigTypeError(f"seed must be an int, got {self.seed!r}")
+
+    def part(self) -> Part:
+        """This process's part, now: its rank, world size and DataLoader worker.
+
+        Raises:
+            ConfigError: The rank or world size given differs from the initialized process
+                group's, or the environment's are out of range.
+        """
+        rank, world = self._world()
+        worker, workers = self._worker() if self.workers else (0, 1)
+        return Part(rank, world, worker, workers, self.remainder, bool(self.shuffle), self.seed)
+
+    def _world(self) -> tuple[int, int]:
+        group = process_group()
+        if group is not None:
+            rank, world = group
+            if self.rank not in (None, rank) or self.world_size not in (None, world):
+                raise ConfigError(
+                    f"Split(rank={self.rank}, world_size={self.world_size}) contradicts the "
+                    f"initialized torch.distributed process group (rank {rank} of {world}); "
+                    "leave them out to use the group's"
+                )
+            return rank, world
+        given_rank = self.rank if self.rank is not None else env_int("RANK")
+        given_world = self.world_size if self.world_size is not None else env_int("WORLD_SIZE")
+        rank = 0 if given_rank is None else given_rank
+        world = 1 if given_world is None else given_world
+        if world < 1 or not 0 <= rank < world:
+            raise ConfigError(f"rank {rank} of world_size {world} is out of range (from "
+                              f"Split(rank={self.rank}, world_size={self.world_size}) and "
+                              "$RANK / $WORLD_SIZE)")
+        return rank, world
+
+    @staticmethod
+    def _worker() -> tuple[int, int]:
+        data = sys.modules.get("torch.utils.data")
+        info = data.get_worker_info() if data is not None else None
+        if info is None:
+            return 0, 1
+        return int(info.id), int(info.num_workers)
+
+    def take(self, items: Sequence[T], *, epoch: int = 0) -> list[T]:
+        """This process's share of ``items``, now (see :meth:`part`)."""
+        return [items[i] for i in self.part().positions(len(items), epoch)]
+
+    @overload
+    def __call__(self, items: AsyncIterable[T], *, epoch: int = ...) -> AsyncIterator[T]: ...
+
+    @overload
+    def __call__(self, items: Iterable[T], *, epoch: int = ...) -> Share[T]: ...
+
+    def __call__(
+        self, items: Iterable[T] | AsyncIterable[T], *, epoch: int = 0
+    ) -> Share[T] | AsyncIterator[T]:
+        """This process's share of ``items``, taken when it is iterated: a pipeline source.
+
+        A sequence (a list of shard URLs) is indexed; another iterable is read whole at each
+        iteration, as every rank must see the same list to cut it alike. An async iterable
+        (``list_objects``) is read whole, then this share is yielded.
+
+        Args:
+            items: The whole list, the same on every rank.
+            epoch: The epoch whose order a ``shuffle`` draws (a :class:`Share` takes
+                later ones from ``set_epoch``).
+        """
+        _check_count("epoch", epoch, 0)
+        if isinstance(items, Iterable):
+            return Share(self, items, epoch)
+        return _async_share(self, items, epoch)
+
+
+class Share(Generic[T]):
+    """``split(items)``: the items of this process's part, resolved at each iteration.
+
+    Iterable again for every epoch (when ``items`` is); ``len()`` is this part's count, the
+    same on every rank and worker. With ``Split(shuffle=True)``, call :meth:`set_epoch` with
+    the same value on every rank before each epoch, or every epoch has the same order.
+    """
+
+    def __init__(self, split: Split, items: Iterable[T], epoch: int = 0) -> None:
+        self.split = split
+        self.items = items
+        self.epoch = epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the order of ``epoch`` from the next iteration on (with ``shuffle``)."""
+        self.epoch = _check_count("epoch", epoch, 0)
+
+    def _listed(self) -> Sequence[T]:
+        return self.items if isinstance(self.items, Sequence) else list(self.items)
+
+    def __iter__(self) -> Iterator[T]:
+        listed = self._listed()
+        return (listed[i] for i in self.split.part().positions(len(listed), self.epoch))
+
+    def __len__(self) -> int:
+        return self.split.part().size(len(self._listed()))
+
+    def __repr__(self) -> str:
+        return f"Share({self.split!r}, {type(self.items).__name__})"
+
+
+async def _async_share(split: Split, items: AsyncIterable[T], epoch: int) -> AsyncIterator[T]:
+    """Every item of ``items``, then this part's.
+
+    Cancellation:
+        Cancelling the iterating task while the list is read closes ``items`` (when it has
+        ``aclose``), releasing a listing's client.
+    """
+    close = getattr(items, "aclose", None)
+    try:
+        listed = [item async for item in items]
+    finally:
+        if close is not None:
+            await close()
+    for i in split.part().positions(len(listed), epoch):
+        yield listed[i]

@@ -1,0 +1,228 @@
+"""A filling epoch as stages of the cached pipeline's own run, not a nested run.
+
+When the cache cannot be replayed as it stands, :class:`~asyncflow.cache.CachedPipeline`'s run
+is built from upstream's source, upstream's stages, then the ``cache`` stage
+(:class:`CacheNode`), then the stages after ``.cache()``::
+
+    source (upstream's, behind a Gate) -> upstream's stages -> cache -> stages after it
+
+The ``cache`` stage decides the epoch on the run's loop, with its file work on the run's
+threads (:class:`~asyncflow.cache._source.CacheSource` does: take the writer lock, or wait for
+another writer, or find a cache another writer just finished). Until it has decided,
+upstream's source waits at its :class:`Gate` and reads nothing. Filling (or reading upstream
+while another process writes), it opens the gate and passes upstream's items through, writing
+each; it commits when upstream's stream ends complete. Replaying after all, it keeps the gate
+shut (upstream's source ends at once, its stages see an empty stream) and puts out the cache's
+items itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ConfigError
+from ..pipeline import CustomSpec, NodeContext, ReceiveHook, Receiver, Sender, run_thread
+
+if TYPE_CHECKING:
+    from ._source import CacheSource
+
+__all__ = ["CacheNode", "Gate", "cache_stage", "hooks_stage", "one_shot_guard"]
+
+_CHUNK = 256  # items of a sync upstream source taken per thread hand-off
+
+
+class Gate:
+    """Upstream's source for one run, held until the ``cache`` stage decides to read it.
+
+    Args:
+        open_upstream: Opens upstream's source (its :meth:`Pipeline.run_plan`'s
+            ``open_source``): an iterable or async iterable.
+        check_reuse: Called before upstream's source is opened; raises when it cannot be
+            read again.
+    """
+
+    def __init__(self, open_upstream: Callable[[], Any],
+                 check_reuse: Callable[[], None] | None = None) -> None:
+        self._open = open_upstream
+        self._check_reuse = check_reuse
+        self._decided: asyncio.Future[bool] | None = None
+
+    def _future(self) -> asyncio.Future[bool]:
+        if self._decided is None:
+            self._decided = asyncio.get_running_loop().create_future()
+        return self._decided
+
+    def release(self, read: bool) -> None:
+        """Let upstream's source read (``True``) or end at once (``False``); the first call
+        decides (on the run's loop)."""
+        fut = self._future()
+        if not fut.done():
+            fut.set_result(read)
+
+    def __call__(self) -> AsyncGenerator[Any, None]:
+        """The run's source: upstream's items once the gate opens, none if it stays shut."""
+        return self._items()
+
+    async def opened(self) -> bool:
+        """Wait for the decision; True when upstream may be read (checked for reuse first).
+
+        The gate of a :class:`~asyncflow.pipeline.Merge` upstream (``mix(...).cache()``),
+        whose branches the run builds itself, so they cannot be wrapped as one source.
+
+        Cancellation:
+            Safe: stops waiting; the decision stands for the run.
+        """
+        if not await self._future():
+            return False
+        if self._check_reuse is not None:
+            self._check_reuse()
+        return True
+
+    async def _items(self) -> AsyncGenerator[Any, None]:
+        if not await self._future():
+            return
+        if self._check_reuse is not None:
+            self._check_reuse()
+        source = self._open()
+        if hasattr(source, "__aiter__"):
+            it = source.__aiter__()
+            try:
+                async for item in it:
+                    yield item
+            finally:
+                aclose = getattr(it, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+        elif isinstance(source, Sequence):
+            for item in source:
+                yield item
+        else:  # an iterator may list files or read a manifest: advanced on the run's threads
+            it = iter(source)
+            taking: asyncio.Future[list[Any]] | None = None
+            try:
+                while True:
+                    taking = asyncio.ensure_future(run_thread(_take, it, _CHUNK))
+                    chunk = await asyncio.shield(taking)
+                    if not chunk:
+                        break
+                    for item in chunk:
+                        yield item
+            finally:
+                # A generator cannot be closed while a thread runs it: let the chunk finish.
+                if taking is not None and not taking.done():
+                    await asyncio.wait([taking])
+                close = getattr(it, "close", None)
+                if close is not None:
+                    await run_thread(close)
+
+
+def _take(it: Any, size: int) -> list[Any]:
+    return list(itertools.islice(it, size))
+
+
+class CacheNode:
+    """The ``cache`` stage: replays, fills (writing what passes), or passes upstream through.
+
+    Args:
+        ctx: The stage's context.
+        source: The cache.
+        gate: The gate of this run's upstream source.
+        defer: Replayed batches that need a copy come as deferred copies, made in the
+            consumer's thread (the stage is the run's last).
+    """
+
+    def __init__(self, ctx: NodeContext, *, source: CacheSource, gate: Gate,
+                 defer: bool) -> None:
+        self.ctx = ctx
+        self._source = source
+        self._gate = gate
+        self._defer = defer
+
+    async def run(self, inp: Receiver | None, out: Sender) -> None:
+        assert inp is not None
+        ctx = self.ctx
+        upstream = functools.partial(self._upstream, inp)
+        try:
+            epoch = self._source.run_epoch(upstream, defer=self._defer)
+            async with contextlib.aclosing(epoch) as items:
+                async for item in items:
+                    await out.put(item)
+                    ctx.produced()
+        finally:
+            self._gate.release(False)  # never read: upstream's source ends at once
+
+    def _upstream(self, inp: Receiver) -> AsyncIterator[Any]:
+        self._gate.release(True)
+        return self._receive(inp)
+
+    async def _receive(self, inp: Receiver) -> AsyncGenerator[Any, None]:
+        counters = self.ctx.counters
+        while items := await inp.get_many(_CHUNK):
+            counters.items_in += len(items)
+            for item in items:
+                yield item
+
+
+def cache_stage(source: CacheSource, gate: Gate, *, defer: bool,
+                buffer: int | None) -> CustomSpec:
+    """The ``cache`` stage of one filling run (see :class:`CacheNode`)."""
+    return CustomSpec(
+        label="cache",
+        factory=functools.partial(CacheNode, source=source, gate=gate, defer=defer),
+        options={"path": str(source.path)},
+        buffer=buffer,
+    )
+
+
+def hooks_stage(hooks: Sequence[ReceiveHook]) -> CustomSpec:
+    """A stage applying upstream's receive hooks (what its consumer would have applied)."""
+    return CustomSpec(label="upstream hooks",
+                      factory=functools.partial(_HooksNode, hooks=tuple(hooks)))
+
+
+class _HooksNode:
+    def __init__(self, ctx: NodeContext, *, hooks: tuple[ReceiveHook, ...]) -> None:
+        self.ctx = ctx
+        self._hooks = hooks
+
+    async def run(self, inp: Receiver | None, out: Sender) -> None:
+        assert inp is not None
+        while items := await inp.get_many(_CHUNK):
+            self.ctx.counters.items_in += len(items)
+            done = await self.ctx.run_timed(_apply, self._hooks, items)
+            await out.put_many(done)
+            self.ctx.produced(len(done))
+
+
+def _apply(hooks: tuple[ReceiveHook, ...], items: list[Any]) -> list[Any]:
+    out = []
+    for item in items:
+        for hook in hooks:
+            item = hook(item)
+        out.append(item)
+    return out
+
+
+def one_shot_guard(source: Any) -> Callable[[], None] | None:
+    """For an upstream whose source is an iterator (read once): a check that raises
+    ``ConfigError`` when a second filling epoch would read it again."""
+    one_shot = (hasattr(source, "__next__") and iter(source) is source) or hasattr(
+        source, "__anext__")
+    if not one_shot:
+        return None
+    opened = itertools.count()
+
+    def check() -> None:
+        if next(opened):
+            raise ConfigError(
+                f"the upstream source {type(source).__name__} is an iterator, so it can be "
+                "read once, and an earlier epoch has read it without finishing the cache; "
+                "pass a list, or a zero-argument callable that returns a fresh iterable"
+            )
+
+    return check

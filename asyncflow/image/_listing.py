@@ -1,0 +1,88 @@
+"""The source of an ``image.folder`` pipeline: each run lists one epoch, in groups.
+
+Each item carries its epoch and position in the epoch's order, which fix its training crop and
+the batch row it is decoded into (see ``_slots.py``), and the number of its listing, which keeps
+the buffers of concurrent runs apart.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .._split import Part
+from ..pipeline import ItemGroup
+from ..pipeline.seeding import epoch_rng
+
+__all__ = ["Listing", "Sample"]
+
+
+class Sample(NamedTuple):
+    """One item of an epoch's listing (its repr names the file, for failure reports)."""
+
+    path: str
+    label: int
+    epoch: int
+    pos: int  # position in this epoch's order: fixes the batch row
+    run: int  # which listing (one per run): keeps concurrent runs' buffers apart
+    sample: int  # index in ``samples``: with the seed and epoch, fixes the training crop
+
+
+class Listing:
+    """The pipeline's source: each call lists one epoch (shuffled by seed and epoch), in
+    groups of ``group`` samples: a decoder takes a group at a time, so that it goes back to
+    the run's loop for more work once per group rather than once per image.
+
+    With a ``part`` (``image.folder(split=...)``), every rank draws the same epoch order
+    (same seed), then takes its positions of it (``Part.positions``): padding repeats the
+    start of that order, so a repeated image is one of the epoch's first."""
+
+    def __init__(
+        self, samples: list[tuple[str, int]], shuffle: bool, seed: int, group: int,
+        part: Part | None = None,
+    ) -> None:
+        self.samples = samples
+        self.shuffle = shuffle
+        self.seed = seed
+        self.group = group
+        self.part = part
+        self._lock = threading.Lock()
+        self._next_epoch = 0
+        self._runs = 0
+
+    def count(self) -> int:
+        """Images per epoch: this part's share, or every sample."""
+        n = len(self.samples)
+        return n if self.part is None else self.part.size(n)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Number the next listing ``epoch``; later ones count on from it."""
+        with self._lock:
+            self._next_epoch = epoch
+
+    def __call__(self) -> Iterator[ItemGroup]:
+        with self._lock:
+            epoch, run = self._next_epoch, self._runs
+            self._next_epoch += 1
+            self._runs += 1
+        return self._items(epoch, run)
+
+    def _items(self, epoch: int, run: int) -> Iterator[ItemGroup]:
+        order: Any = range(len(self.samples))
+        if self.shuffle:
+            order = epoch_rng(self.seed, epoch).permutation(len(self.samples))
+        if self.part is not None:
+            order = np.asarray(order, dtype=np.int64)[self.part.positions(len(self.samples))]
+        # Groups: stats count the images in them, not the groups.
+        group = ItemGroup()
+        for pos, i in enumerate(order):
+            path, label = self.samples[int(i)]
+            group.append(Sample(path, label, epoch, pos, run, int(i)))
+            if len(group) == self.group:
+                yield group
+                group = ItemGroup()
+        if group:
+            yield group

@@ -1,0 +1,65 @@
+"""Listing an image-folder tree as torchvision's ImageFolder does: classes and samples."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from .._errors import ConfigError, SourceNotFound
+
+__all__ = ["IMG_EXTENSIONS", "scan"]
+
+#: The file extensions torchvision's ImageFolder accepts (compared case-insensitively).
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def scan(
+    root: str | os.PathLike[str], extensions: Sequence[str] = IMG_EXTENSIONS
+) -> tuple[list[str], list[tuple[str, int]]]:
+    """Classes (sorted sub-folder names) and ``(path, class index)`` samples, as torchvision.
+
+    Raises:
+        SourceNotFound: ``root`` is not a directory.
+        ConfigError: ``root`` has no class folder, or a class folder has no image file.
+    """
+    base = Path(root)
+    if not base.is_dir():
+        raise SourceNotFound(f"{os.fspath(root)}: no such directory")
+    classes = sorted(entry.name for entry in os.scandir(base) if entry.is_dir())
+    if not classes:
+        raise ConfigError(f"{os.fspath(root)}: no class folders (expected root/<class>/<image>)")
+    exts = tuple(e.lower() for e in extensions)
+    samples: list[tuple[str, int]] = []
+    empty = []
+    for idx, name in enumerate(classes):
+        found = _walk(base / name, idx, exts, samples)
+        if not found:
+            empty.append(name)
+    if empty:
+        raise ConfigError(
+            f"{os.fspath(root)}: no image file ({', '.join(exts)}) in class folder(s) "
+            f"{', '.join(repr(e) for e in empty[:5])}{' ...' if len(empty) > 5 else ''}"
+        )
+    return classes, samples
+
+
+def _walk(folder: Path, label: int, exts: tuple[str, ...],
+          samples: list[tuple[str, int]]) -> int:
+    """Append the images under ``folder`` (sorted, links followed) to ``samples``; how many."""
+    found = 0
+    seen: set[tuple[int, int]] = set()  # (device, inode) of each folder walked
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        # Links are followed (as torchvision does), but each folder is walked once: a
+        # link back up the tree would otherwise loop until the path is too long.
+        here = os.stat(dirpath)
+        if (here.st_dev, here.st_ino) in seen:
+            dirnames.clear()
+            continue
+        seen.add((here.st_dev, here.st_ino))
+        dirnames.sort()
+        for fname in sorted(filenames):
+            if fname.lower().endswith(exts):
+                samples.append((os.path.join(dirpath, fname), label))
+                found += 1
+    return found

@@ -1,0 +1,268 @@
+"""One run's lineage: which source positions lie behind what the consumer has received.
+
+Each node has a ledger (``_ledger.py``) translating its settled outputs into its settled
+inputs. Composed from the consumer's delivered count back to the source, they give the
+settled source positions: a :class:`Span` (a watermark plus the ranges settled above it),
+which a resumed run skips. The source's ledger, :class:`SourceLedger`, turns source ordinals
+into positions: a resumed run's source skips positions, so its ordinals and positions differ.
+
+Nodes write their records on the run's loop; :meth:`Lineage.snapshot` reads them in the
+consumer's thread. Both hold :attr:`Lineage.lock` (an ``RLock``), briefly: a snapshot walks
+only what is in flight, since the ledgers are compacted as the consumer advances.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._ledger import FixedLedger, Ledger, SplitLedger
+from ._span import Span
+
+__all__ = ["Lineage", "SourceLedger", "SourcePlan", "node_ledger"]
+
+#: Records written between compactions (amortizes their cost to O(1) a record).
+_COMPACT_EVERY = 512
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """Where a run's source starts: the position of the opened source's first item, and
+    the positions to leave out (settled in an earlier run)."""
+
+    first: int = 0
+    skip: Span = field(default_factory=Span)
+    #: Each stage's saved extras, by stage name (``Ledger.set_state``).
+    nodes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def base(self) -> int:
+        """Every position below it is settled: the first one the run may yield."""
+        return max(self.first, self.skip.mark)
+
+
+class SourceLedger(Ledger):
+    """The source's ordinals in order are the positions from :attr:`SourcePlan.base` on,
+    leaving out the skipped ones."""
+
+    def __init__(self, plan: SourcePlan) -> None:
+        super().__init__()
+        self.plan = plan
+        self.emitted = 0  # ordinals put out so far (settled outputs beyond do not exist)
+
+    def _pieces(self) -> list[tuple[int, int, int]]:
+        """``(first ordinal, first position, length)`` of each run of positions yielded
+        without a gap; the last is open-ended (length -1)."""
+        plan = self.plan
+        pieces, ordinal, position = [], 0, plan.base
+        for start, end in plan.skip.ranges:
+            if end <= position:
+                continue
+            pieces.append((ordinal, position, start - position))
+            ordinal += start - position
+            position = end
+        pieces.append((ordinal, position, -1))
+        return pieces
+
+    def positions(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The position ranges of ordinals ``[start, end)``."""
+        out = []
+        for ordinal, position, length in self._pieces():
+            stop = end if length < 0 else min(end, ordinal + length)
+            if stop > start and (length < 0 or start < ordinal + length):
+                low = max(start, ordinal)
+                out.append((position + low - ordinal, position + stop - ordinal))
+        return out
+
+    def settled_inputs(self, outputs: Span) -> Span:
+        """The settled positions, given the settled ordinals."""
+        emitted, plan = self.emitted, self.plan
+        ranges = [*plan.skip.ranges, (0, plan.base)]
+        if not plan.skip.ranges:  # ordinals follow the positions from the base, no gap
+            base = plan.base
+            ranges.extend((base + low, base + min(high, emitted))
+                          for low, high in outputs.intervals() if low < emitted)
+        else:
+            for start, end in outputs.within(0, emitted):
+                ranges.extend(self.positions(start, end))
+        return Span(0, ranges)
+
+    def inputs_of(self, ordinal: int) -> list[int]:
+        if ordinal >= self.emitted:
+            return []
+        if not self.plan.skip.ranges:
+            return [self.plan.base + ordinal]
+        return [self.positions(ordinal, ordinal + 1)[0][0]]
+
+
+def node_ledger(node: Any, spec: Any) -> Ledger | None:
+    """The ledger of a built node: its own ``ledger`` (the engine's nodes), an adapter for a
+    custom node that implements ``settled_inputs`` itself, one from ``items_per_output``, or
+    ``None``."""
+    ledger = getattr(node, "ledger", None)
+    if isinstance(ledger, Ledger):
+        return ledger
+    if callable(getattr(node, "settled_inputs", None)):
+        return _NodeAdapter(node)
+    per = getattr(spec, "items_per_output", None)
+    if isinstance(per, int) and per >= 1:
+        return FixedLedger(per, counted=False)
+    return None
+
+
+class _NodeAdapter(Ledger):
+    """A custom node's own ``settled_inputs`` / ``inputs_of`` / ``get_state`` / ``set_state``."""
+
+    def __init__(self, node: Any) -> None:
+        super().__init__()
+        self.node = node
+
+    def settled_inputs(self, outputs: Span) -> Span:
+        return self.node.settled_inputs(outputs)  # type: ignore[no-any-return]
+
+    def inputs_of(self, ordinal: int) -> list[int]:
+        fn = getattr(self.node, "inputs_of", None)
+        return list(fn(ordinal)) if fn is not None else []
+
+    def get_state(self, outputs: Span, key_of: Any) -> dict[str, Any] | None:
+        fn = getattr(self.node, "get_state", None)
+        return fn() if fn is not None else None
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        fn = getattr(self.node, "set_state", None)
+        if fn is not None:
+            fn(state)
+
+
+class Lineage:
+    """The ledgers of one run, composed: the settled source positions at any time.
+
+    Args:
+        plan: Where the run's source starts.
+    """
+
+    def __init__(self, plan: SourcePlan | None = None) -> None:
+        self.lock = threading.RLock()
+        self.source = SourceLedger(plan or SourcePlan())
+        self.ledgers: list[Ledger] = [self.source]
+        self.names: list[str] = ["source"]
+        #: The first stage that keeps no ledger (the run cannot be resumed), or ``None``.
+        self.missing: str | None = None
+        self._floor: Callable[[], int] | None = None
+        self._grown = 0
+        self._compacted = False
+
+    def attach(
+        self, names: Sequence[str], nodes: Sequence[Any], specs: Sequence[Any], *,
+        keep: bool = True,
+    ) -> None:
+        """Take the ledgers of a built run's nodes (the source first; ``specs``: those of the
+        stages after it), and restore their saved extras. If one has none (a merge as the
+        source), or ``keep`` is false (a merge's branch: nothing reads its state), every
+        ledger is turned off: the run keeps no records."""
+        ledgers: list[Ledger] = [self.source]
+        kept = ["source"]
+        if getattr(nodes[0], "ledger", None) is not self.source or not keep:
+            self.missing = names[0]
+        names, nodes = names[1:], nodes[1:]
+        for name, node, spec in zip(names, nodes, specs, strict=True):
+            ledger = node_ledger(node, spec)
+            if ledger is None:
+                self.missing = self.missing or name
+                continue
+            ledgers.append(ledger)
+            kept.append(name)
+        for index, ledger in enumerate(ledgers):
+            ledger.lock, ledger.grew = self.lock, self._grew
+            ledger.on = self.missing is None
+            if isinstance(ledger, SplitLedger):
+                ledger.key_of = functools.partial(self.key_of, index - 1)
+                before = ledgers[index - 1]
+                if (ledger.elementwise and isinstance(before, FixedLedger)
+                        and before.taken is not None):
+                    ledger.batch = before  # batch().unbatch(): element j of batch n is
+                    # the batch's input n * size + j
+        self.ledgers, self.names = ledgers, kept
+        if self.missing is None:
+            for name, ledger in zip(kept, ledgers, strict=True):
+                if name in self.source.plan.nodes:
+                    ledger.set_state(self.source.plan.nodes[name])
+
+    def follow(self, floor: Callable[[], int]) -> None:
+        """Compact as the consumer advances: ``floor()`` is a count it has surely received
+        (read on the run's loop)."""
+        self._floor = floor
+
+    def _grew(self, records: int) -> None:
+        self._grown += records
+        if self._grown >= _COMPACT_EVERY and self._floor is not None:
+            self._grown = 0
+            self.compact(self._floor())
+
+    def _walk(self, delivered: int) -> list[Span]:
+        """Per ledger, its settled outputs (lock held); the last entry: the settled
+        source positions."""
+        outputs = Span(delivered)
+        settled: list[Span] = [outputs] * len(self.ledgers)
+        index = len(self.ledgers) - 1
+        while index >= 0:
+            ledger = self.ledgers[index]
+            settled[index] = outputs
+            inputs = ledger.settled_inputs(outputs)
+            if isinstance(ledger, SplitLedger) and ledger.batch is not None:
+                settled[index - 1] = inputs  # the batch's settled outputs
+                outputs = ledger.settled_elements(outputs)
+                index -= 2
+                continue
+            outputs = inputs
+            index -= 1
+        settled.append(outputs)
+        return settled
+
+    def compact(self, delivered: int) -> None:
+        """Drop every record settled once ``delivered`` items have been received."""
+        if self.missing is not None or delivered <= 0:
+            return
+        with self.lock:
+            settled = self._walk(delivered)
+            self._compacted = True
+            for index, ledger in enumerate(self.ledgers):
+                ledger.compact(settled[index], settled[index - 1])
+
+    def key_of(self, index: int, ordinal: int) -> tuple[tuple[int, int], ...]:
+        """The source positions behind output ``ordinal`` of ledger ``index``, as sorted
+        ``(start, end)`` ranges (how a partial expansion is named)."""
+        with self.lock:
+            ordinals = [ordinal]
+            for ledger in reversed(self.ledgers[: index + 1]):
+                ordinals = (ledger.inputs_of(ordinals[0]) if len(ordinals) == 1 else
+                            [i for o in ordinals for i in ledger.inputs_of(o)])
+        if len(ordinals) == 1:
+            return ((ordinals[0], ordinals[0] + 1),)
+        span = Span.of(0, ordinals)
+        return ((0, span.mark), *span.ranges) if span.mark else span.ranges
+
+    def snapshot(self, delivered: int) -> tuple[Span, dict[str, dict[str, Any]]]:
+        """The settled source positions after ``delivered`` items, and each node's extras
+        by stage name; compacts on the way.
+
+        Raises:
+            LookupError: A stage keeps no ledger (:attr:`missing` names it).
+        """
+        if self.missing is not None:
+            raise LookupError(self.missing)
+        with self.lock:
+            settled = self._walk(delivered)
+            extras = {}
+            for index, ledger in enumerate(self.ledgers[1:], 1):
+                state = ledger.get_state(settled[index], functools.partial(self.key_of, index - 1))
+                if state is not None:
+                    extras[self.names[index]] = state
+            if self._grown or not self._compacted:  # records came since the last time
+                self._grown, self._compacted = 0, True
+                for index, ledger in enumerate(self.ledgers):
+                    ledger.compact(settled[index], settled[index - 1])
+        return settled[-1], extras

@@ -1,0 +1,348 @@
+"""Merging pipelines in one run: each input a branch of the run's graph, one node reading them.
+
+A pipeline whose source is a :class:`Merge` builds, for each of its input pipelines, that
+input's source and stages as a *branch* of its own run: the same loop, worker threads, stop,
+stall detection and statistics (the branch's stages named ``label/stage``). The merge node
+(named after the merge, ``mix`` for ``asyncflow.mix``) takes items from the branches' last
+channels in the order a :class:`MergePolicy` chooses. A policy may restart a branch that ran
+out: the branch is rebuilt as a new epoch of its input, inside the same run. The engine knows
+nothing else of the policy (``asyncflow.mix`` draws by weight).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import operator
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, Protocol, TypeVar
+
+from .._errors import ConfigError
+from .._scope import RunScope
+from ._node import NodeContext, Receiver, Sender
+from ._options import RunPlan
+from ._pools import PoolHolder
+from ._spec import StageSpec
+from ._stats import count_items
+
+if TYPE_CHECKING:
+    from ._core import PipelineCore
+
+__all__ = [
+    "Branch",
+    "BranchEnd",
+    "BranchRun",
+    "Merge",
+    "MergeChooser",
+    "MergeNode",
+    "MergePolicy",
+    "retire_callbacks",
+]
+
+logger = logging.getLogger("asyncflow")
+
+T = TypeVar("T")
+
+#: What happens to a branch that ran out: ``"stop"`` ends the merge, ``"drop"`` reads it no
+#: more, ``"restart"`` rebuilds it as a new epoch of its input, in the same run.
+BranchEnd = Literal["stop", "drop", "restart"]
+
+_ENDS = ("stop", "drop", "restart")
+_TAKE = 32  # items taken from a branch at a time
+_FLUSH = 64  # items chosen before they are put out together
+
+
+class MergeChooser(Protocol):
+    """The choices of one run of a merge (made by :meth:`MergePolicy.open`); called on the
+    run's loop, one call at a time."""
+
+    def choose(self) -> int | None:
+        """The branch (an index into the inputs) to take the next item from, or ``None`` to
+        end the merge."""
+        ...
+
+    def ended(self, branch: int, *, empty: bool) -> BranchEnd:
+        """Branch ``branch`` ran out; ``empty``: it yielded nothing since it (re)started.
+
+        Drop an empty branch rather than restart it: an empty input would restart forever.
+        """
+        ...
+
+
+class MergePolicy(Protocol):
+    """Chooses, run by run, which branch each item of a merge comes from."""
+
+    def open(self, epoch: int, branches: int) -> MergeChooser:
+        """The chooser of the merge's run number ``epoch`` over ``branches`` inputs."""
+        ...
+
+
+@dataclass(frozen=True, eq=False)
+class Merge(Generic[T]):
+    """The source of a pipeline that reads several pipelines in its own run.
+
+    ``Pipeline(Merge([web, books], policy), name="mix")``: each run builds the inputs'
+    sources and stages as branches of that run, and a merge node named ``name`` takes their
+    items in the order ``policy`` chooses. An input's run plan (``run_plan()``: a cache
+    replay, say) and its stages' receive hooks are honoured; the receive hooks run on the
+    run's worker threads, as the merge takes the items. Its consumer hooks (``with_hook``,
+    ``progress``) are not run: put those on the merging pipeline.
+
+    The merge node starts the branches when it starts, or once ``gate`` allows: a feature
+    whose run decides on its loop whether to read the merge at all (a cache fill that may
+    replay after all) passes ``dataclasses.replace(merge, gate=...)`` as its run plan's
+    ``open_source``.
+
+    Attributes:
+        inputs: The pipelines merged.
+        policy: Chooses the branch of each item, and what happens to one that runs out.
+        name: The merge node's name in ``stats()``.
+        labels: Prefixes of each branch's stage names (default: each input's ``name``, or
+            ``input<i>`` for an unnamed one; made unique).
+        gate: Awaited on the run's loop before the branches start: ``False`` ends the merge
+            at once, its branches never started (``None``: start them at once).
+    """
+
+    inputs: Sequence[PipelineCore[T]]
+    policy: MergePolicy
+    name: str = "merge"
+    labels: tuple[str, ...] = field(default=())
+    gate: Callable[[], Awaitable[bool]] | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        from ._core import PipelineCore
+
+        inputs = tuple(self.inputs)
+        if not inputs:
+            raise ConfigError(f"{self.name}: no pipelines to merge")
+        for p in inputs:
+            if not isinstance(p, PipelineCore):
+                raise ConfigError(
+                    f"{self.name} takes asyncflow pipelines, got {type(p).__name__}"
+                )
+        if not callable(getattr(self.policy, "open", None)):
+            raise ConfigError(f"{self.name}: policy must have open(epoch, branches)")
+        labels = tuple(self.labels) or tuple(
+            p.options.name if p.options.name != "pipeline" else f"input{i}"
+            for i, p in enumerate(inputs)
+        )
+        if len(labels) != len(inputs):
+            raise ConfigError(f"{self.name}: {len(inputs)} inputs need {len(inputs)} labels")
+        seen: set[str] = set()
+        unique = []
+        for label in labels:
+            name, n = label, 2
+            while name in seen:
+                name, n = f"{label}#{n}", n + 1
+            seen.add(name)
+            unique.append(name)
+        object.__setattr__(self, "inputs", inputs)
+        object.__setattr__(self, "labels", tuple(unique))
+
+    def describe(self) -> dict[str, Any]:
+        """``{"type": "Merge", "name": ..., "inputs": [labels]}`` for ``describe()``."""
+        return {"type": "Merge", "name": self.name, "inputs": list(self.labels)}
+
+    def __call__(self) -> NoReturn:
+        """A merge is not an iterable to open: the run builds its inputs as branches. Called,
+        it says so (a feature that wraps a run plan's ``open_source`` must pass a
+        ``Merge`` on as it is).
+
+        Raises:
+            ConfigError: Always.
+        """
+        raise ConfigError(
+            f"the merge {self.name!r} was opened as a plain source: a run builds a Merge's "
+            "inputs as branches of its graph, so a run plan must pass it on as its "
+            "open_source, unwrapped"
+        )
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One new epoch of a merge's input, to be built into the merging run
+    (``PipelineCore._branch()``)."""
+
+    plan: RunPlan
+    stages: tuple[StageSpec, ...]
+    epoch: int
+    start: int
+    pools: PoolHolder
+
+
+@dataclass(eq=False)
+class BranchRun:
+    """A branch built into a run: its nodes' contexts (a contiguous part of the run's graph,
+    nested branches included), those the merge starts (nested merges start their own
+    branches), the channel it ends in, and what the merge applies to its items."""
+
+    contexts: list[NodeContext]
+    starts: list[NodeContext]
+    output: Any
+    hooks: tuple[Callable[[Any], Any], ...]
+    scope: RunScope
+    taken: int = 0
+    items: list[Any] = field(default_factory=list)
+    pos: int = 0
+    live: bool = True
+
+
+#: Rebuilds branch ``i`` (its old run given) as a new epoch, installed and started.
+Rebuild = Callable[[int, BranchRun], Awaitable[BranchRun]]
+
+#: Starts the tasks of the stages with these contexts.
+Spawn = Callable[[Sequence[NodeContext]], None]
+
+
+class MergeNode:
+    """The merge: takes the branches' items in the order the policy chooses.
+
+    Args:
+        ctx: The node's context (its counters; its epoch numbers the merge's runs).
+        merge: The merge (its policy and gate).
+        branches: The branches as first built, not started.
+        spawn: Starts stages' tasks.
+        rebuild: Builds a new epoch of a branch in the run and starts its tasks.
+        tasks: The run's stage tasks, by context (to stop and wait for a branch's).
+        failed: The contexts of the run's failed stages.
+    """
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        merge: Merge[Any],
+        branches: list[BranchRun],
+        spawn: Spawn,
+        rebuild: Rebuild,
+        tasks: dict[Any, asyncio.Task[None]],
+        failed: set[NodeContext],
+    ) -> None:
+        self.ctx = ctx
+        self.policy = merge.policy
+        self.gate = merge.gate
+        self.branches = branches
+        self._spawn = spawn
+        self._rebuild = rebuild
+        self._tasks = tasks
+        self._failed = failed
+
+    async def run(self, inp: Receiver | None, out: Sender) -> None:
+        """Take items until the policy ends the merge, a branch fails, or the run stops.
+
+        Cancellation:
+            Stops the branches still running (their tasks are cancelled); items taken and
+            not yet put out are dropped.
+        """
+        pending: list[Any] = []
+        try:
+            if self.gate is not None and not await self.gate():
+                return
+            for branch in self.branches:
+                self._spawn(branch.starts)
+            chooser = self.policy.open(self.ctx.epoch, len(self.branches))
+            while (i := chooser.choose()) is not None:
+                branch = self._branch(i)
+                if branch.pos >= len(branch.items):
+                    await self._flush(pending, out)
+                    if not await self._refill(branch):
+                        if not await self._ended(i, branch, chooser):
+                            return
+                        continue
+                item = branch.items[branch.pos]
+                branch.items[branch.pos] = None  # the merge's reference is not kept
+                branch.pos += 1
+                branch.taken += 1
+                pending.append(item)
+                if len(pending) >= _FLUSH:
+                    await self._flush(pending, out)
+            await self._flush(pending, out)
+        finally:
+            for branch in self.branches:
+                self._stop(branch)
+
+    def _branch(self, i: Any) -> BranchRun:
+        try:
+            index = -1 if isinstance(i, bool) else operator.index(i)
+        except TypeError:
+            index = -1
+        if not 0 <= index < len(self.branches):
+            raise ConfigError(f"merge policy chose branch {i!r} of {len(self.branches)}")
+        branch = self.branches[index]
+        if not branch.live:
+            raise ConfigError(f"merge policy chose branch {i}, which it had dropped")
+        return branch
+
+    async def _flush(self, pending: list[Any], out: Sender) -> None:
+        if pending:
+            items = pending[:]
+            pending.clear()
+            await out.put_many(items)
+            self.ctx.produced(count_items(items))
+
+    async def _refill(self, branch: BranchRun) -> bool:
+        """Take the branch's next items; False when it has run out. Items that receive
+        hooks finish (a copy, say) are taken one at a time, so that few wait finished."""
+        items = await branch.output.get_many(1 if branch.hooks else _TAKE)
+        if not items:
+            return False
+        self.ctx.counters.items_in += count_items(items)
+        if branch.hooks:
+            items = await self.ctx.run_sync(_apply_hooks, branch.hooks, items)
+        branch.items, branch.pos = items, 0
+        return True
+
+    async def _ended(self, i: int, branch: BranchRun, chooser: MergeChooser) -> bool:
+        """Branch ``i`` ran out: drop or restart it; False when the merge ends."""
+        await self._settle(branch)
+        if any(ctx in self._failed for ctx in branch.contexts):
+            return False  # the run fails with the branch's error
+        verdict = chooser.ended(i, empty=branch.taken == 0)
+        if verdict not in _ENDS:
+            raise ConfigError(f"merge policy: ended() returned {verdict!r}, not one of {_ENDS}")
+        if verdict == "stop":
+            return False
+        await self._retire(branch)
+        if verdict == "restart":
+            self.branches[i] = await self._rebuild(i, branch)
+        return True
+
+    def _stop(self, branch: BranchRun) -> None:
+        branch.live = False
+        for ctx in branch.contexts:
+            task = self._tasks.get(ctx)
+            if task is not None and not task.done():
+                task.cancel()
+
+    async def _settle(self, branch: BranchRun) -> None:
+        """Wait until the stages of a branch that ran out have ended (its last channel is
+        closed, so they are ending).
+
+        Cancellation:
+            Safe: stops waiting; the run's stop cancels the branch's tasks as well.
+        """
+        branch.live = False
+        tasks = [t for ctx in branch.contexts if (t := self._tasks.get(ctx)) is not None]
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def _retire(self, branch: BranchRun) -> None:
+        """Release what an ended branch holds: its stop callbacks (on a worker thread: they
+        may wait for worker processes) and its run scope."""
+        await self.ctx.run_sync(retire_callbacks, branch.contexts)
+        await branch.scope.aclose()
+
+
+def _apply_hooks(hooks: Sequence[Callable[[Any], Any]], items: list[Any]) -> list[Any]:
+    out = []
+    for item in items:
+        for hook in hooks:
+            item = hook(item)
+        out.append(item)
+    return out
+
+
+def retire_callbacks(contexts: Sequence[NodeContext]) -> None:
+    """Call (once) the stop callbacks of the stages of a branch that has ended."""
+    for ctx in contexts:
+        ctx.call_stop_callbacks()

@@ -1,0 +1,119 @@
+"""``SourceNode``: feeds a run from the user's source, an item's source *position* (its place in
+the epoch) counted as it goes, leaving out the positions a resumed run has settled already
+(:class:`~asyncflow.pipeline._lineage.SourcePlan`): a sequence by slicing, an iterator by
+reading past them."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, MappingView, Sequence, Set
+from typing import Any
+
+from .._errors import ConfigError
+from ._node import NodeContext, Receiver, Sender
+from ._offload import next_chunk
+from ._stages import _SOURCE_CHUNK, _aclose, _progress
+from ._stats import count_items, count_one
+
+__all__ = ["SourceNode"]
+
+
+def _advance(it: Any, limit: int, stop: Any) -> tuple[list[Any], bool, Exception | None]:
+    """:func:`next_chunk` on a worker; if the run stopped meanwhile, close the iterator here,
+    since the loop cannot close a generator while this thread is running it."""
+    items, done, error = next_chunk(it, limit)
+    if stop.is_set() and not done:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+    return items, done, error
+
+
+def _consume(it: Any, count: int) -> None:
+    """Skip ``count`` items of ``it`` (on a worker: a resumed run's settled prefix)."""
+    next(itertools.islice(it, count, count), None)
+
+
+class SourceNode:
+    """Feeds the run from an iterable, an async iterable, or a zero-argument callable."""
+
+    def __init__(self, ctx: NodeContext, open_source: Callable[[], Any]) -> None:
+        self.ctx = ctx
+        self._open = open_source
+        self.ledger = ctx.lineage.source  # its ordinals' positions (a resumed run skips some)
+
+    async def run(self, inp: Receiver | None, out: Sender) -> None:
+        source = self._open()
+        if hasattr(source, "__aiter__"):
+            await self._run_async(source, out)
+        elif isinstance(source, Sequence):
+            await self._run_sequence(source, out)
+        elif isinstance(source, Set | Mapping | MappingView):
+            await self._run_sequence(list(source), out)  # type: ignore[arg-type]
+        elif hasattr(source, "__iter__"):
+            await self._run_iterator(iter(source), out)
+        else:
+            raise ConfigError(
+                f"the source must be an iterable, an async iterable or a zero-argument "
+                f"callable returning one; got {type(source).__name__}"
+            )
+
+    async def _run_async(self, source: Any, out: Sender) -> None:
+        it = source.__aiter__()
+        ledger = self.ctx.lineage.source
+        position, skip = ledger.plan.first, ledger.plan.skip  # resumed: settled ones left out
+        try:
+            async for item in it:
+                position += 1
+                if position <= skip.mark or (skip.ranges and position - 1 in skip):
+                    continue
+                ledger.emitted += 1
+                await out.put(item)
+                _progress(self.ctx, count_one(item))
+        finally:
+            await _aclose(it)
+
+    async def _run_sequence(self, seq: Sequence[Any], out: Sender) -> None:
+        ledger = self.ctx.lineage.source
+        first, plan = ledger.plan.first, ledger.plan  # resumed: settled positions left out
+        for low, high in plan.skip.gaps(plan.base, first + len(seq)):
+            for start in range(low - first, high - first, _SOURCE_CHUNK):
+                chunk = list(seq[start : min(start + _SOURCE_CHUNK, high - first)])
+                ledger.emitted += len(chunk)
+                await out.put_many(chunk)
+                _progress(self.ctx, count_items(chunk))
+
+    async def _run_iterator(self, it: Any, out: Sender) -> None:
+        # The iterator may do slow work (listing files, reading a manifest): advance it on a
+        # worker thread, a chunk per hand-off.
+        ctx = self.ctx
+        running = False
+        ledger = ctx.lineage.source
+        plan, position = ledger.plan, ledger.plan.first  # resumed: settled ones left out
+        try:
+            if plan.base > position:
+                running = True
+                await ctx.run_sync(_consume, it, plan.base - position)
+                running = False
+                position = plan.base
+            while True:
+                running = True
+                ctx.counters.in_flight = 1
+                items, done, error = await ctx.run_sync(_advance, it, _SOURCE_CHUNK, ctx.stop)
+                ctx.counters.in_flight = 0
+                running = False
+                if plan.skip.ranges:
+                    start, position = position, position + len(items)
+                    items = [x for i, x in enumerate(items, start) if i not in plan.skip]
+                ledger.emitted += len(items)
+                if items:
+                    await out.put_many(items)
+                    _progress(ctx, count_items(items))
+                if error is not None:
+                    raise error
+                if done:
+                    return
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None and not running:
+                close()

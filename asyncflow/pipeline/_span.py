@@ -1,0 +1,176 @@
+"""``Span``: a set of ordinals (positions in a stream) kept as a watermark plus ranges above it.
+
+Everything below ``mark`` is in the set, and so is every ``[start, end)`` of ``ranges``
+(sorted, disjoint, each starting above ``mark``). A run's settled positions are such a set:
+its size follows what is in flight, not how far the stream has gone.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from .._errors import ConfigError
+
+__all__ = ["Span", "span_json"]
+
+
+class Span:
+    """An immutable set of non-negative ints: ``[0, mark)`` plus ``ranges``.
+
+    Args:
+        mark: Every ordinal below it is in the set.
+        ranges: ``(start, end)`` pairs, in any order, overlapping or not: normalized here
+            (merged, and those that reach the mark absorbed into it).
+    """
+
+    __slots__ = ("_starts", "mark", "ranges")
+    mark: int
+    ranges: tuple[tuple[int, int], ...]
+    _starts: list[int]
+
+    def __init__(self, mark: int = 0, ranges: Iterable[tuple[int, int]] = ()) -> None:
+        if not ranges:
+            self.mark, self.ranges, self._starts = mark, (), []
+            return
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted(ranges):
+            if end <= start:
+                continue
+            if start <= mark:
+                mark = max(mark, end)
+            elif merged and start <= merged[-1][1]:
+                if end > merged[-1][1]:
+                    merged[-1] = (merged[-1][0], end)
+            else:
+                merged.append((start, end))
+        # ranges merged before the mark grew past them are absorbed now
+        while merged and merged[0][0] <= mark:
+            mark = max(mark, merged.pop(0)[1])
+        self.mark = mark
+        self.ranges = tuple(merged)
+        self._starts = [start for start, _ in merged]
+
+    @classmethod
+    def of(cls, mark: int, ordinals: list[int], ranges: Iterable[tuple[int, int]] = ()) -> Span:
+        """``[0, mark)``, the single ``ordinals`` (any order) and ``ranges``, joined."""
+        ordinals.sort()
+        runs: list[tuple[int, int]] = list(ranges)
+        start = end = -1
+        for ordinal in ordinals:
+            if ordinal == end:
+                end += 1
+            elif ordinal > end:
+                if end > start:
+                    runs.append((start, end))
+                start, end = ordinal, ordinal + 1
+        if end > start:
+            runs.append((start, end))
+        return cls(mark, runs)
+
+    def __contains__(self, ordinal: object) -> bool:
+        if not isinstance(ordinal, int):
+            return False
+        if ordinal < self.mark:
+            return True
+        index = bisect.bisect_right(self._starts, ordinal) - 1
+        return index >= 0 and ordinal < self.ranges[index][1]
+
+    def intervals(self) -> list[tuple[int, int]]:
+        """The set as sorted, disjoint ``(start, end)`` pairs (the mark's first)."""
+        return [(0, self.mark), *self.ranges] if self.mark else list(self.ranges)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Span) and other.mark == self.mark and other.ranges == self.ranges
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.mark, self.ranges))
+
+    def __repr__(self) -> str:
+        return f"Span(mark={self.mark}, ranges={list(self.ranges)})"
+
+    def __len__(self) -> int:
+        return self.mark + sum(end - start for start, end in self.ranges)
+
+    def within(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+        """The parts of ``[start, end)`` that are in the set, in order."""
+        if start < self.mark:
+            yield start, min(end, self.mark)
+            start = self.mark
+        if start >= end or not self.ranges:
+            return
+        ranges = self.ranges
+        for index in range(max(0, bisect.bisect_right(self._starts, start) - 1), len(ranges)):
+            low, high = ranges[index]
+            if low >= end:
+                return
+            if high > start:
+                yield max(low, start), min(high, end)
+
+    def gaps(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+        """The parts of ``[start, end)`` that are not in the set, in order."""
+        for low, high in self.within(start, end):
+            if low > start:
+                yield start, low
+            start = high
+        if start < end:
+            yield start, end
+
+    def union(self, other: Span) -> Span:
+        return Span(max(self.mark, other.mark), (*self.ranges, *other.ranges))
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"mark": int, "ranges": [[start, end], ...]}``."""
+        return {"mark": self.mark, "ranges": [[start, end] for start, end in self.ranges]}
+
+    @classmethod
+    def from_json(cls, data: Any, what: str, limit: int | None = None) -> Span:
+        """The span :meth:`to_json` gave, checked.
+
+        Raises:
+            ConfigError: ``data`` is not such a dict, or its numbers are out of order or
+                above ``limit`` (``what`` names it in the message).
+        """
+        if not isinstance(data, dict) or set(data) != {"mark", "ranges"}:
+            raise ConfigError(
+                f"{what}: expected {{'mark': int, 'ranges': [...]}}, got {data!r:.80}"
+            )
+        mark, ranges = data["mark"], data["ranges"]
+        if not _is_count(mark) or not isinstance(ranges, list):
+            raise ConfigError(f"{what}: bad mark or ranges: {data!r:.80}")
+        last = mark
+        pairs: list[tuple[int, int]] = []
+        for pair in ranges:
+            if (not isinstance(pair, list) or len(pair) != 2 or not all(map(_is_count, pair))
+                    or not last < pair[0] < pair[1]):
+                raise ConfigError(
+                    f"{what}: ranges must be sorted [start, end] pairs above the mark "
+                    f"{mark}, each after the last; got {pair!r:.40}"
+                )
+            pairs.append((pair[0], pair[1]))
+            last = pair[1]
+        if limit is not None and last > limit:
+            raise ConfigError(f"{what}: positions up to {last} in a source of {limit} items")
+        return cls(mark, pairs)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def span_json(indices: list[int]) -> dict[str, Any]:
+    """``Span.of(0, indices).to_json()`` for a few unique indices, quicker."""
+    indices.sort()
+    mark = 0
+    while mark < len(indices) and indices[mark] == mark:
+        mark += 1
+    ranges: list[list[int]] = []
+    for index in indices[mark:]:
+        if ranges and ranges[-1][1] == index:
+            ranges[-1][1] += 1
+        else:
+            ranges.append([index, index + 1])
+    return {"mark": mark, "ranges": ranges}
