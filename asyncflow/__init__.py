@@ -52,6 +52,10 @@ _LAZY = {
     "DataLoader": "asyncflow.torch",
     "mix": "asyncflow.sources._mix",
     "profile": "asyncflow._profile",
+    "Journal": "asyncflow._journal",
+    "JournalRecord": "asyncflow._journal",
+    "explain": "asyncflow._journal",
+    "rebuild": "asyncflow._journal",
 }
 
 __getattr__ = lazy_getattr(__name__, _LAZY)
@@ -63,6 +67,7 @@ for _name, _target in {
     "to_device": "asyncflow.torch._transfer:to_device",
     "cache": "asyncflow.cache._pipeline:cache",
     "progress_hook": "asyncflow._progress:progress_hook",
+    "journal": "asyncflow._journal:journal",
     "pipeline_html": "asyncflow._display:pipeline_html",
     "stats_text": "asyncflow._display:stats_text",
     "stats_html": "asyncflow._display:stats_html",
@@ -78,6 +83,7 @@ register_lazy_reducers("torch", "asyncflow.torch._share")
 
 if TYPE_CHECKING:
     from . import image, sources
+    from ._journal import Journal, JournalRecord, explain, rebuild
     from ._profile import profile
     from .sources import (
         DistributedSampler,
@@ -105,6 +111,8 @@ __all__ = [
     "DecodeError",
     "DistributedSampler",
     "FailureBudgetExceeded",
+    "Journal",
+    "JournalRecord",
     "LoaderTimeout",
     "Pipeline",
     "PipelineError",
@@ -126,10 +134,12 @@ __all__ = [
     "WorkerError",
     "WorkerInfo",
     "__version__",
+    "explain",
     "image",
     "mix",
     "profile",
     "read_bytes",
+    "rebuild",
     "sources",
     "worker_info",
 ]

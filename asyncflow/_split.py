@@ -20,6 +20,10 @@ the parts are disjoint, and together they hold every item exactly once, plus the
 With ``shuffle=True`` the list is first put in the order ``seeding.epoch_rng(seed, epoch)``
 draws, the same on every rank, as ``DistributedSampler`` shuffles.
 
+A pipeline over a share saves the share's part in its state (:meth:`Share.split_state`), and
+:meth:`Split.resume` cuts what every rank's states left of the epoch between another number of
+ranks (elastic resume, asyncflow/_elastic.py).
+
 Nothing here imports torch: ``torch.distributed`` is read only when the program has imported it
 (a process group cannot be initialized without that), and likewise torch's
 ``get_worker_info()``.
@@ -27,15 +31,16 @@ Nothing here imports torch: ``torch.distributed`` is read only when the program 
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, overload
 
 from ._errors import ConfigError, ConfigTypeError
+from ._world import env_int, process_group
+from .pipeline import Span
 
-__all__ = ["Part", "Share", "Split", "cut", "env_int", "padding", "process_group", "world"]
+__all__ = ["Part", "Share", "Split", "cut", "padding"]
 
 T = TypeVar("T")
 Remainder = Literal["pad", "drop"]
@@ -117,54 +122,23 @@ class Part:
     def positions(self, n: int, epoch: int = 0) -> list[int]:
         """The positions of a list of ``n`` that this part takes in ``epoch`` (see
         :func:`cut`; the epoch matters only with ``shuffle``)."""
-        taken = cut(n, self.index, self.count, remainder=self.remainder)
-        if not self.shuffle or not taken:
-            return taken
+        return self.order(cut(n, self.index, self.count, remainder=self.remainder), n, epoch)
+
+    def order(self, ordinals: list[int], n: int, epoch: int = 0) -> list[int]:
+        """The list positions of ``ordinals`` of ``epoch``'s order (the same without
+        ``shuffle``)."""
+        if not self.shuffle or not ordinals:
+            return ordinals
         from .pipeline.seeding import epoch_rng  # NumPy: imported when first needed
 
         order = epoch_rng(self.seed, epoch).permutation(n)
-        return [int(order[i]) for i in taken]
+        return [int(order[i]) for i in ordinals]
 
     def size(self, n: int) -> int:
         """How many items of a list of ``n`` this part (and every other) takes."""
         if n == 0:
             return 0
         return -(-n // self.count) if self.remainder == "pad" else n // self.count
-
-
-def env_int(name: str) -> int | None:
-    """The integer in environment variable ``name`` (``None`` when unset or empty).
-
-    Raises:
-        ConfigError: It is set to something that is not an integer.
-    """
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
-def process_group() -> tuple[int, int] | None:
-    """``(rank, world_size)`` of the initialized ``torch.distributed`` process group, or
-    ``None``. torch is only consulted if the program has imported it: a group cannot be
-    initialized without that, and importing torch here would make every caller heavy."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank()), int(dist.get_world_size())
-    return None
-
-
-def world() -> tuple[int, int]:
-    """``(rank, world_size)``: the process group's when initialized, else ``$RANK`` and
-    ``$WORLD_SIZE``, else ``(0, 1)``."""
-    group = process_group()
-    if group is not None:
-        return group
-    rank, size = env_int("RANK"), env_int("WORLD_SIZE")
-    return (0 if rank is None else rank), (1 if size is None else size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,6 +235,42 @@ class Split:
         """This process's share of ``items``, now (see :meth:`part`)."""
         return [items[i] for i in self.part().positions(len(items), epoch)]
 
+    def resume(
+        self, items: Iterable[T], states: Sequence[Any], *,
+        partial: Literal["refuse", "repeat"] = "refuse",
+    ) -> Share[T]:
+        """This process's share of the items that ``states`` left of their epoch.
+
+        Elastic resume: ``states`` are the ``pipe.state_dict()`` of every rank of a job whose
+        pipelines read ``Split()(items)`` shares (any world size, any number of earlier
+        resumes), all taken in one epoch. The items none of them settled are cut between
+        this job's ranks as a fresh list is (equal counts; ``"pad"`` repeats the first items
+        left, ``"drop"`` leaves the last out), so that across the ranks each is delivered
+        once. The share is a fresh pipeline's source: do not load the old states into it.
+        From the next epoch on (:meth:`Share.set_epoch`) it is a plain share of ``items``.
+
+        Args:
+            items: The whole list, as it was when the states were taken.
+            states: Every rank's state, each once, in any order (read from files, or
+                gathered with :func:`asyncflow.torch.gather_states`).
+            partial: A source item whose outputs a ``flat_map`` or ``unbatch`` delivered
+                in part (a tar shard read half-way) is refused (``"refuse"``: a
+                ``ConfigError``) or read again whole on its new rank (``"repeat"``).
+
+        Raises:
+            ConfigError: The states disagree (list, epoch, seed, world size...), one is
+                missing or given twice, or not from a ``Split`` share's pipeline; ``items``
+                is not the list they were taken over; this split's ``remainder``,
+                ``shuffle`` or ``seed`` differs from theirs (the message says what); an
+                item delivered in part, with ``partial="refuse"``.
+        """
+        from ._elastic import remaining
+
+        left = remaining(states, partial=partial)
+        listed = items if isinstance(items, Sequence) else list(items)
+        left.check(listed, remainder=self.remainder, shuffle=bool(self.shuffle), seed=self.seed)
+        return Share(self, listed, left.epoch, settled=left.settled, history=left.history)
+
     @overload
     def __call__(self, items: AsyncIterable[T], *, epoch: int = ...) -> AsyncIterator[T]: ...
 
@@ -293,12 +303,22 @@ class Share(Generic[T]):
     Iterable again for every epoch (when ``items`` is); ``len()`` is this part's count, the
     same on every rank and worker. With ``Split(shuffle=True)``, call :meth:`set_epoch` with
     the same value on every rank before each epoch, or every epoch has the same order.
+
+    A share from :meth:`Split.resume` leaves out, in the epoch it resumes, the items its
+    states settled; from the next epoch on it is a plain share.
     """
 
-    def __init__(self, split: Split, items: Iterable[T], epoch: int = 0) -> None:
+    def __init__(self, split: Split, items: Iterable[T], epoch: int = 0, *,
+                 settled: Span | None = None,
+                 history: Sequence[dict[str, Any]] = ()) -> None:
         self.split = split
         self.items = items
         self.epoch = epoch
+        self._settled = settled
+        self._settled_epoch = epoch
+        self._history = list(history)
+        self._last: Sequence[T] | None = None
+        self._done: int | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the order of ``epoch`` from the next iteration on (with ``shuffle``)."""
@@ -307,12 +327,45 @@ class Share(Generic[T]):
     def _listed(self) -> Sequence[T]:
         return self.items if isinstance(self.items, Sequence) else list(self.items)
 
+    def _resumed(self) -> Span | None:
+        return self._settled if self.epoch == self._settled_epoch else None
+
+    def _positions(self, part: Part, n: int) -> list[int]:
+        settled = self._resumed()
+        if settled is None:
+            return part.positions(n, self.epoch)
+        from ._elastic import resumed_ordinals
+
+        ordinals = resumed_ordinals(n, settled, part.index, part.count, part.remainder)
+        return part.order(ordinals, n, self.epoch)
+
     def __iter__(self) -> Iterator[T]:
-        listed = self._listed()
-        return (listed[i] for i in self.split.part().positions(len(listed), self.epoch))
+        listed = self._last = self._listed()
+        return (listed[i] for i in self._positions(self.split.part(), len(listed)))
 
     def __len__(self) -> int:
-        return self.split.part().size(len(self._listed()))
+        settled = self._resumed()
+        n = len(self._listed())
+        if settled is None:
+            return self.split.part().size(n)
+        if self._done is None:  # settled is fixed: counted once (state_dict() asks len())
+            self._done = len(Span(0, list(settled.within(0, n))))
+        return self.split.part().size(n - self._done)
+
+    def split_state(self) -> dict[str, Any]:
+        """This share's part, as a pipeline's state records it (``state["split"]``): what
+        :meth:`Split.resume` needs to map the pipeline's settled positions to the list's."""
+        from ._elastic import listing_hash
+
+        # an iterable that is not a sequence is read whole once per iteration, not again here
+        listed = self._last if self._last is not None else self._listed()
+        part, settled = self.split.part(), self._resumed()
+        return {
+            "index": part.index, "count": part.count, "rank": part.rank,
+            "world_size": part.world_size, "n": len(listed), "listing": listing_hash(listed),
+            "remainder": part.remainder, "shuffle": part.shuffle, "seed": part.seed,
+            "epoch": self.epoch, "history": [] if settled is None else self._history,
+        }
 
     def __repr__(self) -> str:
         return f"Share({self.split!r}, {type(self.items).__name__})"

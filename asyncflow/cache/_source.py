@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import threading
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,12 +60,34 @@ from ._store import (
     sizes_match,
 )
 
-__all__ = ["CacheSource", "Upstream"]
+__all__ = ["CacheSource", "EpochCounter", "Upstream"]
 
 #: Returns a fresh iterable (or async iterable) of upstream's items for one pass.
 Upstream = Callable[[], Iterable[Any] | AsyncIterable[Any]]
 
 log = logging.getLogger("asyncflow.cache")
+
+
+class EpochCounter:
+    """A cache source's epoch numbers: 0, 1, ... in the order its epochs begin, from a
+    resumed state's epoch on once :meth:`start_at` set it. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> EpochCounter:
+        return self
+
+    def __next__(self) -> int:
+        with self._lock:
+            epoch, self._next = self._next, self._next + 1
+        return epoch
+
+    def start_at(self, epoch: int) -> None:
+        """Number the next epoch ``epoch``."""
+        with self._lock:
+            self._next = epoch
 
 
 @dataclass(frozen=True)
@@ -99,7 +122,7 @@ class CacheSource:
     seed: int | None = None
     wait: bool = False
     durable: bool = False
-    epochs: Iterator[int] = field(default_factory=itertools.count, compare=False, repr=False)
+    epochs: EpochCounter = field(default_factory=EpochCounter, compare=False, repr=False)
     buffers: BufferPool = field(default_factory=BufferPool, compare=False, repr=False)
     kept: KeptMapping = field(default_factory=KeptMapping, compare=False, repr=False)
     checks: Checks = field(default_factory=Checks, compare=False, repr=False)
@@ -107,8 +130,15 @@ class CacheSource:
 
     def shuffled(self, seed: int | None) -> CacheSource:
         """This source replaying in a random order by index: with a ``seed``, the order
-        depends on the seed and on the epoch (how many times this source has been called)."""
-        return dataclasses.replace(self, shuffle=True, seed=seed, epochs=itertools.count())
+        depends on the seed and on the epoch (how many times this source has been called,
+        counted from a resumed state's epoch: :meth:`resume_epoch`)."""
+        return dataclasses.replace(self, shuffle=True, seed=seed, epochs=EpochCounter())
+
+    def resume_epoch(self, epoch: int) -> None:
+        """Number the next epoch ``epoch`` (later ones count on from it): called by
+        ``Pipeline.load_state_dict`` with the saved epoch, so that a shuffled replay resumes
+        that epoch's order."""
+        self.epochs.start_at(epoch)
 
     def __call__(self) -> AsyncGenerator[Any, None]:
         return self.run_epoch(self.upstream)

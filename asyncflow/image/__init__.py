@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from .._errors import DecodeError
 from .._lazy import lazy_getattr
 from ._batch import IMAGENET_MEAN, IMAGENET_STD, collate, normalize
-from ._decode import DEFAULT_MAX_PIXELS, decode
+from ._decode import DEFAULT_MAX_PIXELS, augmentation, decode
 from ._info import backend_info
 
 _LAZY = {
@@ -34,6 +34,7 @@ __all__ = [
     "IMG_EXTENSIONS",
     "DecodeError",
     "ImageFolder",
+    "augmentation",
     "backend_info",
     "collate",
     "decode",

@@ -41,7 +41,7 @@ from ._geometry import (
 )
 from ._modes import Affine, Layout, before_resize, write_rgb
 
-__all__ = ["DEFAULT_MAX_PIXELS", "Source", "decode"]
+__all__ = ["DEFAULT_MAX_PIXELS", "Source", "augmentation", "decode"]
 
 Source = bytes | bytearray | memoryview | str | os.PathLike[str]
 
@@ -131,6 +131,61 @@ def decode(
         raise
     except Exception as exc:
         raise DecodeError(f"cannot decode {label}: {_reason(exc)}") from exc
+
+
+def augmentation(
+    src: Source,
+    *,
+    size: int | tuple[int, int],
+    resize: int | None = None,
+    train: bool = False,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    flip: bool = True,
+    seed: int | None = None,
+    epoch: int = 0,
+    index: int = 0,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    name: str | None = None,
+) -> Crop:
+    """The crop and flip that :func:`decode` draws for this image and key, from its header.
+
+    The same function decides them inside :func:`decode` (``_crop``), from the same
+    ``item_random(seed, epoch, index)``, so the two cannot drift: this is how
+    ``asyncflow.explain`` names the augmentation a batch held.
+
+    Args:
+        src, size, resize, train, scale, ratio, flip, seed, epoch, index, max_pixels, name:
+            As for :func:`decode` (``seed`` is required with ``train``).
+
+    Returns:
+        ``Crop(box, flip)``: ``box`` is ``(left, top, right, bottom)`` in the upright
+        picture's pixels (after its EXIF orientation), ``flip`` a horizontal mirror.
+
+    Raises:
+        DecodeError: The header cannot be read, or the picture is over ``max_pixels``.
+        SourceError: ``src`` is a path that cannot be read.
+        ConfigError: An argument is invalid (``train`` without a ``seed``).
+    """
+    dims = target_size(size)
+    if train:
+        _check_train(dims, scale, ratio)
+        if seed is None:
+            raise ConfigError("augmentation(train=True) needs the seed the decoder used")
+    label, data = _read(src, name)
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            width, height = im.size
+            if width * height > max_pixels:
+                raise DecodeError(f"cannot decode {label}: {width}x{height} is over max_pixels")
+            _, swaps = orientation_op(_orientation(im))
+    except (DecodeError, ConfigError):
+        raise
+    except Exception as exc:
+        raise DecodeError(f"cannot decode {label}: {_reason(exc)}") from exc
+    upright = (height, width) if swaps else (width, height)
+    rng = item_random(seed, epoch, index) if train and seed is not None else None
+    return _crop(upright, dims, resize, rng, scale, ratio, flip)
 
 
 def _check_train(

@@ -31,6 +31,7 @@ import torch
 from .._split import Part, Split
 from ..pipeline import ItemGroup, Pipeline, Processes
 from ..pipeline.seeding import fresh_seed
+from . import _explain
 from ._batch import IMAGENET_MEAN, IMAGENET_STD
 from ._config import check_arguments, decode_workers, resolve_split
 from ._decode import DEFAULT_MAX_PIXELS, decode
@@ -102,10 +103,37 @@ class ImageFolder(Pipeline[Batch]):
     drop_last: bool
     _listing: Listing
     _assembler: BatchAssembler
+    _seed: int
+    _decode_options: dict[str, Any]
 
     def set_epoch(self, epoch: int) -> None:
         """Number the next run ``epoch`` (its shuffle and crops); later runs count on from it."""
         self._listing.set_epoch(epoch)
+        with self._source.lock:  # the run's epoch, which state_dict() saves, follows it
+            self._source.runs = epoch
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """As :meth:`~asyncflow.Pipeline.load_state_dict`; the next run lists the saved
+        epoch again (same order, same crops), and its batches keep their boundaries: batch
+        ``n`` holds the images at positions ``[n * batch_size, (n + 1) * batch_size)`` of the
+        epoch's order not yet delivered (nor failed) before the interruption."""
+        super().load_state_dict(state)
+        if isinstance(state.get("epoch"), int):
+            self._listing.set_epoch(state["epoch"])
+
+    def _journal_begin(self) -> dict[str, Any] | None:
+        """For a journal (``asyncflow/_journal.py``): start noting which batch is which; the
+        run's configuration. ``None`` when stages after the batches make new ones."""
+        kinds = [stage["kind"] for stage in self.describe()]
+        if any(kind != "prefetch" for kind in kinds[kinds.index("assemble") + 1:]):
+            return None
+        return _explain.begin(self)
+
+    def _journal_entry(self, batch: Any, cache: dict[int, Any]) -> dict[str, Any] | None:
+        return _explain.entry(self, batch, cache)
+
+    def _rebuild(self, config: dict[str, Any], epoch: int, items: list[Any]) -> Batch:
+        return _explain.rebuild(self, config, epoch, items)
 
     def __len__(self) -> int:
         """Batches per epoch (before any skipped failures): this rank's, with a ``split``."""
@@ -226,6 +254,8 @@ def folder(
     pipe.drop_last = drop_last
     pipe._listing = listing
     pipe._assembler = assembler
+    pipe._seed = seed
+    pipe._decode_options = options
     groups: Pipeline[Any] = pipe
     if processes is None:
         # One group per hand-off (buffer=2 x threads makes the chunks single groups): a

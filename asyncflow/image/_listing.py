@@ -52,6 +52,8 @@ class Listing:
         self._lock = threading.Lock()
         self._next_epoch = 0
         self._runs = 0
+        #: The epoch of each listing (run) made so far, for a journal.
+        self.epochs: dict[int, int] = {}
 
     def count(self) -> int:
         """Images per epoch: this part's share, or every sample."""
@@ -68,14 +70,20 @@ class Listing:
             epoch, run = self._next_epoch, self._runs
             self._next_epoch += 1
             self._runs += 1
+            self.epochs[run] = epoch
         return self._items(epoch, run)
 
-    def _items(self, epoch: int, run: int) -> Iterator[ItemGroup]:
+    def order(self, epoch: int) -> Any:
+        """The indices into ``samples`` of epoch ``epoch``'s positions, in order."""
         order: Any = range(len(self.samples))
         if self.shuffle:
             order = epoch_rng(self.seed, epoch).permutation(len(self.samples))
         if self.part is not None:
             order = np.asarray(order, dtype=np.int64)[self.part.positions(len(self.samples))]
+        return order
+
+    def _items(self, epoch: int, run: int) -> Iterator[ItemGroup]:
+        order = self.order(epoch)
         # Groups: stats count the images in them, not the groups.
         group = ItemGroup()
         for pos, i in enumerate(order):

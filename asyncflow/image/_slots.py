@@ -10,6 +10,13 @@ failed), releases each batch once all its rows are accounted for, strictly in ba
 batch with a failed row is released without it (compacted: the one copy made).
 Batch contents and order are therefore fixed by the listing alone, whatever the timing.
 
+Resuming (``pipe.load_state_dict``): the ``assemble`` stage hands the assembler the positions
+settled in the interrupted run (:meth:`BatchAssembler.resume`); the next run leaves them out of
+its batches, as it leaves out failed rows. So a resumed epoch's batches keep their boundaries:
+batch ``n`` still holds positions ``[n * batch_size, (n + 1) * batch_size)``, less those
+delivered or failed before. Rows claimed at a settled position (the rest of a decoder's group
+that was delivered in part) are decoded into a scratch buffer and never reach a batch.
+
 Decoding may run ahead of the oldest unfinished batch by at most ``ahead`` batches: a thread
 claiming a row further ahead waits (up to a second at a time) for the head to be released, so
 one very slow image cannot make memory grow without bound while the others run on.
@@ -33,6 +40,7 @@ import numpy as np
 import torch
 
 from .._recycle import PoolStats, Recycler
+from ..pipeline import Span
 from ._rows import Failed, Ticket
 
 __all__ = ["BatchAssembler", "Ticket"]
@@ -40,13 +48,16 @@ __all__ = ["BatchAssembler", "Ticket"]
 Batch = tuple[torch.Tensor, torch.Tensor]
 _Key = tuple[tuple[int, ...], np.dtype[Any]]
 
+_LOGGED = 1024  # batch records kept for a journal that has not taken them
+_Logged = tuple[int, int, list[tuple[int, str]], list[int]]
 _RUNS = 64  # open iterations of one pipeline kept before the idlest is dropped
 
 
 class _Open:
     """A batch whose rows are still arriving."""
 
-    __slots__ = ("array", "arrived", "failed", "labels", "rows", "slab", "spare", "tensor")
+    __slots__ = ("absent", "array", "arrived", "errors", "failed", "key", "labels", "rows", "slab",
+                 "spare", "tensor")
 
     def __init__(self, tensor: torch.Tensor, array: np.ndarray, rows: int, slab: str = "",
                  spare: bool = False) -> None:
@@ -55,17 +66,21 @@ class _Open:
         self.labels = np.zeros(rows, np.int64)
         self.arrived = 0
         self.failed: list[int] = []
+        self.errors: list[str] = []  # of the failed rows, in the same order
+        self.key = (0, 0)  # (run, batch number)
+        self.absent: list[int] = []  # rows settled before a resume: they never arrive
 
     @property
     def complete(self) -> bool:
-        return self.arrived + len(self.failed) >= self.rows
+        return self.arrived + len(self.failed) + len(self.absent) >= self.rows
 
 
 class _Run:
-    def __init__(self) -> None:
+    def __init__(self, skip: Span | None = None) -> None:
         self.active = time.monotonic()  # when a row was last claimed or arrived
         self.next = 0  # the next batch number to release
         self.open: dict[int, _Open] = {}
+        self.skip = skip  # positions settled in an earlier run (resumed), or None
 
 
 def _make(slabs: Any, names: dict[int, str], key: _Key, need: int) -> np.ndarray:
@@ -111,6 +126,12 @@ class BatchAssembler:
         self._ahead = ahead
         self._runs: dict[int, _Run] = {}
         self._dropped: set[int] = set()
+        self._resume: Span | None = None  # for the next run to start (see resume())
+        self._scratch: tuple[np.ndarray, str] | None = None  # rows at settled positions
+        #: Released batches' ``(run, number, [(row, error), ...], absent rows)`` by ``id`` of
+        #: their labels tensor, for a journal (``asyncflow/_journal.py``) to take; ``None``:
+        #: not kept.
+        self.log: dict[int, _Logged] | None = None
         #: Claims that waited the full second for older batches (0 when the decoders' hand-offs
         #: stay within ``ahead``).
         self.stalls = 0
@@ -134,6 +155,9 @@ class BatchAssembler:
         number, row = divmod(pos, self.batch_size)
         with self._lock:
             state = self._run(run)
+            if number >= self.batches or (state.skip is not None and pos in state.skip):
+                # dropped (drop_last), or settled before a resume: decoded, never assembled
+                return Ticket(run, number, row, label), self._scratch_row(row)
             # Soft back-pressure: never an unbounded wait (a stopped run releases nothing).
             deadline = time.monotonic() + 1.0
             while wait and number >= state.next + self._ahead:
@@ -147,6 +171,11 @@ class BatchAssembler:
                 if not 0 <= row < rows:
                     raise RuntimeError(f"item {pos} is past the listing's {self.count} items")
                 entry = state.open[number] = self._new_batch(rows)
+                entry.key = (run, number)
+                if state.skip is not None:  # rows settled before a resume are not coming
+                    low = number * self.batch_size
+                    entry.absent.extend(r - low for a, b in state.skip.within(low, low + rows)
+                                        for r in range(a, b))
         return Ticket(run, number, row, label), entry.array[row]
 
     def claim_shared(self, run: int, pos: int, label: int) -> tuple[Ticket, str]:
@@ -157,7 +186,10 @@ class BatchAssembler:
         """
         ticket, _ = self.claim(run, pos, label, wait=False)
         with self._lock:
-            entry = self._runs[run].open[ticket.number]
+            entry = self._runs[run].open.get(ticket.number)
+            if entry is None or ticket.row in entry.absent:
+                assert self._scratch is not None
+                return ticket, self._scratch[1]  # a row that is never assembled
             return ticket, entry.slab
 
     @staticmethod
@@ -172,7 +204,29 @@ class BatchAssembler:
         With :meth:`failure`, this makes the assembler an ``asyncflow.pipeline.Assembler``:
         ``image.folder``'s ``assemble`` stage tells it of each row as it arrives.
         """
+        return [batch for batch, _ in self.release(row, ok=ok) if batch is not None]
+
+    def position(self, row: Ticket | Failed) -> int:
+        """The position of ``row`` in its epoch's order."""
         ticket = row.ticket if isinstance(row, Failed) else row
+        return ticket.number * self.batch_size + ticket.row
+
+    def resume(self, settled: Span) -> None:
+        """The next iteration to start leaves out the rows at ``settled`` positions (they were
+        delivered, or failed, before it was interrupted): its batches keep their boundaries."""
+        with self._lock:
+            self._resume = settled
+
+    def release(
+        self, row: Ticket | Failed, *, ok: bool = True
+    ) -> list[tuple[Batch | None, list[int]]]:
+        """As :meth:`arrived`, each batch released paired with the positions of the rows it
+        holds; ``None`` for a batch released without output (every row failed, or the short
+        last batch that ``drop_last`` drops). What makes the ``assemble`` stage resumable
+        (``PositionedAssembler`` in ``asyncflow/pipeline/_assemble.py``)."""
+        ticket = row.ticket if isinstance(row, Failed) else row
+        if ticket.number >= self.batches:  # drop_last's short batch: never assembled
+            return [(None, [self.position(row)])] if ok else []
         with self._lock:
             if ticket.run in self._dropped:
                 raise RuntimeError(
@@ -190,26 +244,60 @@ class BatchAssembler:
                 entry.arrived += 1
             else:
                 entry.failed.append(ticket.row)
+                error = row.error if isinstance(row, Failed) else "failed"
+                entry.errors.append(f"{type(error).__name__}: {error}"
+                                    if isinstance(error, Exception) else error)
             if entry.spare and entry.complete and self._slabs is not None:
                 self._slabs.release(entry.slab)  # every row is in: no worker maps it again
             ready = []
+            first = state.next
             while (head := state.open.get(state.next)) is not None and head.complete:
                 del state.open[state.next]
-                if state.next < self.batches:
-                    ready.append(head)
+                ready.append((state.next, head))
                 state.next += 1
-            if ready:
+                self._skip_settled(state)
+            if state.next > first:
                 self._released.notify_all()
             if state.next >= self.batches:
                 del self._runs[ticket.run]  # every batch of this iteration is out
-        return [self._release(entry) for entry in ready if entry.arrived]
+        size = self.batch_size
+        return [
+            (self._release(entry) if entry.arrived else None,
+             [number * size + r for r in range(entry.rows)
+              if r not in entry.failed and r not in entry.absent])
+            for number, entry in ready
+        ]
+
+    def _skip_settled(self, state: _Run) -> None:
+        """Past the batches whose every row was settled before a resume (lock held)."""
+        skip, size = state.skip, self.batch_size
+        if skip is None:
+            return
+        while state.next < self.batches and state.next not in state.open:
+            low = state.next * size
+            if next(skip.gaps(low, min(low + size, self.count)), None) is not None:
+                return
+            state.next += 1
+
+    def _scratch_row(self, row: int) -> np.ndarray:
+        """A row of the scratch buffer, for a claim that is never assembled (lock held)."""
+        if self._scratch is None:
+            key = ((self.batch_size, *self.shape), self._np_dtype)
+            if self._slabs is None:
+                self._scratch = np.empty(*key), ""
+            else:
+                self._scratch = self._slabs.allocate(*key)
+        scratch: np.ndarray = self._scratch[0][row]
+        return scratch
 
     def _run(self, run: int) -> _Run:
         state = self._runs.get(run)
         if state is None:
             if run in self._dropped:
                 raise RuntimeError(f"the batches of iteration {run} were dropped")
-            state = self._runs[run] = _Run()
+            state = self._runs[run] = _Run(self._resume)
+            self._resume = None
+            self._skip_settled(state)
             # A run stopped part-way leaves its open batches behind, and nothing tells the
             # assembler it stopped. Past _RUNS open runs, the one idle longest is dropped,
             # loudly: if it was still going, its next row raises instead of losing batches.
@@ -235,7 +323,25 @@ class BatchAssembler:
 
     def _release(self, entry: _Open) -> Batch:
         labels = torch.from_numpy(entry.labels)
-        if not entry.failed:
-            return entry.tensor, labels
-        keep = torch.tensor(sorted(set(range(entry.rows)) - set(entry.failed)))
-        return entry.tensor.index_select(0, keep), labels.index_select(0, keep)
+        if not entry.failed and not entry.absent:
+            return self._logged(entry, (entry.tensor, labels))
+        keep = torch.tensor(sorted(set(range(entry.rows)) - set(entry.failed) - set(entry.absent)))
+        batch = entry.tensor.index_select(0, keep), labels.index_select(0, keep)
+        return self._logged(entry, batch)
+
+    def _logged(self, entry: _Open, batch: Batch) -> Batch:
+        """Note which batch this is, and its failed rows, when a journal reads them."""
+        log = self.log
+        if log is not None:
+            with self._lock:
+                while len(log) >= _LOGGED:  # batches no journal took (a stopped run's)
+                    del log[next(iter(log))]
+                log[id(batch[1])] = (*entry.key, list(zip(entry.failed, entry.errors,
+                                                          strict=True)), list(entry.absent))
+        return batch
+
+    def take_log(self, labels: torch.Tensor) -> _Logged | None:
+        """The ``(run, batch number, failed rows, absent rows)`` of a released batch, by its
+        labels tensor (once; ``None``: not kept, or taken already)."""
+        with self._lock:
+            return None if self.log is None else self.log.pop(id(labels), None)

@@ -10,6 +10,12 @@ counts a failed row against the stage's failure budget.
 ``Pipeline.assemble(assembler, batch_size=..., drop_last=...)`` adds the stage; its
 ``describe()`` entry is of kind ``"assemble"`` and carries ``batch_size`` and ``drop_last``,
 which tools reading a description (``.cache()``) take as "batches of this size come out".
+
+Resuming: an assembler that also numbers its rows (:class:`PositionedAssembler`: each row's
+position in the epoch, and the positions each released batch holds) gives the stage a ledger,
+:class:`AssembleLedger`: a row is settled once its batch is, a failed row at once. The stage's
+saved extras are the settled positions (``{"rows": span}``), which a resumed run hands to the
+assembler (``resume``): those rows are not coming, and the batches keep their boundaries.
 """
 
 from __future__ import annotations
@@ -18,11 +24,14 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
+from .._errors import ConfigError
+from ._ledger import Ledger
 from ._node import NodeContext, Receiver, Sender
+from ._span import Span
 from ._spec import AssembleSpec
 from ._stats import ItemGroup
 
-__all__ = ["AssembleNode", "Assembler"]
+__all__ = ["AssembleLedger", "AssembleNode", "Assembler", "PositionedAssembler"]
 
 B_co = TypeVar("B_co", covariant=True)
 
@@ -47,6 +56,117 @@ class Assembler(Protocol[B_co]):
         ...
 
 
+class PositionedAssembler(Assembler[B_co], Protocol[B_co]):
+    """An assembler whose rows have positions (their place in the epoch's order, which fixes
+    their batch): what makes an ``assemble`` stage resumable.
+    """
+
+    def position(self, row: Any) -> int:
+        """The position of ``row`` (failed or not)."""
+        ...
+
+    def release(self, row: Any, *, ok: bool) -> Sequence[tuple[B_co | None, Sequence[int]]]:
+        """As :meth:`arrived`, each batch it releases paired with the positions of the rows
+        it holds (those that arrived whole); ``None`` for a batch released without output
+        (every row failed, or ``drop_last``'s short batch)."""
+        ...
+
+    def resume(self, settled: Span) -> None:
+        """The next run's rows at ``settled`` positions will not arrive (delivered in an
+        earlier run, or failed there): leave them out of their batches."""
+        ...
+
+
+def _positioned(assembler: Any) -> bool:
+    return all(callable(getattr(assembler, m, None)) for m in ("position", "release", "resume"))
+
+
+class AssembleLedger(Ledger):
+    """Rows in (in arrival order), whole batches out: the input ordinals of each batch in
+    flight; a failed row, or the rows of a batch released without output, settle at once.
+
+    It also keeps the settled rows' *positions* (:attr:`positions`: those of an earlier run,
+    then those settled here), which the stage saves and a resumed run's assembler skips.
+    """
+
+    def __init__(self, assembler: Any) -> None:
+        super().__init__()
+        self.assembler = assembler
+        self.outputs: list[tuple[list[int], list[int]]] = []  # (ordinals, positions) per batch
+        self.first_out = 0
+        self.dead: list[int] = []
+        self.dead_positions: list[int] = []
+        self.base = 0
+        self.done: list[tuple[int, int]] = []
+        self.positions = Span()
+        #: Set when a message held several rows: such a run cannot be resumed.
+        self.grouped = False
+
+    def fail(self, ordinal: int, position: int) -> None:
+        with self.lock:
+            if not self.on:
+                return
+            self.dead.append(ordinal)
+            self.dead_positions.append(position)
+        self.grew(1)
+
+    def released(self, ordinals: list[int], positions: Sequence[int], out: bool) -> None:
+        """A batch of these rows was released: put out (``out``), or settled without output."""
+        with self.lock:
+            if not self.on:
+                return
+            if out:
+                self.outputs.append((ordinals, list(positions)))
+            else:
+                self.dead.extend(ordinals)
+                self.dead_positions.extend(positions)
+        self.grew(1)
+
+    def _settled(self, outputs: Span) -> tuple[list[int], list[int]]:
+        first, end = self.first_out, self.first_out + len(self.outputs)
+        ordinals, positions = list(self.dead), list(self.dead_positions)
+        for low, high in outputs.intervals():
+            for rows, places in self.outputs[max(low, first) - first : min(high, end) - first]:
+                ordinals.extend(rows)
+                positions.extend(places)
+        return ordinals, positions
+
+    def settled_inputs(self, outputs: Span) -> Span:
+        return Span.of(self.base, self._settled(outputs)[0], self.done)
+
+    def inputs_of(self, ordinal: int) -> list[int]:
+        index = ordinal - self.first_out
+        return list(self.outputs[index][0]) if 0 <= index < len(self.outputs) else []
+
+    def compact(self, outputs: Span, inputs: Span) -> None:
+        drop = min(len(self.outputs), outputs.mark - self.first_out)
+        places = list(self.dead_positions)
+        if drop > 0:
+            for _, settled in self.outputs[:drop]:
+                places.extend(settled)
+            del self.outputs[:drop]
+            self.first_out += drop
+        if places:
+            self.positions = Span.of(self.positions.mark, places, self.positions.ranges)
+        self.dead, self.dead_positions = [], []
+        self.base = inputs.mark
+        self.done = list(inputs.ranges)
+
+    def get_state(self, outputs: Span, key_of: Any) -> dict[str, Any] | None:
+        if self.grouped:
+            raise ConfigError(
+                "this pipeline cannot be resumed: its assemble stage received several rows "
+                "in one message (an ItemGroup); unbatch() them before assemble()"
+            )
+        positions = self.positions
+        places = self._settled(outputs)[1]
+        return {"rows": Span.of(positions.mark, places, positions.ranges).to_json()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.positions = Span.from_json(state.get("rows"), "the assemble stage's settled rows")
+        self.assembler.resume(self.positions)  # before the run starts: before any claim
+
+
 class AssembleNode:
     """The ``assemble`` stage of one run: each row to the assembler, the batches it
     completes to the output.
@@ -59,6 +179,12 @@ class AssembleNode:
     def __init__(self, ctx: NodeContext, spec: AssembleSpec) -> None:
         self.ctx = ctx
         self.assembler: Assembler[Any] = spec.assembler
+        #: Present when the assembler numbers its rows (the run can then be resumed).
+        self.ledger: AssembleLedger | None = (
+            AssembleLedger(spec.assembler) if _positioned(spec.assembler) else None
+        )
+        self._taken = 0  # rows (messages) read
+        self._where: dict[int, int] = {}  # position -> input ordinal, rows not yet released
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         """Assemble until the input ends.
@@ -75,22 +201,48 @@ class AssembleNode:
         """
         assert inp is not None  # only the source gets None
         counters = self.ctx.counters
+        ledger = self.ledger
         while messages := await inp.get_many(_DRAIN):
             for message in messages:
+                ordinal, self._taken = self._taken, self._taken + 1
                 if message.__class__ is ItemGroup:
+                    if ledger is not None and len(message) > 1:
+                        ledger.grouped = True
                     for row in message:
-                        await self._arrive(row, out)
+                        await self._arrive(row, out, ordinal)
                 else:
-                    await self._arrive(message, out)
+                    await self._arrive(message, out, ordinal)
         self.ctx.budget.check_end(counters.failures, counters.items_in)
 
-    async def _arrive(self, row: Any, out: Sender) -> None:
+    def _release(self, row: Any, ordinal: int, error: Exception | None) -> list[Any]:
+        """Tell a positioned assembler of ``row``, recording its batches in the ledger
+        before they are put out."""
+        assembler: Any = self.assembler
+        ledger, where = self.ledger, self._where
+        assert ledger is not None
+        position = assembler.position(row)
+        if error is None:
+            where[position] = ordinal
+        else:
+            ledger.fail(ordinal, position)
+        batches = []
+        for batch, positions in assembler.release(row, ok=error is None):
+            ordinals = [where.pop(p) for p in positions]
+            ledger.released(ordinals, positions, batch is not None)
+            if batch is not None:
+                batches.append(batch)
+        return batches
+
+    async def _arrive(self, row: Any, out: Sender, ordinal: int) -> None:
         ctx, counters = self.ctx, self.ctx.counters
         counters.items_in += 1
         counters.chunks += 1
         start = time.perf_counter()
         error = self.assembler.failure(row)
-        batches = self.assembler.arrived(row, ok=error is None)
+        if self.ledger is not None:
+            batches = self._release(row, ordinal, error)
+        else:
+            batches = list(self.assembler.arrived(row, ok=error is None))
         counters.busy += time.perf_counter() - start
         if batches:
             await out.put_many(list(batches))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from ._failures import FailureBudget
 from ._lineage import Lineage, SourcePlan
 from ._map import MapNode
 from ._merge import Branch, BranchRun, Merge, MergeNode
+from ._merge_resume import MergeLedger, branch_resumes
 from ._node import Node, NodeContext
 from ._offload import WorkerPool
 from ._options import RunOptions
@@ -152,6 +154,7 @@ def _add_chain(
     prefix: str,
     handoff: bool,
     counters_of: Mapping[str, StageCounters] | None = None,
+    keep: bool = True,
 ) -> list[NodeContext]:
     """Append a source and its stages to ``graph`` (a merge source's branches first); the
     last writes the hand-off if ``handoff``. Returns their contexts. Stages are named
@@ -164,7 +167,7 @@ def _add_chain(
     chain: list[NodeContext] = []
     previous: Any = None
     stages: list[StageSpec | None] = [None, *specs]
-    plan = run.resume if handoff and run.resume is not None else SourcePlan(first=run.start)
+    plan = run.resume if run.resume is not None else SourcePlan(first=run.start)
     lineage = Lineage(plan)
     nodes: list[Node] = []
     in_step = True  # every stage so far maps source items 1:1, in order
@@ -218,7 +221,7 @@ def _add_chain(
         chain.append(ctx)
         nodes.append(node)
         previous = output
-    lineage.attach(names, nodes, specs, keep=handoff)
+    lineage.attach(names, nodes, specs, keep=keep, nested=not handoff)
     if handoff:
         graph.lineage = lineage
     return chain
@@ -230,18 +233,21 @@ def _add_branch(
     run: RunResources,
     prefix: str,
     counters_of: Mapping[str, StageCounters] | None = None,
+    resume: SourcePlan | None = None,
+    keep: bool = True,
 ) -> BranchRun:
     """Append one epoch of a merge's input to ``graph``, with a run scope of its own (its
-    pipeline's ``retry`` / ``timeout`` settings)."""
+    pipeline's ``retry`` / ``timeout`` settings); ``resume``: where a resumed branch starts;
+    ``keep``: whether its ledgers keep records."""
     plan = branch.plan
     scope = RunScope(dict(plan.options.settings))
     resources = dataclasses.replace(
         run, options=plan.options, scope=scope, pools=branch.pools, epoch=branch.epoch,
-        start=branch.start,
+        start=branch.start if resume is None else resume.base, resume=resume,
     )
     first = len(graph.contexts)
     chain = _add_chain(graph, plan.open_source, branch.stages, resources, prefix=prefix,
-                       handoff=False, counters_of=counters_of)
+                       handoff=False, counters_of=counters_of, keep=keep)
     graph.scopes.append(scope)
     graph.notes.extend(f"{prefix[:-1]}: {note}" for note in plan.options.notes)
     hooks = (*plan.receive_hooks, *(h for ctx in chain for h in ctx.receive_hooks))
@@ -257,16 +263,26 @@ def _merge_node(
 ) -> MergeNode:
     """Build a merge's branches into ``graph`` and the node that reads them."""
     prefixes = [f"{prefix}{label}/" for label in merge.labels]
-    branches = [
-        _add_branch(graph, pipe._branch(), run, at)
-        for pipe, at in zip(merge.inputs, prefixes, strict=True)
-    ]
+    saved = run.resume.nodes.get(ctx.name) if run.resume is not None else None
+    resumes = branch_resumes(saved, len(merge.inputs), merge.name)
+    ledger = MergeLedger(ctx.lineage.source.plan, len(merge.inputs), resumes)
+    branches = []
+    for i, (pipe, at) in enumerate(zip(merge.inputs, prefixes, strict=True)):
+        if resumes is not None:  # the branch's epoch again (its order, its seeds)
+            with pipe._source.lock:
+                pipe._source.runs = pipe._source.first = resumes[i].epoch
+        new = _add_branch(graph, pipe._branch(), run, at,
+                          resume=None if resumes is None else resumes[i].plan)
+        ledger.epochs[i] = new.contexts[-1].epoch  # its last stage's (nested branches come first)
+        ledger.lineages[i] = lineage = new.contexts[-1].lineage
+        lineage.follow(functools.partial(ledger.floor_of, i))
+        branches.append(new)
 
     async def rebuild(i: int, old: BranchRun) -> BranchRun:
         branch = await ctx.run_sync(merge.inputs[i]._branch)  # run_plan() may read files
         start = len(graph.contexts)
-        new = _add_branch(graph, branch, run, prefixes[i],
-                          counters_of={c.name: c.counters for c in old.contexts})
+        new = _add_branch(graph, branch, run, prefixes[i],  # a new epoch: not resumable
+                          counters_of={c.name: c.counters for c in old.contexts}, keep=False)
         graph.move(start, old.contexts)
         graph.deferred.difference_update(old.contexts)
         if old.scope in graph.scopes:
@@ -278,7 +294,8 @@ def _merge_node(
         assert graph.spawn is not None  # the run is running
         graph.spawn(contexts)
 
-    return MergeNode(ctx, merge, branches, spawn, rebuild, graph.tasks, graph.failed)
+    return MergeNode(ctx, merge, branches, spawn, rebuild, graph.tasks, graph.failed,
+                     ledger=ledger)
 
 
 def _process_pool(

@@ -8,8 +8,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, Self
 
 from .._errors import StallError
+from ._lineage import TAKEN, Lineage, received
 from ._run import Runtime
-from ._stats import PipelineStats
+from ._stats import FailureRecord, PipelineStats
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVar
@@ -178,7 +179,7 @@ class Run(Generic[T_co]):
         pos, chunk = self._pos, self._chunk
         if pos < len(chunk):
             item = chunk[pos]
-            chunk[pos] = None  # the consumer owns it now: release our reference
+            chunk[pos] = TAKEN  # the consumer owns it now: release our reference
             self._pos = pos + 1
             apply = self._apply
             return item if apply is None else apply(item)
@@ -215,7 +216,8 @@ class Run(Generic[T_co]):
             self.close()
             raise StopIteration
         rt.delivered += len(chunk)
-        self._chunk, self._pos = chunk, 0
+        self._chunk = rt.chunk = chunk
+        self._pos = 0
         return self.__next__()
 
     def __aiter__(self) -> Self:
@@ -225,7 +227,7 @@ class Run(Generic[T_co]):
         pos, chunk = self._pos, self._chunk
         if pos < len(chunk):
             item = chunk[pos]
-            chunk[pos] = None
+            chunk[pos] = TAKEN
             self._pos = pos + 1
             apply = self._apply
             return item if apply is None else apply(item)
@@ -238,9 +240,10 @@ class Run(Generic[T_co]):
         if rt is None or not chunk:
             raise StopAsyncIteration
         rt.delivered += len(chunk)
-        self._chunk, self._pos = chunk, 1
+        self._chunk = rt.chunk = chunk
+        self._pos = 1
         item = chunk[0]
-        chunk[0] = None
+        chunk[0] = TAKEN
         apply = self._apply
         return item if apply is None else apply(item)
 
@@ -265,6 +268,24 @@ class Run(Generic[T_co]):
     # -- introspection ------------------------------------------------------------------
 
     @property
+    def epoch(self) -> int:
+        """The epoch this run reads, as its stages see it (``0`` before it starts)."""
+        return 0 if self._rt is None else self._rt.epoch
+
+    @property
+    def lineage(self) -> Lineage | None:
+        """The run's lineage (``None`` before it starts): which source positions the output
+        numbered ``ordinal`` was made from (``trace(ordinal)``), keeping records from
+        ``ordinal`` on until traced (``hold(ordinal)``), and where a resumed run started
+        (``resumed``). For features that record what each output was made from."""
+        return None if self._rt is None else self._rt.lineage
+
+    def failure_records(self) -> list[list[FailureRecord]]:
+        """Each stage's failures so far, in run order (copies; the first ones of each stage,
+        as ``stats().failures`` lists them)."""
+        return [] if self._rt is None else [list(c.counters.records) for c in self._rt.contexts]
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -272,7 +293,7 @@ class Run(Generic[T_co]):
     def delivered(self) -> int:
         """Items handed to the consumer so far."""
         rt = self._rt
-        return 0 if rt is None else rt.delivered - (len(self._chunk) - self._pos)
+        return 0 if rt is None else received(rt.delivered, rt.chunk)  # after a close too
 
     def stats(self) -> PipelineStats:
         """Statistics of this run so far."""

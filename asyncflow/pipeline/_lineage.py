@@ -19,13 +19,30 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._ledger import FixedLedger, Ledger, SplitLedger
+from ._expansion import SplitLedger
+from ._ledger import FixedLedger, Ledger
 from ._span import Span
 
-__all__ = ["Lineage", "SourceLedger", "SourcePlan", "node_ledger"]
+__all__ = ["TAKEN", "Lineage", "SourceLedger", "SourcePlan", "node_ledger", "received"]
 
 #: Records written between compactions (amortizes their cost to O(1) a record).
 _COMPACT_EVERY = 512
+
+#: What the consumer's handle leaves in a slot of its chunk once it has taken the item.
+TAKEN: Any = object()
+
+
+def received(delivered: int, chunk: list[Any]) -> int:
+    """The items the consumer has taken, of the ``delivered`` handed to it in chunks;
+    ``chunk``: the latest, whose taken slots (a prefix) hold :data:`TAKEN`. Exact after the
+    run stopped too (``break``, ``close()``, garbage collection): the chunk outlives the
+    handle, and what it had not taken was never delivered."""
+    taken = 0
+    for item in chunk:
+        if item is not TAKEN:
+            break
+        taken += 1
+    return delivered - (len(chunk) - taken)
 
 
 @dataclass(frozen=True)
@@ -154,18 +171,24 @@ class Lineage:
         self._floor: Callable[[], int] | None = None
         self._grown = 0
         self._compacted = False
+        self._held: int | None = None  # outputs from it on are kept for trace()
 
     def attach(
         self, names: Sequence[str], nodes: Sequence[Any], specs: Sequence[Any], *,
-        keep: bool = True,
+        keep: bool = True, nested: bool = False,
     ) -> None:
         """Take the ledgers of a built run's nodes (the source first; ``specs``: those of the
-        stages after it), and restore their saved extras. If one has none (a merge as the
-        source), or ``keep`` is false (a merge's branch: nothing reads its state), every
-        ledger is turned off: the run keeps no records."""
+        stages after it), and restore their saved extras. A merge as the source brings its
+        own source ledger (``_merge_resume.py``), unless ``nested`` (a merge's branch). If a
+        node has none, or ``keep`` is false (nothing reads the state), every ledger is turned
+        off: the run keeps no records."""
         ledgers: list[Ledger] = [self.source]
         kept = ["source"]
-        if getattr(nodes[0], "ledger", None) is not self.source or not keep:
+        first = getattr(nodes[0], "ledger", None)
+        if isinstance(first, SourceLedger) and first is not self.source and not nested:
+            self.source = first  # a merge: its outputs are the positions
+            ledgers, kept = [first], [names[0]]
+        elif first is not self.source or not keep:
             self.missing = names[0]
         names, nodes = names[1:], nodes[1:]
         for name, node, spec in zip(names, nodes, specs, strict=True):
@@ -191,6 +214,19 @@ class Lineage:
                 if name in self.source.plan.nodes:
                     ledger.set_state(self.source.plan.nodes[name])
 
+    def freeze(self) -> None:
+        """The run is stopping (a stop asked for, a stage failed): keep every record as it
+        is. What the stages do while they are torn down (a cancelled expansion ending, a last
+        batch dropped) settles nothing, so a state taken afterwards is that at the
+        consumer's last item. Thread-safe: writers check :attr:`Ledger.on` with the lock."""
+        with self.lock:
+            for ledger in self.ledgers:
+                ledger.on = False
+            branches = [b for ledger in self.ledgers for b in getattr(ledger, "lineages", ())]
+        for branch in branches:  # a merge's: each branch keeps its own records
+            if branch is not None and branch is not self:
+                branch.freeze()
+
     def follow(self, floor: Callable[[], int]) -> None:
         """Compact as the consumer advances: ``floor()`` is a count it has surely received
         (read on the run's loop)."""
@@ -202,10 +238,10 @@ class Lineage:
             self._grown = 0
             self.compact(self._floor())
 
-    def _walk(self, delivered: int) -> list[Span]:
-        """Per ledger, its settled outputs (lock held); the last entry: the settled
-        source positions."""
-        outputs = Span(delivered)
+    def _walk(self, delivered: int | Span) -> list[Span]:
+        """Per ledger, its settled outputs (lock held), given the last one's (or a count);
+        the last entry: the settled source positions."""
+        outputs = Span(delivered) if isinstance(delivered, int) else delivered
         settled: list[Span] = [outputs] * len(self.ledgers)
         index = len(self.ledgers) - 1
         while index >= 0:
@@ -222,8 +258,35 @@ class Lineage:
         settled.append(outputs)
         return settled
 
+    @property
+    def resumed(self) -> SourcePlan:
+        """Where this run's source started: the positions a resumed run leaves out."""
+        return self.source.plan if isinstance(self.source, SourceLedger) else SourcePlan()
+
+    def hold(self, ordinal: int) -> None:
+        """Keep the records of outputs ``ordinal`` and later until the next call, whatever
+        the consumer has received: a journal (``asyncflow/_journal.py``) calls it with the
+        next output it will :meth:`trace`, so that compaction never outruns it."""
+        with self.lock:
+            self._held = ordinal
+
+    def trace(self, ordinal: int) -> list[int] | None:
+        """The source positions behind the run's output ``ordinal``, in the order its
+        stages took them (an item of a batch in its row's order); ``None`` when a stage keeps
+        no ledger (:attr:`missing`). Only outputs :meth:`hold` keeps are surely still traced.
+        """
+        if self.missing is not None:
+            return None
+        with self.lock:
+            ordinals = [ordinal]
+            for ledger in reversed(self.ledgers):
+                ordinals = [i for o in ordinals for i in ledger.inputs_of(o)]
+        return ordinals
+
     def compact(self, delivered: int) -> None:
         """Drop every record settled once ``delivered`` items have been received."""
+        if self._held is not None:
+            delivered = min(delivered, self._held)
         if self.missing is not None or delivered <= 0:
             return
         with self.lock:
@@ -252,12 +315,21 @@ class Lineage:
         Raises:
             LookupError: A stage keeps no ledger (:attr:`missing` names it).
         """
+        return self.snapshot_of(Span(delivered))
+
+    def snapshot_of(self, outputs: Span) -> tuple[Span, dict[str, dict[str, Any]]]:
+        """As :meth:`snapshot`, given the last stage's settled outputs (a merge's branch:
+        those of its items that the merge's consumer has settled).
+
+        Raises:
+            LookupError: A stage keeps no ledger (:attr:`missing` names it).
+        """
         if self.missing is not None:
             raise LookupError(self.missing)
         with self.lock:
-            settled = self._walk(delivered)
+            settled = self._walk(outputs)
             extras = {}
-            for index, ledger in enumerate(self.ledgers[1:], 1):
+            for index, ledger in enumerate(self.ledgers):
                 state = ledger.get_state(settled[index], functools.partial(self.key_of, index - 1))
                 if state is not None:
                     extras[self.names[index]] = state

@@ -33,6 +33,7 @@ from ._channel import nbytes_of
 from ._ledger import MapLedger
 from ._node import NodeContext, Receiver, Sender
 from ._offload import FAILED, run_chunk, run_chunk_remote
+from ._reorder import Reorder
 from ._spec import MapSpec
 from ._stages import _MAX_CHUNK, _PER_PROCESS, _TARGET_CHUNK_SECONDS, _progress
 from ._stats import count_items
@@ -66,7 +67,7 @@ class MapNode:
         self.remote = isinstance(spec.executor, ProcessPoolExecutor)
         self._ticket = 0
         self._taken = ctx.start  # an item's position in the stage's input (its seed)
-        self._reorder = _Reorder(self, 2 * self.concurrency) if (
+        self._reorder = Reorder(self, 2 * self.concurrency) if (
             spec.ordered and self.concurrency > 1
         ) else None
         self._chunk = 1
@@ -211,53 +212,64 @@ class MapNode:
         return ctx.run_sync(run_chunk, self.fn, items, ctx.stop)
 
     async def _sync_worker(self, inp: Receiver, out: Sender) -> None:
+        # One call per chunk: the chunk's items and results are locals of that call only, so
+        # nothing handed on stays referenced while the worker waits for its next chunk.
+        while await self._sync_chunk(inp, out):
+            pass
+
+    async def _sync_chunk(self, inp: Receiver, out: Sender) -> bool:
+        """Take, run and hand on one chunk; ``False`` at the end of the input."""
+        ticket, items = await self._take(inp, self._chunk)
+        if not items:
+            return False
         counters = self.ctx.counters
-        while True:
-            ticket, items = await self._take(inp, self._chunk)
-            if not items:
-                return
-            counters.items_in += count_items(items)
-            counters.chunks += 1
-            counters.in_flight += 1
-            inline = self._cheap_chunks >= _INLINE_AFTER
-            try:
-                if inline:
-                    values, failures, elapsed = run_chunk(self.fn, items, self.ctx.stop)
-                else:
-                    values, failures, elapsed = await self._submit(items)
-            finally:
-                counters.in_flight -= 1
-            counters.busy += elapsed
-            self._adapt(elapsed, len(items))
-            self._note_cost(elapsed, len(items), inline)
-            if self._max_bytes is not None:
-                self._fit_bytes(values)
-            if not self._checked:
-                self._check_result(values)
-            await self._deliver(ticket, (items, values, failures), out)
+        counters.items_in += count_items(items)
+        counters.chunks += 1
+        counters.in_flight += 1
+        inline = self._cheap_chunks >= _INLINE_AFTER
+        try:
+            if inline:
+                values, failures, elapsed = run_chunk(self.fn, items, self.ctx.stop)
+            else:
+                values, failures, elapsed = await self._submit(items)
+        finally:
+            counters.in_flight -= 1
+        counters.busy += elapsed
+        self._adapt(elapsed, len(items))
+        self._note_cost(elapsed, len(items), inline)
+        if self._max_bytes is not None:
+            self._fit_bytes(values)
+        if not self._checked:
+            self._check_result(values)
+        await self._deliver(ticket, (items, values, failures), out)
+        return True
 
     async def _async_worker(self, inp: Receiver, out: Sender) -> None:
-        counters, fn = self.ctx.counters, self.fn
-        while True:
-            ticket, items = await self._take(inp, 1)
-            if not items:
-                return
-            counters.items_in += count_items(items)
-            counters.chunks += 1
-            counters.in_flight += 1
-            start = time.perf_counter()
-            try:
-                value = fn(items[0])
-                if inspect.isawaitable(value):
-                    value = await value
-                result: _Single = (items, [value], [])
-            except Exception as exc:
-                result = (items, [FAILED], [(0, exc)])
-            finally:
-                counters.in_flight -= 1
-                counters.busy += time.perf_counter() - start
-            await self._deliver(ticket, result, out)
-            del items, result
+        while await self._async_one(inp, out):  # one call per item: see _sync_worker
+            pass
+
+    async def _async_one(self, inp: Receiver, out: Sender) -> bool:
+        """Take, await and hand on one item; ``False`` at the end of the input."""
+        ticket, items = await self._take(inp, 1)
+        if not items:
+            return False
+        counters = self.ctx.counters
+        counters.items_in += count_items(items)
+        counters.chunks += 1
+        counters.in_flight += 1
+        start = time.perf_counter()
+        try:
+            value = self.fn(items[0])
+            if inspect.isawaitable(value):
+                value = await value
+            result: _Single = (items, [value], [])
+        except Exception as exc:
+            result = (items, [FAILED], [(0, exc)])
+        finally:
+            counters.in_flight -= 1
+            counters.busy += time.perf_counter() - start
+        await self._deliver(ticket, result, out)
+        return True
 
     async def _async_chunks(self, inp: Receiver, out: Sender) -> None:
         """An async function at ``concurrency=1``: awaited directly, a chunk at a time.
@@ -270,55 +282,69 @@ class MapNode:
             Cancels the call in progress; the chunk's other items are dropped (the run is
             stopping).
         """
-        counters, fn, perf_counter = self.ctx.counters, self.fn, time.perf_counter
         offer = getattr(out, "try_put_many", None)
         carry: list[Any] = []  # items taken but not yet run (a chunk cut short)
         while True:
-            if carry:
-                items, carry = carry, []
-            else:
-                items = await inp.get_many(self._chunk)
-                if not items:
+            if not carry:
+                carry = await self._read(inp)
+                if not carry:
                     return
-                counters.items_in += count_items(items)
-                counters.chunks += 1
-                self._taken += len(items)
-            values: list[Any] = []
-            failures: list[tuple[int, BaseException]] = []
-            base = 0  # items[:base] were handed on already
-            end = len(items)
-            counters.in_flight += 1
-            start = perf_counter()
-            try:
-                for index, item in enumerate(items):
-                    try:
-                        value = fn(item)
-                        if inspect.iscoroutine(value):
-                            try:
-                                signal = value.send(None)
-                            except StopIteration as done:
-                                value = done.value
-                            else:
-                                if (values and not failures and offer is not None
-                                        and self._offer(offer, items[base:index], values, value)):
-                                    base, values = index, []
-                                value = await Resume(value, signal)
-                        elif inspect.isawaitable(value):
-                            value = await value
-                    except Exception as exc:
-                        value = FAILED
-                        failures.append((index - base, exc))
-                    values.append(value)
-                    if perf_counter() - start > _TARGET_CHUNK_SECONDS and index + 1 < end:
-                        carry, end = items[index + 1:], index + 1  # slow: hand on what is done
-                        break
-            finally:
-                counters.in_flight -= 1
-                elapsed = perf_counter() - start
-                counters.busy += elapsed
-            self._adapt(elapsed, end)
-            await self._emit(items[base:end], values, failures, out)
-            del items, values
+            # the chunk lives in that call only (see _sync_worker); what it returns is left
+            carry = await self._async_chunk(carry, out, offer)
+
+    async def _read(self, inp: Receiver) -> list[Any]:
+        """The next chunk of an async stage at ``concurrency=1``; ``[]`` at the end."""
+        items = await inp.get_many(self._chunk)
+        counters = self.ctx.counters
+        if items:
+            counters.items_in += count_items(items)
+            counters.chunks += 1
+            self._taken += len(items)
+        return items
+
+    async def _async_chunk(
+        self, items: list[Any], out: Sender, offer: Callable[[list[Any]], bool] | None
+    ) -> list[Any]:
+        """Run and hand on ``items`` (see :meth:`_async_chunks`); return the items left to
+        run when the chunk was cut short."""
+        counters, fn, perf_counter = self.ctx.counters, self.fn, time.perf_counter
+        carry: list[Any] = []
+        values: list[Any] = []
+        failures: list[tuple[int, BaseException]] = []
+        base = 0  # items[:base] were handed on already
+        end = len(items)
+        counters.in_flight += 1
+        start = perf_counter()
+        try:
+            for index, item in enumerate(items):
+                try:
+                    value = fn(item)
+                    if inspect.iscoroutine(value):
+                        try:
+                            signal = value.send(None)
+                        except StopIteration as done:
+                            value = done.value
+                        else:
+                            if (values and not failures and offer is not None
+                                    and self._offer(offer, items[base:index], values, value)):
+                                base, values = index, []
+                            value = await Resume(value, signal)
+                    elif inspect.isawaitable(value):
+                        value = await value
+                except Exception as exc:
+                    value = FAILED
+                    failures.append((index - base, exc))
+                values.append(value)
+                if perf_counter() - start > _TARGET_CHUNK_SECONDS and index + 1 < end:
+                    carry, end = items[index + 1:], index + 1  # slow: hand on what is done
+                    break
+        finally:
+            counters.in_flight -= 1
+            elapsed = perf_counter() - start
+            counters.busy += elapsed
+        self._adapt(elapsed, end)
+        await self._emit(items[base:end], values, failures, out)
+        return carry
 
     def _offer(
         self, offer: Callable[[list[Any]], bool], items: list[Any], values: list[Any],
@@ -347,52 +373,3 @@ _INLINE_AFTER = 3
 _INLINE_PER_ITEM = 5e-6
 #: An inline chunk that takes longer than this sends its stage back to the threads for good.
 _INLINE_CHUNK_LIMIT = 0.001
-
-
-class _Reorder:
-    """Puts the results of an ordered stage back in input order, so that a worker that
-    finishes early takes new work instead of waiting for its turn. The window of tickets
-    taken but not yet emitted is bounded (twice the concurrency), which bounds memory."""
-
-    def __init__(self, node: MapNode, window: int) -> None:
-        self.node = node
-        self.window = window
-        self.ready: dict[int, Any] = {}
-        self.emitted = 0
-        self._wake_emitter: asyncio.Future[None] | None = None
-        self._room_waiters: list[asyncio.Future[None]] = []
-
-    async def room(self) -> None:
-        while self.node._ticket - self.emitted >= self.window:
-            fut = asyncio.get_running_loop().create_future()
-            self._room_waiters.append(fut)
-            await fut
-
-    def put(self, ticket: int, result: Any) -> None:
-        self.ready[ticket] = result
-        if ticket == self.emitted:
-            self._wake()
-
-    def _wake(self) -> None:
-        fut, self._wake_emitter = self._wake_emitter, None
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-
-    async def emit_all(self, workers: list[asyncio.Task[None]], out: Sender) -> None:
-        for worker in workers:
-            worker.add_done_callback(lambda _: self._wake())
-        while True:
-            result = self.ready.pop(self.emitted, None)
-            if result is None:
-                if all(w.done() for w in workers) and self.emitted >= self.node._ticket:
-                    return
-                self._wake_emitter = asyncio.get_running_loop().create_future()
-                await self._wake_emitter
-                continue
-            items, values, failures = result
-            await self.node._emit(items, values, failures, out)
-            self.emitted += 1
-            waiters, self._room_waiters = self._room_waiters, []
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, Protocol, Typ
 
 from .._errors import ConfigError
 from .._scope import RunScope
+from ._merge_resume import MergeLedger
 from ._node import NodeContext, Receiver, Sender
 from ._options import RunPlan
 from ._pools import PoolHolder
@@ -206,6 +207,8 @@ class MergeNode:
         rebuild: Builds a new epoch of a branch in the run and starts its tasks.
         tasks: The run's stage tasks, by context (to stop and wait for a branch's).
         failed: The contexts of the run's failed stages.
+        ledger: Records which branch item each output is, and passes over the choices a
+            resumed run had settled (``_merge_resume.py``).
     """
 
     def __init__(
@@ -217,8 +220,10 @@ class MergeNode:
         rebuild: Rebuild,
         tasks: dict[Any, asyncio.Task[None]],
         failed: set[NodeContext],
+        ledger: MergeLedger | None = None,
     ) -> None:
         self.ctx = ctx
+        self.ledger = ledger
         self.policy = merge.policy
         self.gate = merge.gate
         self.branches = branches
@@ -241,8 +246,12 @@ class MergeNode:
             for branch in self.branches:
                 self._spawn(branch.starts)
             chooser = self.policy.open(self.ctx.epoch, len(self.branches))
+            ledger = self.ledger
             while (i := chooser.choose()) is not None:
                 branch = self._branch(i)
+                if ledger is not None and ledger.passes(int(i)):
+                    branch.taken += 1  # settled before a resume: the branch leaves it out
+                    continue
                 if branch.pos >= len(branch.items):
                     await self._flush(pending, out)
                     if not await self._refill(branch):
@@ -253,6 +262,8 @@ class MergeNode:
                 branch.items[branch.pos] = None  # the merge's reference is not kept
                 branch.pos += 1
                 branch.taken += 1
+                if ledger is not None:
+                    ledger.take(int(i))
                 pending.append(item)
                 if len(pending) >= _FLUSH:
                     await self._flush(pending, out)
@@ -304,6 +315,8 @@ class MergeNode:
             return False
         await self._retire(branch)
         if verdict == "restart":
+            if self.ledger is not None:
+                self.ledger.restart(i)
             self.branches[i] = await self._rebuild(i, branch)
         return True
 

@@ -370,6 +370,11 @@ class Pipeline(PipelineCore[T_co]):
         """
         return cast("Pipeline[T_co]", feature("cache")(self, path, **options))
 
+    def journal(self, path: str | os.PathLike[str], *, rank: int | None = None) -> Self:
+        """Record each output's id ``(epoch, step, rank)`` and source items in ``path`` (one
+        file per rank), for ``asyncflow.explain`` and ``asyncflow.rebuild`` (docs/journal.md)."""
+        return self.with_hook(feature("journal")(self, path, rank=rank))
+
     def progress(self, **options: Any) -> Self:
         """Show a progress bar (tqdm: a widget in notebooks, a bar in terminals)."""
         return self.with_hook(feature("progress_hook")(**options))

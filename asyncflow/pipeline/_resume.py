@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import ConfigError
-from ._lineage import SourcePlan
+from ._lineage import SourcePlan, received
+from ._merge import Merge
 from ._span import Span
 
 __all__ = ["VERSION", "fingerprint", "load_state", "state_of"]
@@ -64,6 +65,8 @@ def fingerprint(source: Any, describe: Sequence[dict[str, Any]]) -> dict[str, An
     info: dict[str, Any] = {"type": type(source).__qualname__}
     if callable(source) and not hasattr(source, "__iter__"):  # a factory: which one
         info["type"] = getattr(source, "__qualname__", info["type"])
+    if isinstance(source, Merge):  # which pipelines it merges
+        info["inputs"] = list(source.labels)
     length = _length(source)
     if length is not None:
         info["len"] = length
@@ -89,10 +92,8 @@ def state_of(source: Any, describe: Sequence[dict[str, Any]], last: Any) -> dict
     positions, extras, epoch = Span(), {}, 0
     failed: dict[str, int] = {}
     if last is not None:
-        run = last.consumer() if last.consumer is not None else None
-        delivered = run.delivered if run is not None else last.delivered
         try:
-            positions, extras = last.lineage.snapshot(delivered)
+            positions, extras = last.lineage.snapshot(received(last.delivered, last.chunk))
         except LookupError as exc:
             raise ConfigError(
                 f"this pipeline cannot be resumed: stage {exc.args[0]!r} does not report its "
@@ -111,16 +112,20 @@ def state_of(source: Any, describe: Sequence[dict[str, Any]], last: Any) -> dict
     }
     if _is_sampler(source):
         body["sampler"] = {**source.state_dict(), "offset": positions.mark}
+    split_state = getattr(source, "split_state", None)  # a Split share: for elastic resume
+    if callable(split_state):
+        body["split"] = split_state()
     body["offset"] = positions.mark
     return {**body, "check": _checksum(body)}
 
 
 def _differs(saved: dict[str, Any], here: dict[str, Any]) -> str | None:
     """What differs between two fingerprints, in words, or ``None``."""
-    for key in ("type", "len", "listing"):
+    for key in ("type", "len", "listing", "inputs"):
         a, b = saved["source"].get(key), here["source"].get(key)
         if a != b:
-            what = {"type": "type", "len": "length", "listing": "items (its listing changed)"}
+            what = {"type": "type", "len": "length", "listing": "items (its listing changed)",
+                    "inputs": "inputs (the pipelines merged)"}
             return f"the source's {what[key]} differs: {b!r} here, {a!r} in the state"
     old, new = saved["stages"], here["stages"]
     for index, (a, b) in enumerate(zip(old, new, strict=False), 1):

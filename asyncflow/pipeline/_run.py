@@ -76,7 +76,8 @@ class Runtime:
         self.stop_event = threading.Event()
         self.scope = RunScope(dict(options.settings))
         self.errors: list[BaseException] = []
-        self.delivered = 0
+        self.delivered = 0  # handed over in chunks; taken: ``received(delivered, chunk)``
+        self.chunk: list[Any] = []  # the consumer's latest chunk
         self.start_offset = start  # source items skipped by a resumed run
         self.consumer: Callable[[], Any] | None = None  # weak reference to the Run
         self.started_at = time.monotonic()
@@ -139,6 +140,7 @@ class Runtime:
             self._stop_requested = True
             self._errors_at_stop = len(self.errors)
             started = self._started
+        self.lineage.freeze()  # what the torn-down stages do from now on settles nothing
         self.stop_event.set()
         # A failure before the stop still reaches a consumer waiting for items.
         self.handoff.abort(self._final_error())
@@ -370,6 +372,7 @@ class Runtime:
 
     def _fail(self, ctx: NodeContext, inp: Any, out: Any, failures: list[BaseException]) -> None:
         self.graph.failed.add(ctx)
+        self.lineage.freeze()
         for exc in failures:
             note_stage(exc, ctx)
             if not any(e is exc for e in self.errors):

@@ -34,23 +34,26 @@ class Span:
         if not ranges:
             self.mark, self.ranges, self._starts = mark, (), []
             return
-        merged: list[tuple[int, int]] = []
+        # Sorted by start, each range either extends the last run (the mark's, until the
+        # first gap: later ones start past that gap) or begins a new one.
+        starts: list[int] = []
+        ends: list[int] = []
+        last = mark
         for start, end in sorted(ranges):
-            if end <= start:
-                continue
-            if start <= mark:
-                mark = max(mark, end)
-            elif merged and start <= merged[-1][1]:
-                if end > merged[-1][1]:
-                    merged[-1] = (merged[-1][0], end)
-            else:
-                merged.append((start, end))
-        # ranges merged before the mark grew past them are absorbed now
-        while merged and merged[0][0] <= mark:
-            mark = max(mark, merged.pop(0)[1])
+            if start <= last:
+                if end > last:
+                    last = end
+                    if ends:
+                        ends[-1] = end
+                    else:
+                        mark = end
+            elif end > start:
+                starts.append(start)
+                ends.append(end)
+                last = end
         self.mark = mark
-        self.ranges = tuple(merged)
-        self._starts = [start for start, _ in merged]
+        self.ranges = tuple(zip(starts, ends, strict=True))
+        self._starts = starts
 
     @classmethod
     def of(cls, mark: int, ordinals: list[int], ranges: Iterable[tuple[int, int]] = ()) -> Span:

@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._channel import Channel
-from ._ledger import FixedLedger, Passthrough, ShuffleLedger, SplitLedger
+from ._channel import Channel, ChannelAborted
+from ._expansion import SplitLedger
+from ._ledger import FixedLedger, Passthrough, ShuffleLedger
 from ._node import NodeContext, Receiver, Sender
 from ._offload import next_chunk
 from ._spec import BatchSpec, MapSpec, PrefetchSpec, ShuffleSpec
@@ -161,6 +162,8 @@ class FlatMapNode:
     async def _expand_or_fail(self, item: Any, out: Sender, ordinal: int | None) -> None:
         try:
             await self._expand(item, out, ordinal)
+        except ChannelAborted:
+            raise  # the run is stopping: not the item's failure
         except Exception as exc:
             self.ctx.item_failed(item, exc)
 
@@ -168,17 +171,21 @@ class FlatMapNode:
         # A single worker takes what is queued in one go; several take one item each, so
         # that the expansions spread over them.
         limit = _SOURCE_CHUNK if self.concurrency == 1 else 1
-        while True:
-            items = await inp.get_many(limit)
-            if not items:
-                return
-            for item in items:
-                self.ctx.counters.items_in += count_one(item)
-                ordinal = self.ledger.begin()
-                try:
-                    await self._expand_or_fail(item, out, ordinal)
-                finally:
-                    self.ledger.end(ordinal)
+        while await self._expand_chunk(inp, limit, out):
+            pass
+
+    async def _expand_chunk(self, inp: Receiver, limit: int, out: Sender) -> bool:
+        """Expand the next chunk of input; False at its end. The chunk is a local of this
+        call only, so nothing handed on stays referenced while the worker waits for more."""
+        items = await inp.get_many(limit)
+        for item in items:
+            self.ctx.counters.items_in += count_one(item)
+            ordinal = self.ledger.begin()
+            try:
+                await self._expand_or_fail(item, out, ordinal)
+            finally:
+                self.ledger.end(ordinal)
+        return bool(items)
 
     async def _slot_worker(self, inp: Receiver) -> None:
         assert self._slot_added is not None
@@ -250,6 +257,8 @@ class BatchNode:
                 pending = pending[full:]
                 await out.put_many(batches)
                 _progress(self.ctx, len(batches))
+                del batches  # handed on: not kept alive while the next chunk is awaited
+            del items
         if pending and not self.drop_last:
             await out.put(pending)
             _progress(self.ctx, 1)
@@ -289,6 +298,8 @@ class UnbatchNode:
                 if items:
                     await out.put_many(items)
                 _progress(self.ctx, count_items(items))
+                del items  # handed on: not kept alive while the next ones are awaited
+            del batch, batches
 
 
 class PrefetchNode:
@@ -300,11 +311,20 @@ class PrefetchNode:
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
-        while items := await inp.get_many(_DRAIN):
-            count = count_items(items)
-            self.ctx.counters.items_in += count
-            await out.put_many(items)
-            _progress(self.ctx, count)
+        while await self._pass_on(inp, out):
+            pass
+
+    async def _pass_on(self, inp: Receiver, out: Sender) -> bool:
+        """Move one chunk on; ``False`` at the end. The chunk is a local of this call only, so
+        that what was handed on is not kept alive while the next chunk is awaited."""
+        items = await inp.get_many(_DRAIN)
+        if not items:
+            return False
+        count = count_items(items)
+        self.ctx.counters.items_in += count
+        await out.put_many(items)
+        _progress(self.ctx, count)
+        return True
 
 
 class ShuffleNode:
@@ -340,6 +360,7 @@ class ShuffleNode:
                 ledger.record(ready_ordinals)
                 await out.put_many(ready)
                 _progress(self.ctx, count_items(ready))
+            del items, item, ready  # handed on: not kept alive while the next are awaited
         order = list(range(len(pool)))
         rng.shuffle(order)  # the same permutation as shuffling the pool itself
         ledger.record([ordinals[i] for i in order])

@@ -1,20 +1,25 @@
 """Local files (plain paths and ``file://`` URLs), read without blocking the event loop.
 
-aiofiles runs each open, read and close on the loop's default thread pool. Local reads are
-never retried: a missing or unreadable file fails at once. :class:`FileTransport` is the
+Each open runs on a worker thread (:func:`~asyncflow.pipeline.run_thread`), cancellation-safe:
+a file whose open completes after its caller was cancelled is closed, not leaked. aiofiles then
+runs each read and close on the loop's default thread pool. Local reads are never retried: a
+missing or unreadable file fails at once. :class:`FileTransport` is the
 ``file`` scheme's transport: whole files, files in chunks, and listings of folders, of path
 prefixes and of manifests.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import AsyncGenerator
-from contextlib import aclosing
+import threading
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
+from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
-import aiofiles
+import aiofiles.threadpool
 
 from .._errors import SourceError, SourceNotFound, SourcePermissionError
 from ..pipeline import run_thread
@@ -22,7 +27,7 @@ from ._manifest import MANIFEST_SUFFIXES, local_entries
 from ._retry import Retry, Timeout
 from ._transport import ObjectInfo
 
-__all__ = ["FileTransport", "file_path", "read_file", "stream_file"]
+__all__ = ["FileTransport", "file_path", "open_file", "read_file", "stream_file"]
 
 _CHUNK = 1024 * 1024
 
@@ -49,6 +54,62 @@ def _translate(exc: OSError, path: str) -> SourceError:
     return SourceError(f"{path}: {reason}")
 
 
+class _Opening:
+    """One file being opened on a worker thread, which the waiting task may abandon."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.file: BinaryIO | None = None
+        self.abandoned = False
+        self.lock = threading.Lock()
+
+    def open(self) -> BinaryIO | None:
+        """On the worker: the file open, or ``None`` (closed again) once abandoned."""
+        fh = open(self.path, "rb")  # noqa: SIM115 (handed to the waiter, or closed below)
+        with self.lock:
+            if not self.abandoned:
+                self.file = fh
+                return fh
+        fh.close()
+        return None
+
+    def abandon(self) -> None:
+        """On the loop: the waiter stopped waiting; close the file if it is open already,
+        else the worker closes it once it is."""
+        with self.lock:
+            self.abandoned = True
+            fh, self.file = self.file, None
+        if fh is not None:
+            fh.close()  # a file opened for reading: too little to hand off
+
+
+@asynccontextmanager
+async def open_file(path: str) -> AsyncIterator[Any]:
+    """``async with open_file(path) as fh``: ``path`` opened for reading, as aiofiles' async
+    reader, closed on exit.
+
+    Raises:
+        OSError: The file could not be opened.
+
+    Cancellation:
+        Safe: the wait for the open stops at once; a file whose open completes afterwards on
+        its thread is closed there (or here, if it already was), never left open. A close
+        whose wait is cancelled completes on its thread.
+    """
+    opening = _Opening(path)
+    try:
+        raw = await run_thread(opening.open)
+    except BaseException:
+        opening.abandon()
+        raise
+    assert raw is not None  # only an abandoned open returns None
+    fh = aiofiles.threadpool.wrap(raw, loop=asyncio.get_running_loop())
+    try:
+        yield fh
+    finally:
+        await fh.close()
+
+
 async def read_file(path: str | os.PathLike[str]) -> bytes:
     """The whole file at ``path``.
 
@@ -59,11 +120,11 @@ async def read_file(path: str | os.PathLike[str]) -> bytes:
 
     Cancellation:
         Cancelling the caller abandons the pending thread-pool call (which finishes on its own)
-        and closes the file.
+        and closes the file, whether the open had completed or not (:func:`open_file`).
     """
     name = os.fspath(path)
     try:
-        async with aiofiles.open(name, "rb") as fh:
+        async with open_file(name) as fh:
             data: bytes = await fh.read()
     except OSError as exc:
         raise _translate(exc, name) from exc
@@ -71,9 +132,13 @@ async def read_file(path: str | os.PathLike[str]) -> bytes:
 
 
 async def stream_file(path: str, offset: int = 0) -> AsyncGenerator[bytes, None]:
-    """The bytes of ``path`` from ``offset`` on, in chunks."""
+    """The bytes of ``path`` from ``offset`` on, in chunks.
+
+    Cancellation:
+        As :func:`read_file`: the file is closed, the pending read or open abandoned.
+    """
     try:
-        async with aiofiles.open(path, "rb") as fh:
+        async with open_file(path) as fh:
             if offset:
                 await fh.seek(offset)
             while chunk := await fh.read(_CHUNK):

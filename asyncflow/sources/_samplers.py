@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError, ConfigTypeError
-from .._split import world
+from .._world import world
 from ._orders import (
     Block,
     check_int,

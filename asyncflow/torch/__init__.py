@@ -10,7 +10,7 @@ from . import _share  # noqa: F401  (registers the tensor reducer for worker pro
 from ._collate import Padded, default_collate, pad_collate
 from ._loader import DataLoader
 from ._pinned import PinnedPool, PoolStats
-from ._ranks import EvenSteps, StepStats, even_steps
+from ._ranks import EvenSteps, StepStats, even_steps, gather_states
 from ._transfer import to_device
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "StepStats",
     "default_collate",
     "even_steps",
+    "gather_states",
     "pad_collate",
     "to_device",
 ]

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from .._errors import ConfigError, WorkerError
 
-__all__ = ["EvenSteps", "StepStats", "even_steps"]
+__all__ = ["EvenSteps", "StepStats", "even_steps", "gather_states"]
 
 T = TypeVar("T")
 log = logging.getLogger("asyncflow.ranks")
@@ -193,3 +193,22 @@ def even_steps(
         ConfigError: ``torch.distributed`` is not initialized, or ``agree_every < 1``.
     """
     return EvenSteps(batches, group, agree_every)
+
+
+def gather_states(state: dict[str, Any], *, group: Any = None) -> list[dict[str, Any]]:
+    """Every rank's ``state`` (a ``pipe.state_dict()``), by rank, on every rank: what
+    :meth:`asyncflow.Split.resume` takes, after a change of world size, to resume the epoch.
+
+    With ``torch.distributed`` initialized it is ``all_gather_object`` over ``group``
+    (pickled, on the CPU for gloo, the current GPU for NCCL); without, ``[state]``.
+    Save the list (rank 0 writing it is enough): the ranks that resume read it whole.
+
+    Cancellation:
+        A collective: it blocks until every rank of ``group`` calls it, and cannot be
+        interrupted; a rank that never calls it hangs the others until the group's timeout.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return [state]
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, state, group=group)
+    return [dict(item) for item in gathered]

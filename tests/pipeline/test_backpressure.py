@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 
 import pytest
 
@@ -44,6 +45,37 @@ def test_slow_consumer_keeps_items_alive_within_queue_capacities() -> None:
     assert seen == 2000
     bound = capacities + in_hands + consumer_chunk + 1  # +1: the item in the consumer's hand
     assert Tracked.peak <= bound, f"{Tracked.peak} items alive at once, bound {bound}"
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_no_stage_keeps_an_item_alive_after_handing_it_on(asynchronous: bool) -> None:
+    # A slow source: every stage waits for input between items. A stage that kept a reference
+    # to what it handed on (a worker's last chunk, an emitter's last result, prefetch's last
+    # chunk) while it waits would keep items alive that the consumer has already dropped.
+    def source():
+        for i in range(30):
+            time.sleep(0.01)
+            yield i
+
+    async def touch_async(item: Tracked) -> Tracked:
+        await asyncio.sleep(0)
+        return item
+
+    seen: list[weakref.ref[Tracked]] = []
+    kept: list[int] = []  # earlier items still alive when the next one arrives
+    pipe = (
+        Pipeline(source)
+        .map(make, concurrency=2, buffer=8)
+        .map(touch_async if asynchronous else touch, concurrency=2, buffer=8)
+        .map(touch_async if asynchronous else touch, buffer=8)
+        .prefetch(4)
+    )
+    for item in pipe:
+        kept += [old.index for old in (ref() for ref in seen) if old is not None]
+        seen.append(weakref.ref(item))
+        del item
+    assert len(seen) == 30
+    assert kept == [], f"items kept alive after the consumer dropped them: {kept}"
 
 
 def test_source_is_not_read_ahead_beyond_capacities() -> None:

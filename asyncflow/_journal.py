@@ -1,0 +1,352 @@
+"""The journal: which source items made each delivered batch, and that batch made again.
+
+``pipe.journal(path)`` adds a consumer-side hook (:meth:`~asyncflow.Pipeline.with_hook`) that
+writes one JSON line per delivered output to ``path/rank-00000.jsonl`` (one file per rank,
+rank from ``torch.distributed`` or ``$RANK``): its id ``(epoch, step, rank)``, the source
+positions behind it and the items that failed in it. :func:`explain` reads a record back by
+its id; :func:`rebuild` runs the pipeline again on exactly those items.
+
+Where the positions come from:
+
+* ``image.folder``: its batch assembler notes each released batch (listing, number, failed
+  rows); the step is the batch's number in the epoch, the positions its rows' places in the
+  epoch's order (``asyncflow/image/_explain.py``), and the record names the files, labels
+  and decode errors. :func:`explain` adds the crop and flip each image got.
+* Any other pipeline: the run's lineage (``Lineage.trace``) while the output is in flight;
+  the journal holds the lineage's compaction back to the output it will trace next
+  (``Lineage.hold``). The step counts the epoch's outputs in delivery order; a run that
+  resumes an epoch counts on from the records of it whose positions the state had settled.
+  Failures are those the stages reported while the output was being made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import reprlib
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._errors import ConfigError
+from ._redact import redact
+from ._world import world
+
+__all__ = ["Failure", "Journal", "JournalRecord", "explain", "journal", "rebuild"]
+
+#: Failures kept while they wait for the output they fall in.
+_PENDING = 1024
+#: Stage kinds a generic rebuild can run again on a restricted source, output for output.
+_REPLAYABLE = frozenset({"map", "filter", "batch", "prefetch"})
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An item that failed and was left out of an output."""
+
+    position: int | None  #: its source position (``None``: not known)
+    item: str  #: the item (a file, relative to the folder's root, for ``image.folder``)
+    error: str  #: the error's type and message
+
+
+@dataclass(frozen=True, kw_only=True)
+class JournalRecord:
+    """One delivered output, by its id ``(epoch, step, rank)``.
+
+    Attributes:
+        epoch, step, rank: The id.
+        kind: ``"image.folder"`` or ``"pipeline"``.
+        positions: The source positions behind the output, in its order (``None``: a stage
+            keeps no ledger, so they are not known).
+        items: ``image.folder``: ``(path relative to root, label, sample index)`` per row.
+        failed: The items that failed and were left out.
+        crops: ``image.folder`` from :func:`explain`: the ``Crop(box, flip)`` drawn per row.
+        config: The run's configuration (``image.folder``: root, seed, size, train, ...).
+    """
+
+    epoch: int
+    step: int
+    rank: int
+    kind: str
+    positions: tuple[int, ...] | None
+    items: tuple[tuple[str, int, int], ...] = ()
+    failed: tuple[Failure, ...] = ()
+    crops: tuple[Any, ...] = ()
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def files(self) -> list[str]:
+        """``image.folder``: the paths of the images in the batch, in row order."""
+        root = self.config.get("root", "")
+        return [os.path.join(root, path) for path, _, _ in self.items]
+
+
+def _file(path: str | os.PathLike[str], rank: int) -> Path:
+    return Path(path) / f"rank-{rank:05d}.jsonl"
+
+
+class Journal:
+    """A hook factory for :meth:`~asyncflow.Pipeline.with_hook` that journals every output
+    (``pipe.journal(path)`` makes one): one file per rank, appended to line by line.
+
+    Args:
+        pipe: The pipeline it journals (``image.folder`` records files and crops).
+        path: A folder; this rank writes ``rank-<rank>.jsonl`` in it.
+        rank: This process's rank (default: ``torch.distributed``'s, else ``$RANK``, else 0).
+    """
+
+    def __init__(self, pipe: Any, path: str | os.PathLike[str], *, rank: int | None = None):
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)
+                                 or rank < 0):
+            raise ConfigError(f"rank must be an int >= 0, got {rank!r}")
+        self.pipe = pipe
+        self.path = Path(path)
+        self.rank = rank
+
+    def file(self) -> Path:
+        """This rank's journal file."""
+        return _file(self.path, world()[0] if self.rank is None else self.rank)
+
+    def _open(self) -> int:
+        """This rank's file, to append to (a descriptor): each line goes out in one
+        ``O_APPEND`` write, so a crash loses at most the output in hand, and two runs
+        appending at once do not interleave their lines."""
+        file = self.file()
+        file.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def __call__(self, run: Any) -> _Hook:
+        return _Hook(self, run)
+
+
+class _Hook:
+    """One run's journal: called on each output in the consumer's thread."""
+
+    def __init__(self, journal: Journal, run: Any) -> None:
+        self.journal, self.rank = journal, world()[0] if journal.rank is None else journal.rank
+        begin = getattr(journal.pipe, "_journal_begin", None)
+        self.config: dict[str, Any] | None = begin() if begin is not None else None
+        # A library pipeline that journals its own outputs, with stages after them that make
+        # new ones: its lineage's positions are not the items (image.folder's are groups).
+        self.untraced = begin is not None and self.config is None
+        self.cache: dict[int, Any] = {}
+        lineage = run.lineage
+        assert lineage is not None  # hooks are made as the run starts
+        self.lineage, self.epoch, self.ordinal = lineage, run.epoch, 0
+        self.lineage.hold(0)
+        self.run = run
+        self.seen = [len(records) for records in run.failure_records()]
+        self.pending: list[list[Any]] = []  # failures not yet placed in an output
+        self.top = -1  # the highest position of the outputs so far
+        self.source = journal.pipe.source
+        self.step = self._resumed_steps(lineage.resumed)
+        # Closed by close(), or when the hook is collected (a run abandoned unclosed).
+        self.fd = journal._open()
+        self._close = weakref.finalize(self, os.close, self.fd)
+        self._write({"run": {"epoch": run.epoch, "rank": self.rank,
+                             "config": self.config or {"kind": "pipeline"}}})
+
+    def _write(self, line: dict[str, Any]) -> None:
+        os.write(self.fd, (json.dumps(line, separators=(",", ":")) + "\n").encode())
+
+    def _resumed_steps(self, plan: Any) -> int:
+        """The outputs of this epoch delivered before the state this run resumes from."""
+        if plan.base == 0 and not plan.skip.ranges:
+            return 0
+        file = self.journal.file()
+        if not file.exists():
+            return 0
+        steps = set()
+        for line in file.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            if record.get("epoch") != self.epoch or record.get("positions") is None:
+                continue
+            if all(p < plan.base or p in plan.skip for p in record["positions"]):
+                steps.add(record["step"])
+        return len(steps)
+
+    def __call__(self, item: Any) -> Any:
+        line = None
+        if self.config is not None:
+            line = self.journal.pipe._journal_entry(item, self.cache)
+            if line is not None:
+                line = {**line, "rank": self.rank, "kind": self.config["kind"]}
+        if line is None:
+            positions = None if self.untraced else self.lineage.trace(self.ordinal)
+            line = {"epoch": self.epoch, "step": self.step, "rank": self.rank,
+                    "kind": "pipeline", "positions": positions,
+                    "failed": self._failures(positions)}
+            self.step += 1
+        self.ordinal += 1
+        self.lineage.hold(self.ordinal)
+        self._write(_ordered(line))
+        return item
+
+    def _failures(self, positions: list[int] | None) -> list[list[Any]]:
+        """The failures reported so far that fall in this output: each a source position
+        left out between the previous outputs' highest position and this one's highest,
+        whose item the failure names. Unplaced ones wait for a later output."""
+        for index, records in enumerate(self.run.failure_records()):
+            self.pending.extend([None, r.item, f"{r.error_type}: {r.message}"]
+                                for r in records[self.seen[index]:])
+            self.seen[index] = len(records)
+        del self.pending[:-_PENDING]  # never placed (an item whose text differs): dropped
+        if not positions:
+            return []
+        top, self.top = self.top, max(self.top, *positions)
+        if not self.pending:
+            return []
+        inside, length = set(positions), _length(self.source)
+        out = []
+        for position in range(top + 1, min(self.top, length)):
+            if position in inside:
+                continue
+            text = _describe(self.source[position])
+            match = next((f for f in self.pending if f[1] == text), None)
+            if match is not None:
+                self.pending.remove(match)
+                out.append([position, match[1], match[2]])
+        return out
+
+    def close(self) -> None:
+        self.lineage.hold(1 << 62)  # effectively off: compaction follows the consumer again
+        self._close()
+
+
+# As the engine names an item in its failure records (``describe_item``), so that a failure
+# of the first stage is matched to the source item it names.
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 120
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = 4
+_repr.maxlevel = 2
+
+
+def _describe(item: Any) -> str:
+    try:
+        return redact(_repr.repr(item))
+    except Exception:
+        return f"<{type(item).__name__} with a failing repr>"
+
+
+def _length(source: Any) -> int:
+    try:
+        return len(source) if hasattr(source, "__getitem__") else 0
+    except TypeError:
+        return 0
+
+
+def _ordered(line: dict[str, Any]) -> dict[str, Any]:
+    """The id first, so that :func:`explain` finds a line by its prefix, unparsed."""
+    head = {"epoch": line["epoch"], "step": line["step"], "rank": line["rank"]}
+    return {**head, **{k: v for k, v in line.items() if k not in head}}
+
+
+def journal(pipe: Any, path: str | os.PathLike[str], *, rank: int | None = None) -> Journal:
+    """The feature behind ``Pipeline.journal``: a :class:`Journal` of ``pipe``."""
+    return Journal(pipe, path, rank=rank)
+
+
+def explain(source: str | os.PathLike[str] | Journal, *, epoch: int, step: int,
+            rank: int = 0) -> JournalRecord:
+    """The record of output ``(epoch, step, rank)``: its source positions, items, failures
+    and, for ``image.folder``, the crop and flip each image got.
+
+    Args:
+        source: The journal's folder (as given to ``pipe.journal``), or the :class:`Journal`.
+        epoch, step, rank: The output's id (``step``: its number in the epoch, from 0).
+
+    Returns:
+        The latest record with that id (a resumed run writes again what it delivers again).
+
+    Raises:
+        LookupError: The journal holds no such output.
+
+    Cancellation:
+        Blocks while it reads the journal file (and, for ``image.folder``, each image's
+        header): call it from a thread (``asyncio.to_thread``) in async code.
+    """
+    folder = source.path if isinstance(source, Journal) else Path(source)
+    file = _file(folder, rank)
+    prefix = f'{{"epoch":{epoch},"step":{step},"rank":{rank},'
+    found: dict[str, Any] | None = None
+    config: dict[str, Any] = {}
+    current: dict[str, Any] = {}
+    if file.exists():
+        with open(file, encoding="utf-8") as fh:
+            for text in fh:
+                if text.startswith('{"run":'):
+                    run = json.loads(text)["run"]
+                    current = run["config"] if run["epoch"] == epoch or run["config"].get(
+                        "kind") == "image.folder" else {}
+                elif text.startswith(prefix):
+                    found, config = json.loads(text), current
+    if found is None:
+        raise LookupError(f"{file} holds no output (epoch={epoch}, step={step}, rank={rank})")
+    return _record(found, config)
+
+
+def _record(line: dict[str, Any], config: dict[str, Any]) -> JournalRecord:
+    items = tuple((str(p), int(label), int(s)) for p, label, s in line.get("items", ()))
+    crops: tuple[Any, ...] = ()
+    if line["kind"] == "image.folder":
+        from .image._explain import crops as crops_of
+
+        crops = tuple(crops_of(config, line["epoch"], [list(i) for i in items]))
+    positions = line.get("positions")
+    return JournalRecord(
+        epoch=line["epoch"], step=line["step"], rank=line["rank"], kind=line["kind"],
+        positions=None if positions is None else tuple(positions), items=items,
+        failed=tuple(Failure(*f) for f in line.get("failed", ())), crops=crops,
+        config=config,
+    )
+
+
+def rebuild(pipe: Any, record: JournalRecord) -> Any:
+    """The output ``record`` names, made again offline from its source items, bit for bit.
+
+    ``image.folder``: its kept images decoded again with the same ``(seed, epoch, item)``
+    key, in the recorded row order. Any other pipeline: run again on a source of just the
+    record's positions (the pipeline's source must be a sequence), which gives the same
+    output when every stage is deterministic per item.
+
+    Raises:
+        ConfigError: It cannot be rebuilt: the positions are unknown, a stage's output
+            depends on more than its own items (it is named: a shuffle, an unordered map, a
+            stage that splits or a custom one), the source is not a sequence, or the pipeline
+            is not the one recorded.
+
+    Cancellation:
+        Blocks until the output is made (it decodes, or runs the pipeline to its end): call
+        it from a thread in async code. Interrupting it stops the run it started.
+    """
+    if record.kind == "image.folder":
+        rebuild_batch = getattr(pipe, "_rebuild", None)
+        if rebuild_batch is None:
+            raise ConfigError("this record is of an image.folder batch: pass that pipeline")
+        return rebuild_batch(record.config, record.epoch, [list(i) for i in record.items])
+    if record.positions is None:
+        raise ConfigError("the journal holds no positions for this output: a stage kept no "
+                          "ledger (see Pipeline.state_dict for which)")
+    for stage in pipe.describe()[1:]:
+        kind, name = stage["kind"], stage["name"]
+        if kind not in _REPLAYABLE or stage.get("ordered") is False:
+            why = "unordered" if kind == "map" else f"a {kind} stage"
+            raise ConfigError(f"cannot rebuild: stage {name!r} is {why}, so an output depends "
+                              "on more than its own items (or on their timing)")
+    source = pipe.source
+    if not hasattr(source, "__getitem__") or not hasattr(source, "__len__"):
+        raise ConfigError(f"cannot rebuild: the source ({type(source).__name__}) is not a "
+                          "sequence to take the recorded positions from")
+    positions = list(record.positions)
+    contiguous = positions == list(range(positions[0], positions[0] + len(positions))) \
+        if positions else True
+    again = pipe.without_hooks().with_source(
+        [source[p] for p in positions], epoch=record.epoch,
+        start=positions[0] if positions and contiguous else 0)
+    with again.open() as run:  # an interrupt leaves the block: the run is stopped
+        outputs = list(run)
+    if len(outputs) != 1:
+        raise ConfigError(f"rebuilding made {len(outputs)} outputs from the recorded items, "
+                          "not 1: the pipeline is not the one recorded")
+    return outputs[0]

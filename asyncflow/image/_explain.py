@@ -1,0 +1,124 @@
+"""What one ``image.folder`` batch held, and the same batch made again, bit for bit.
+
+A batch of an image-folder epoch is fixed by the listing alone: batch ``k`` holds the items
+at positions ``[k * batch_size, (k + 1) * batch_size)`` of the epoch's order (shuffled by
+``(seed, epoch)``, cut to the rank's part), less the rows that failed to decode; each image's
+crop and flip come from ``item_random(seed, epoch, sample)``. So a journal (``asyncflow/
+_journal.py``) needs, per delivered batch, only what the assembler saw: its listing, its
+number and its failed rows (``BatchAssembler.take_log``). :func:`entry` turns them into the
+record, :func:`crops` names the augmentation drawn (with :func:`~asyncflow.image._decode.
+augmentation`, the function the decoder itself uses), and :func:`rebuild` decodes the kept
+positions again, with the same key, into a new buffer of the batch's type.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._errors import ConfigError
+from ._decode import augmentation, decode
+from ._geometry import Crop
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._folder import ImageFolder
+
+__all__ = ["begin", "crops", "entry", "rebuild"]
+
+KIND = "image.folder"
+
+
+def begin(pipe: ImageFolder) -> dict[str, Any]:
+    """Start keeping the assembler's batch records; the run's configuration for a journal
+    (what :func:`crops` needs to draw the crops again without the pipeline)."""
+    assembler = pipe._assembler
+    if assembler.log is None:
+        assembler.log = {}
+    options = pipe._decode_options
+    return {
+        "kind": KIND, "root": pipe.root, "seed": pipe._seed, "batch_size": pipe.batch_size,
+        "size": list(options["size"]), "train": options["train"], "resize": options["resize"],
+        "max_pixels": options["max_pixels"], "normalize": options["normalize"],
+    }
+
+
+def entry(pipe: ImageFolder, batch: Any, cache: dict[int, Any]) -> dict[str, Any] | None:
+    """The journal record of a delivered batch: its epoch and step (batch number), the
+    positions and files it holds in row order, and its failed rows; ``None`` when the batch
+    is not one the assembler released (a stage after it made a new one).
+
+    ``cache`` keeps the latest epoch's order (one permutation per epoch, not per batch).
+    """
+    labels = batch[1] if isinstance(batch, tuple) and len(batch) == 2 else None
+    logged = None if labels is None else pipe._assembler.take_log(labels)
+    if logged is None:
+        return None
+    run, number, failed, absent = logged
+    listing = pipe._listing
+    epoch = listing.epochs[run]
+    if epoch not in cache:
+        cache.clear()
+        cache[epoch] = np.asarray(listing.order(epoch), dtype=np.int64)
+    order = cache[epoch]
+    first = number * pipe.batch_size
+    rows = min(pipe.batch_size, len(order) - first)
+    gone = {row for row, _ in failed} | set(absent)  # absent: delivered before a resume
+    positions = [first + row for row in range(rows) if row not in gone]
+    root = pipe.root
+    prefix = os.path.join(root, "")
+
+    def named(position: int) -> list[Any]:
+        path, label = listing.samples[int(order[position])]
+        # Under the root as scan() lists them (cheaper than relpath, which it falls back on).
+        path = path[len(prefix):] if path.startswith(prefix) else os.path.relpath(path, root)
+        return [path, label, int(order[position])]
+
+    return {
+        "epoch": epoch, "step": number, "positions": positions,
+        "items": [named(p) for p in positions],
+        "failed": [[first + row, named(first + row)[0], error] for row, error in failed],
+    }
+
+
+def crops(config: dict[str, Any], epoch: int, items: list[Any]) -> list[Crop]:
+    """The crop box and flip drawn for each item (``[path, label, sample]``) of a batch."""
+    size = (int(config["size"][0]), int(config["size"][1]))
+    return [
+        augmentation(os.path.join(config["root"], path), size=size, resize=config["resize"],
+                     train=config["train"], seed=config["seed"], epoch=epoch, index=sample,
+                     max_pixels=config["max_pixels"])
+        for path, _, sample in items
+    ]
+
+
+def rebuild(pipe: ImageFolder, config: dict[str, Any], epoch: int,
+            items: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode the batch's kept items again, in its row order, as ``image.folder`` did.
+
+    Raises:
+        ConfigError: ``pipe`` is not the pipeline the journal recorded (another root, seed,
+            size, or type of batch).
+        DecodeError: An item that decoded then no longer does (the file changed).
+    """
+    import torch
+
+    here = begin(pipe)
+    differs = [k for k in ("root", "seed", "size", "train", "resize", "normalize")
+               if here[k] != config.get(k)]
+    if differs:
+        raise ConfigError(
+            "this image.folder pipeline is not the one the journal recorded: "
+            + ", ".join(f"{k} is {here[k]!r} here, {config.get(k)!r} in the journal"
+                        for k in differs))
+    assembler = pipe._assembler
+    array = np.empty((len(items), *assembler.shape), assembler._np_dtype)
+    options = pipe._decode_options
+    for row, (path, _, sample) in enumerate(items):
+        decode(os.path.join(pipe.root, path), out=array[row], layout="chw", seed=pipe._seed,
+               epoch=epoch, index=sample, **options)
+    labels = torch.tensor([label for _, label, _ in items], dtype=torch.int64)
+    return torch.from_numpy(array), labels

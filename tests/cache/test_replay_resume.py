@@ -1,0 +1,71 @@
+"""A cache replay resumes exactly: in stored order, or shuffled with a seed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncflow import ConfigError
+
+from .test_pipeline import images, labels
+
+
+def _interrupted(make: Any, k: int) -> tuple[list[list[int]], list[list[int]]]:
+    first = make()
+    with first.open() as run:
+        head = [next(run)[1].tolist() for _ in range(k)]
+        state = json.loads(json.dumps(first.state_dict()))
+    resumed = make()
+    resumed.load_state_dict(state)
+    return head, labels(resumed)
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_a_replaying_epoch_resumes_exactly(tmp_path: Path, seed: int | None) -> None:
+    list(images(count=40, batch=8).cache(tmp_path / "c"))  # fills the cache
+
+    def make() -> Any:
+        pipe = images(count=40, batch=8).cache(tmp_path / "c")
+        return pipe if seed is None else pipe.shuffle(seed=seed)
+
+    full = labels(make())
+    assert sorted(x for batch in full for x in batch) == list(range(40))
+    for k in (0, 1, 3, 5):
+        head, rest = _interrupted(make, k)
+        assert head + rest == full, k
+
+
+def test_a_filling_epoch_is_refused_naming_the_cache_stage(tmp_path: Path) -> None:
+    pipe = images(count=40, batch=8).cache(tmp_path / "c")
+    with pipe.open() as run:
+        next(run)
+        with pytest.raises(ConfigError, match="stage 'cache'"):
+            pipe.state_dict()
+
+
+def test_a_shuffled_replay_resumes_a_later_epochs_order(tmp_path: Path) -> None:
+    """A state taken in epoch 2 resumes epoch 2's order, not epoch 0's; the run after it
+    is epoch 3's order."""
+    list(images(count=40, batch=8).cache(tmp_path / "c"))  # fills the cache
+
+    def make() -> Any:
+        return images(count=40, batch=8).cache(tmp_path / "c").shuffle(seed=5)
+
+    reference = make()
+    orders = [labels(reference) for _ in range(4)]
+    assert orders[2] != orders[0] and orders[3] != orders[2]
+    for k in (0, 2):
+        first = make()
+        labels(first)
+        labels(first)  # epochs 0 and 1
+        with first.open() as run:  # epoch 2
+            head = [next(run)[1].tolist() for _ in range(k)]
+            state = json.loads(json.dumps(first.state_dict()))
+        assert state["epoch"] == 2
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert head + labels(resumed) == orders[2], k
+        assert labels(resumed) == orders[3]

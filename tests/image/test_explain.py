@@ -1,0 +1,147 @@
+"""Rebuild any ``image.folder`` batch from its id: files, failures and crops, bit for bit."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import asyncflow as af
+from asyncflow import ConfigError, image
+from asyncflow.image import augmentation, decode
+
+from ._pictures import jpeg, smooth, write_tree
+
+BAD = "cat/002x.jpg"  # truncated; the seeds below put it in a batch with others
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "train"
+    write_tree(root, {"ant": 3, "cat": 5, "dog": 4})
+    (root / BAD).write_bytes(jpeg(96, 72)[:600])  # truncated: a DecodeError
+    return root
+
+
+def _epochs(pipe: image.ImageFolder, journal: Path, epochs: int) -> list[list[tuple]]:
+    journaled = pipe.journal(journal)
+    return [[batch for batch in journaled] for _ in range(epochs)]
+
+
+@pytest.mark.parametrize("workers", ["threads", "processes"])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_every_batch_is_rebuilt_bit_for_bit(
+    tree: Path, tmp_path: Path, workers: str, normalize: bool, leak_check: None
+) -> None:
+    pipe = image.folder(tree, batch_size=4, size=(24, 20), train=True, seed=11,
+                        max_failures=1, workers=workers, decode_concurrency=2,
+                        normalize=normalize)
+    epochs = _epochs(pipe, tmp_path / "journal", 3)
+    failed = 0
+    for epoch, batches in enumerate(epochs):
+        assert sum(len(labels) for _, labels in batches) == 12  # 13 files, one bad
+        for step, (images, labels) in enumerate(batches):
+            record = af.explain(tmp_path / "journal", epoch=epoch, step=step)
+            again, again_labels = af.rebuild(pipe, record)
+            assert torch.equal(again, images) and torch.equal(again_labels, labels)
+            assert len(record.files) == len(record.crops) == len(labels)
+            failed += len(record.failed)
+            for failure in record.failed:
+                assert failure.item == BAD and "DecodeError" in failure.error
+                assert failure.position is not None and failure.position not in (
+                    record.positions or ())
+    assert failed == 3  # once per epoch, in whichever batch the shuffle put it
+    del pipe, epochs
+
+
+def test_explain_names_the_files_labels_and_crops(tree: Path, tmp_path: Path) -> None:
+    pipe = image.folder(tree, batch_size=4, size=24, train=True, seed=5, max_failures=1,
+                        workers="threads")
+    _epochs(pipe, tmp_path / "j", 2)
+    record = af.explain(tmp_path / "j", epoch=1, step=2)
+    order = np.random.default_rng(np.random.SeedSequence([5, 1])).permutation(13)
+    assert record.positions == tuple(p for p in range(8, 12)
+                                     if pipe.samples[order[p]][0] != str(tree / BAD))
+    assert record.files == [pipe.samples[order[p]][0] for p in record.positions]
+    assert [label for _, label, _ in record.items] == [
+        pipe.samples[order[p]][1] for p in record.positions]
+    for (path, _, sample), crop in zip(record.items, record.crops, strict=True):
+        assert crop == augmentation(tree / path, size=24, train=True, seed=5, epoch=1,
+                                    index=sample)
+    assert record.config["seed"] == 5 and record.config["train"] is True
+
+
+def test_the_crop_named_is_the_crop_decoded() -> None:
+    data = io.BytesIO()
+    Image.fromarray(smooth(90, 60, seed=3)).save(data, "PNG")
+    png = data.getvalue()
+    flips = set()
+    for index in range(12):
+        crop = augmentation(png, size=(16, 24), train=True, seed=9, epoch=2, index=index)
+        flips.add(crop.flip)
+        decoded = decode(png, size=(16, 24), train=True, seed=9, epoch=2, index=index)
+        with Image.open(io.BytesIO(png)) as im:
+            expected = np.asarray(im.convert("RGB").resize(
+                (24, 16), Image.Resampling.BILINEAR, box=crop.box))
+        if crop.flip:
+            expected = expected[:, ::-1]
+        assert np.array_equal(decoded, expected)
+    assert flips == {True, False}
+    centre = augmentation(png, size=32, train=False)
+    assert centre.flip is False and centre.box == (15.0, 0.0, 75.0, 60.0)
+
+
+def test_rebuild_refuses_another_folder_pipeline(tree: Path, tmp_path: Path) -> None:
+    pipe = image.folder(tree, batch_size=4, size=24, train=True, seed=5, max_failures=1,
+                        workers="threads")
+    _epochs(pipe, tmp_path / "j", 1)
+    record = af.explain(tmp_path / "j", epoch=0, step=0)
+    other = image.folder(tree, batch_size=4, size=24, train=True, seed=6, workers="threads")
+    with pytest.raises(ConfigError, match="seed is 6 here, 5 in the journal"):
+        af.rebuild(other, record)
+    with pytest.raises(ConfigError, match=r"image\.folder"):
+        af.rebuild(af.Pipeline([1, 2]), record)
+    with pytest.raises(ConfigError, match="seed"):
+        augmentation(tree / "ant" / "000.jpg", size=8, train=True)
+
+
+def test_a_journal_across_a_resume(tree: Path, tmp_path: Path, leak_check: None) -> None:
+    def build() -> image.ImageFolder:
+        return image.folder(tree, batch_size=3, size=24, train=True, seed=11, max_failures=1,
+                            workers="threads", decode_concurrency=2)
+
+    full = list(build())
+    pipe = build().journal(tmp_path / "j")
+    with pipe.open() as run:
+        taken = [next(run) for _ in range(2)]
+        state = pipe.state_dict()
+        taken.append(next(run))  # delivered after the state: delivered again on resume
+    resumed = build().journal(tmp_path / "j")
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    delivered = taken[:2] + list(resumed)
+    assert len(delivered) == len(full)
+    for step, (images, labels) in enumerate(delivered):
+        record = af.explain(tmp_path / "j", epoch=0, step=step)
+        again, again_labels = af.rebuild(build(), record)
+        assert torch.equal(again, images) and torch.equal(again_labels, labels)
+        assert torch.equal(images, full[step][0])
+
+
+def test_batches_made_anew_after_the_folder_are_journaled_without_positions(
+    tree: Path, tmp_path: Path
+) -> None:
+    pipe = image.folder(tree, batch_size=4, size=16, max_failures=1, workers="threads")
+    copied = pipe.map(lambda batch: (batch[0].clone(), batch[1].clone()), name="copy")
+    list(copied.journal(tmp_path / "j"))
+    record = af.explain(tmp_path / "j", epoch=0, step=1)
+    assert record.kind == "pipeline" and record.positions is None
+    with pytest.raises(ConfigError, match="no positions"):
+        af.rebuild(copied, record)
+    prefetched = pipe.prefetch(2)  # the same batch objects: still an image.folder record
+    list(prefetched.journal(tmp_path / "k"))
+    assert af.explain(tmp_path / "k", epoch=1, step=1).kind == "image.folder"  # 2nd listing

@@ -1,0 +1,123 @@
+"""The journal of a generic pipeline: each output's id and source positions, and rebuild."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import asyncflow as af
+from asyncflow import ConfigError, Journal, Pipeline
+
+pytestmark = pytest.mark.usefixtures("leak_check")
+
+
+def ten_times(x: int) -> int:
+    if x in (5, 13):
+        raise ValueError(f"bad {x}")
+    return 10 * x
+
+
+def build(n: int = 20) -> Pipeline:
+    return Pipeline(list(range(n))).map(ten_times, max_failures=2, concurrency=2).batch(4)
+
+
+def test_every_output_is_journaled_with_its_positions_and_failures(tmp_path: Path) -> None:
+    pipe = build()
+    delivered = list(pipe.journal(tmp_path))
+    assert delivered[1] == [40, 60, 70, 80]
+    record = af.explain(tmp_path, epoch=0, step=1)
+    assert (record.epoch, record.step, record.rank, record.kind) == (0, 1, 0, "pipeline")
+    assert record.positions == (4, 6, 7, 8)
+    assert [(f.position, f.item) for f in record.failed] == [(5, "5")]
+    assert "ValueError: bad 5" in record.failed[0].error
+    assert af.explain(tmp_path, epoch=0, step=3).positions == (14, 15, 16, 17)
+    assert [f.position for f in af.explain(tmp_path, epoch=0, step=3).failed] == [13]
+    for step, batch in enumerate(delivered):
+        assert af.rebuild(pipe, af.explain(tmp_path, epoch=0, step=step)) == batch
+
+
+def test_outputs_past_many_compactions_are_traced(tmp_path: Path) -> None:
+    # Many more outputs than the lineage keeps between compactions, through an unordered
+    # map (whose ledger records each output's input): each is traced to its own items.
+    pipe = Pipeline(list(range(6000))).map(str, concurrency=3, ordered=False).batch(3)
+    delivered = list(pipe.prefetch(8).journal(tmp_path))
+    assert len(delivered) == 2000
+    lines = (tmp_path / "rank-00000.jsonl").read_text().splitlines()[1:]
+    for batch, line in zip(delivered, lines, strict=True):
+        assert [str(p) for p in json.loads(line)["positions"]] == batch
+
+
+def test_a_later_epoch_and_an_explicit_rank(tmp_path: Path) -> None:
+    pipe = build().journal(tmp_path, rank=2)
+    list(pipe)
+    second = list(pipe)
+    assert (tmp_path / "rank-00002.jsonl").exists()
+    record = af.explain(Journal(pipe, tmp_path, rank=2), epoch=1, step=4, rank=2)
+    assert record.positions == (18, 19) and af.rebuild(pipe, record) == second[4]
+    with pytest.raises(LookupError, match="epoch=1, step=5"):
+        af.explain(tmp_path, epoch=1, step=5, rank=2)
+    with pytest.raises(LookupError):
+        af.explain(tmp_path, epoch=0, step=0, rank=0)
+
+
+def test_a_journal_across_a_resume(tmp_path: Path) -> None:
+    full = list(build(40))
+    pipe = build(40).journal(tmp_path)
+    with pipe.open() as run:
+        taken = [next(run) for _ in range(3)]
+        state = pipe.state_dict()
+        taken += [next(run) for _ in range(2)]  # delivered after the state: again on resume
+    resumed = build(40).journal(tmp_path)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    rest = list(resumed)
+    assert taken[:3] + rest == full
+    for step, batch in enumerate(full):
+        record = af.explain(tmp_path, epoch=0, step=step)
+        assert af.rebuild(build(40), record) == batch
+
+
+@pytest.mark.parametrize(("stage", "name"), [
+    (lambda p: p.shuffle(buffer_size=4, seed=1), "shuffle"),
+    (lambda p: p.map(int, ordered=False, concurrency=2, name="loose"), "loose"),
+])
+def test_rebuild_names_the_stage_that_makes_it_impossible(
+    tmp_path: Path, stage: object, name: str
+) -> None:
+    pipe = stage(Pipeline(list(range(8)))).batch(4)  # type: ignore[operator]
+    delivered = list(pipe.journal(tmp_path))
+    for step, batch in enumerate(delivered):  # the source is range(8): items are positions
+        assert af.explain(tmp_path, epoch=0, step=step).positions == tuple(batch)
+    record = af.explain(tmp_path, epoch=0, step=0)
+    with pytest.raises(ConfigError, match=f"stage '{name}'"):
+        af.rebuild(pipe, record)
+
+
+def test_a_rank_must_be_a_count(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="rank"):
+        build().journal(tmp_path, rank=-1)
+
+
+def fails_at_150(x: int) -> int:
+    if x == 150:
+        raise ValueError("bad 150")
+    return x
+
+
+def keep(x: int) -> bool:
+    return x % 7 != 0
+
+
+def test_a_late_failure_is_placed_in_its_output_and_a_filtered_item_is_not(
+    tmp_path: Path,
+) -> None:
+    pipe = Pipeline(list(range(200))).filter(keep).map(fails_at_150, max_failures=1).batch(4)
+    delivered = list(pipe.journal(tmp_path))
+    records = [af.explain(tmp_path, epoch=0, step=s) for s in range(len(delivered))]
+    assert [list(r.positions or ()) for r in records] == delivered  # items are positions
+    failed = [(r.step, f.position) for r in records for f in r.failed]
+    assert len(failed) == 1 and failed[0][1] == 150
+    step = failed[0][0]
+    assert max(delivered[step - 1]) < 150 < max(delivered[step])
+    assert all(af.rebuild(pipe, r) == batch for r, batch in zip(records, delivered, strict=True))
