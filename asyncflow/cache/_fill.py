@@ -26,7 +26,15 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
-from ..pipeline import CustomSpec, NodeContext, ReceiveHook, Receiver, Sender, run_thread
+from ..pipeline import (
+    CustomSpec,
+    NodeContext,
+    ReceiveHook,
+    Receiver,
+    Sender,
+    apply_hooks,
+    run_thread,
+)
 
 if TYPE_CHECKING:
     from ._source import CacheSource
@@ -194,18 +202,9 @@ class _HooksNode:
         assert inp is not None
         while items := await inp.get_many(_CHUNK):
             self.ctx.counters.items_in += len(items)
-            done = await self.ctx.run_timed(_apply, self._hooks, items)
+            done = await self.ctx.run_timed(apply_hooks, self._hooks, items)
             await out.put_many(done)
             self.ctx.produced(len(done))
-
-
-def _apply(hooks: tuple[ReceiveHook, ...], items: list[Any]) -> list[Any]:
-    out = []
-    for item in items:
-        for hook in hooks:
-            item = hook(item)
-        out.append(item)
-    return out
 
 
 def one_shot_guard(source: Any) -> Callable[[], None] | None:

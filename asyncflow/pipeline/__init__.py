@@ -12,7 +12,7 @@ from ._current import run_failed
 from ._features import feature, register_feature
 from ._handle import ConsumerHook, Run
 from ._merge import BranchEnd, Merge, MergeChooser, MergePolicy
-from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender
+from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender, apply_hooks
 from ._options import RunOptions, RunPlan
 from ._pipeline import Pipeline
 from ._span import Span
@@ -61,6 +61,7 @@ __all__ = [
     "StageSpec",
     "StageStats",
     "WorkerInfo",
+    "apply_hooks",
     "check_picklable",
     "choose_workers",
     "feature",

@@ -42,6 +42,10 @@ class SplitLedger(Ledger):
         #: its outputs then settle that batch's inputs one by one (no partials needed).
         self.batch: FixedLedger | None = None
         self._cache: tuple[Span, list[int], Counter[int]] | None = None
+        #: Bumped by every change to the records: the last answers below stay good until.
+        self._stamp = 0
+        self._memo: tuple[int, Span, Span] | None = None  # settled_inputs
+        self._state_memo: tuple[int, Span, list[Any]] | None = None  # get_state's partials
 
     def begin(self) -> int:
         """An input was read: its ordinal. Its indices to skip are found when resuming."""
@@ -53,6 +57,7 @@ class SplitLedger(Ledger):
                 skip = self.partial.pop(self.key_of(ordinal), None)
             with self.lock:
                 self.open[ordinal] = [0, False, skip, 0, []]
+                self._stamp += 1
         return ordinal
 
     def keep(self, ordinal: int, values: list[Any]) -> list[Any]:
@@ -65,6 +70,7 @@ class SplitLedger(Ledger):
             if state is None or not self.on:  # the run stopped (``Lineage.freeze``)
                 return values
             self._cache = None
+            self._stamp += 1
             index, skip = state[0], state[2]
             state[0] = index + len(values)
             if skip is not None and any(True for _ in skip.within(index, state[0])):
@@ -83,13 +89,14 @@ class SplitLedger(Ledger):
         with self.lock:
             if self.on and ordinal in self.open:
                 self._cache = None
+                self._stamp += 1
                 self.open[ordinal][1] = True
 
     def _slices(self, outputs: Span) -> list[tuple[int, int]]:
         """The settled outputs still listed, as index ranges into :attr:`sources`."""
-        first, end = self.first_out, self.first_out + len(self.sources)
-        return [(max(low, first) - first, min(high, end) - first)
-                for low, high in outputs.intervals() if high > first and low < end]
+        first = self.first_out
+        return [(low - first, high - first)
+                for low, high in outputs.clip(first, first + len(self.sources))]
 
     def _settled(self, outputs: Span) -> tuple[list[int], Counter[int]]:
         """The settled inputs, and per input its settled outputs still listed; the last
@@ -98,17 +105,23 @@ class SplitLedger(Ledger):
         if cache is not None and cache[0] is outputs:
             return cache[1], cache[2]
         sources = self.sources
-        counts: Counter[int] = Counter()
+        listed: list[int] = []
         for low, high in self._slices(outputs):
-            counts.update(sources[low:high])
+            listed += sources[low:high]
+        counts: Counter[int] = Counter(listed)
         settled = [o for o, state in self.open.items()
                    if state[1] and counts[o] + len(state[4]) == state[3]]
         self._cache = (outputs, settled, counts)
         return settled, counts
 
     def settled_inputs(self, outputs: Span) -> Span:
+        memo = self._memo
+        if memo is not None and memo[0] == self._stamp and memo[1] == outputs:
+            return memo[2]
         settled, _ = self._settled(outputs)
-        return Span.of(self.base, settled, self.done)
+        inputs = Span.of(self.base, list(settled), self.done)
+        self._memo = (self._stamp, outputs, inputs)
+        return inputs
 
     def settled_elements(self, outputs: Span) -> Span:
         """The settled inputs of :attr:`batch`: element ``j`` of batch ``n`` is its input
@@ -133,6 +146,7 @@ class SplitLedger(Ledger):
     def compact(self, outputs: Span, inputs: Span) -> None:
         settled, _ = self._settled(outputs)
         self._cache = None
+        self._stamp += 1
         drop = min(len(self.sources), outputs.mark - self.first_out)
         if drop > 0:
             open_ = self.open
@@ -151,6 +165,18 @@ class SplitLedger(Ledger):
     def get_state(self, outputs: Span, key_of: Any) -> dict[str, Any] | None:
         if self.batch is not None:
             return None  # its batch's inputs are settled one by one
+        memo = self._state_memo
+        if memo is None or memo[0] != self._stamp or memo[1] != outputs:
+            memo = self._state_memo = (self._stamp, outputs, self._partials(outputs, key_of))
+        # copies: the caller may keep or change what it is given
+        partial = [{"input": [r[:] for r in entry["input"]],
+                    "done": {"mark": entry["done"]["mark"],
+                             "ranges": [r[:] for r in entry["done"]["ranges"]]}}
+                   for entry in memo[2]]
+        return {"partial": partial} if partial else None
+
+    def _partials(self, outputs: Span, key_of: Any) -> list[Any]:
+        """The inputs expanded in part, as :meth:`get_state` saves them."""
         settled, counts = self._settled(outputs)
         done = set(settled)
         wanted = {o for o, state in self.open.items()
@@ -173,9 +199,10 @@ class SplitLedger(Ledger):
         # partials of an earlier run not yet met again stay saved
         partial.extend({"input": [list(r) for r in key], "done": span.to_json()}
                        for key, span in self.partial.items())
-        return {"partial": partial} if partial else None
+        return partial
 
     def set_state(self, state: dict[str, Any]) -> None:
+        self._stamp += 1
         for entry in state.get("partial", ()):
             key = tuple((int(a), int(b)) for a, b in entry["input"])
             self.partial[key] = Span.from_json(entry["done"], "a partial expansion")

@@ -139,6 +139,8 @@ class MapLedger(Ledger):
         self.base = 0  # every input below it is settled
         self.done: list[tuple[int, int]] = []  # settled inputs above the base
         self.starts: dict[int, int] = {}  # id(chunk) -> its first input, until emitted
+        # the last answer of settled_inputs, with everything it was computed from
+        self._memo: tuple[Any, ...] | None = None
 
     @classmethod
     def of(cls, spec: Any, concurrency: int, budget: float) -> MapLedger:
@@ -199,13 +201,19 @@ class MapLedger(Ledger):
         if self.identity:
             return outputs
         first, sources = self.first_out, self.sources
+        # A state taken again with nothing changed (the consumer paused) reuses the answer:
+        # comparing the records is a fraction of recomputing it.
+        memo = self._memo
+        if (memo is not None and memo[0] == outputs and memo[1] == first
+                and memo[2] == self.base and memo[3] == sources and memo[4] == self.dead
+                and memo[5] == self.done):
+            return memo[6]  # type: ignore[no-any-return]
         ordinals = list(self.dead)
-        end = first + len(sources)
-        for low, high in outputs.intervals():
-            low, high = max(low, first), min(high, end)
-            if low < high:
-                ordinals.extend(sources[low - first : high - first])
-        return Span.of(self.base, ordinals, self.done)
+        for low, high in outputs.clip(first, first + len(sources)):
+            ordinals += sources[low - first : high - first]
+        inputs = Span.of(self.base, ordinals, self.done)
+        self._memo = (outputs, first, self.base, sources[:], self.dead[:], self.done[:], inputs)
+        return inputs
 
     def inputs_of(self, ordinal: int) -> list[int]:
         if self.identity:

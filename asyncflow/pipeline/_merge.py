@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, Protocol, Typ
 from .._errors import ConfigError
 from .._scope import RunScope
 from ._merge_resume import MergeLedger
-from ._node import NodeContext, Receiver, Sender
+from ._node import NodeContext, Receiver, Sender, apply_hooks
 from ._options import RunPlan
 from ._pools import PoolHolder
 from ._spec import StageSpec
@@ -299,7 +299,7 @@ class MergeNode:
             return False
         self.ctx.counters.items_in += count_items(items)
         if branch.hooks:
-            items = await self.ctx.run_sync(_apply_hooks, branch.hooks, items)
+            items = await self.ctx.run_sync(apply_hooks, branch.hooks, items)
         branch.items, branch.pos = items, 0
         return True
 
@@ -344,15 +344,6 @@ class MergeNode:
         may wait for worker processes) and its run scope."""
         await self.ctx.run_sync(retire_callbacks, branch.contexts)
         await branch.scope.aclose()
-
-
-def _apply_hooks(hooks: Sequence[Callable[[Any], Any]], items: list[Any]) -> list[Any]:
-    out = []
-    for item in items:
-        for hook in hooks:
-            item = hook(item)
-        out.append(item)
-    return out
 
 
 def retire_callbacks(contexts: Sequence[NodeContext]) -> None:

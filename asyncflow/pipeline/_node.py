@@ -7,7 +7,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
@@ -20,7 +20,7 @@ from ._stats import StageCounters
 
 logger = logging.getLogger("asyncflow")
 
-__all__ = ["Node", "NodeContext", "ReceiveHook", "Receiver", "Sender"]
+__all__ = ["Node", "NodeContext", "ReceiveHook", "Receiver", "Sender", "apply_hooks"]
 
 
 class Receiver(Protocol):
@@ -49,6 +49,17 @@ class ReceiveHook(Protocol):
     """Runs in the consumer's thread on each item before it is yielded."""
 
     def __call__(self, item: Any) -> Any: ...
+
+
+def apply_hooks(hooks: Sequence[ReceiveHook], items: list[Any]) -> list[Any]:
+    """``items``, each passed through ``hooks`` in order (receive hooks applied to a chunk
+    where the consumer does not apply them: a merge's branch, a cache fill's upstream)."""
+    out = []
+    for item in items:
+        for hook in hooks:
+            item = hook(item)
+        out.append(item)
+    return out
 
 
 class NodeContext:

@@ -113,6 +113,36 @@ class Span:
             if high > start:
                 yield max(low, start), min(high, end)
 
+    def clip(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The parts of ``[start, end)`` that are in the set, in order: :meth:`within` as a
+        list, found by bisection (only the first and last range are cut)."""
+        out: list[tuple[int, int]] = []
+        if start >= end:
+            return out
+        if start < self.mark:
+            out.append((start, min(end, self.mark)))
+            start = self.mark
+            if start >= end:
+                return out
+        ranges, starts = self.ranges, self._starts
+        low = bisect.bisect_right(starts, start) - 1
+        if low < 0 or ranges[low][1] <= start:
+            low += 1
+        high = bisect.bisect_left(starts, end)
+        if low >= high:
+            return out
+        pieces = list(ranges[low:high])
+        first, last = pieces[0]
+        if first < start:
+            pieces[0] = (start, last)
+        first, last = pieces[-1]
+        if last > end:
+            pieces[-1] = (first, end)
+        if out:
+            out.extend(pieces)
+            return out
+        return pieces
+
     def gaps(self, start: int, end: int) -> Iterator[tuple[int, int]]:
         """The parts of ``[start, end)`` that are not in the set, in order."""
         for low, high in self.within(start, end):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import tarfile
@@ -18,6 +17,7 @@ import pytest
 from asyncflow import ConfigError, ConfigTypeError, Pipeline, Split, sources
 from asyncflow._split import Part, cut, padding
 from asyncflow.pipeline.seeding import epoch_rng
+from tests.torchrun import free_port
 
 WORLDS = range(1, 9)
 LENGTHS = range(0, 1001)
@@ -136,17 +136,11 @@ def test_bad_types() -> None:
         cut(10, 3, 3)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def process_group() -> Iterator[None]:
     """A one-rank gloo group on loopback, destroyed afterwards."""
     dist = pytest.importorskip("torch.distributed")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
                             rank=0, world_size=1)
     try:
         yield

@@ -9,10 +9,6 @@ file, and that no process of the run is left behind.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,48 +18,15 @@ import torch
 
 from asyncflow._elastic import settled_of
 from asyncflow.torch import gather_states
+from tests.torchrun import torchrun
 
 WORKER = Path(__file__).with_name("_elastic_worker.py")
-ROOT = Path(__file__).resolve().parents[2]
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 N = 25  # as in the worker
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _processes_naming(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker.encode() in cmdline:
-                found.append(int(entry.name))
-    return found
 
 
 def _torchrun(ranks: int, out: Path, *args: str) -> list[dict[str, Any]]:
     out.mkdir()
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    if Path("/sys/class/net/lo").exists():
-        env["GLOO_SOCKET_IFNAME"] = "lo"
-    cmd = [str(TORCHRUN), f"--nproc-per-node={ranks}", "--nnodes=1", "--master-addr=127.0.0.1",
-           f"--master-port={_free_port()}", str(WORKER), *args[:1], str(out), *args[1:]]
-    proc = subprocess.run(cmd, env=env, cwd=out, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    assert _processes_naming(str(out)) == []  # no rank left running
-    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
-    assert [(r["rank"], r["world"]) for r in results] == [(r, ranks) for r in range(ranks)]
-    return results
+    return torchrun(WORKER, ranks, out, *args)
 
 
 def _not_padding(result: dict[str, Any]) -> list[int]:

@@ -6,11 +6,6 @@ file, and that no process of the run is left behind.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,46 +19,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 from asyncflow import ConfigError, DataLoader, Pipeline, Split
 from asyncflow._split import cut
 from asyncflow.torch import StepStats, even_steps
+from tests.torchrun import free_port, torchrun
 
 WORKER = Path(__file__).with_name("_ranks_worker.py")
-ROOT = Path(__file__).resolve().parents[2]
-TORCHRUN = Path(sys.executable).with_name("torchrun")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _processes_naming(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker.encode() in cmdline:
-                found.append(int(entry.name))
-    return found
 
 
 def _torchrun(mode: str, ranks: int, out: Path) -> list[dict[str, Any]]:
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    if Path("/sys/class/net/lo").exists():
-        env["GLOO_SOCKET_IFNAME"] = "lo"
-    cmd = [str(TORCHRUN), f"--nproc-per-node={ranks}", "--nnodes=1", "--master-addr=127.0.0.1",
-           f"--master-port={_free_port()}", str(WORKER), mode, str(out)]
-    proc = subprocess.run(cmd, env=env, cwd=out, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    assert _processes_naming(str(out)) == []  # no rank left running
-    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
-    assert [(r["rank"], r["world"]) for r in results] == [(r, ranks) for r in range(ranks)]
-    return results
+    return torchrun(WORKER, ranks, out, mode)
 
 
 @pytest.mark.slow
@@ -114,7 +76,7 @@ def test_a_rank_whose_batches_fail_stops_every_rank(tmp_path: Path, ranks: int) 
 
 @pytest.fixture
 def one_rank() -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
                             rank=0, world_size=1)
     try:
         yield
@@ -196,7 +158,7 @@ def test_split_in_dataloader_worker_processes(
 @pytest.mark.skipif(not (torch.cuda.is_available() and dist.is_nccl_available()),
                     reason="needs CUDA and NCCL")
 def test_with_nccl_the_count_is_agreed_on_the_gpu() -> None:
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}",
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}",
                             rank=0, world_size=1)
     try:
         torch.cuda.set_device(0)
