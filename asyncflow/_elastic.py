@@ -28,7 +28,10 @@ from typing import Any, Literal
 from ._errors import ConfigError
 from .pipeline import Span
 
-__all__ = ["Partial", "Remaining", "listing_hash", "remaining", "resumed_ordinals", "settled_of"]
+__all__ = [
+    "Partial", "Remaining", "listing_hash", "remaining", "resumed_ordinals", "settled_of",
+    "untouched_state",
+]
 
 Partial = Literal["refuse", "repeat"]
 _SAMPLED = 64  # items of a list hashed into its fingerprint
@@ -149,6 +152,24 @@ def _split_of(index: int, state: Any) -> dict[str, Any]:
     if split["remainder"] not in ("pad", "drop"):
         raise ConfigError(f"state {index}'s split: remainder {split['remainder']!r}")
     return dict(split)
+
+
+def untouched_state(sibling: Any, index: int) -> dict[str, Any]:
+    """The state of part ``index`` of the job that ``sibling`` (another part's state) is
+    from, had that part settled nothing: a DataLoader worker that delivered no batch before
+    the save, so that its pipeline's state never reached the loader's.
+
+    Raises:
+        ConfigError: ``sibling`` is not a ``Split`` share's pipeline state, or ``index`` is
+            not one of its job's parts.
+    """
+    split = _split_of(0, sibling)
+    if not 0 <= index < split["count"]:
+        raise ConfigError(f"part {index} is outside [0, {split['count'] - 1}]")
+    per_rank = split["count"] // split["world_size"]
+    body = {"positions": {"mark": 0, "ranges": []},
+            "split": {**split, "index": index, "rank": index // per_rank}}
+    return {**body, "check": _checksum(body)}
 
 
 def _agree(splits: list[dict[str, Any]]) -> None:

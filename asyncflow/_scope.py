@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-__all__ = ["RunScope", "current_scope", "use_scope"]
+__all__ = ["RunScope", "aclose_scopes", "current_scope", "use_scope"]
 
 T = TypeVar("T")
 
@@ -42,6 +42,7 @@ class RunScope:
         self._resources: dict[str, Any] = {}
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._closed = False
+        self._closing: asyncio.Task[None] | None = None
 
     async def get(self, key: str, factory: Callable[[], AbstractAsyncContextManager[T]]) -> T:
         """Return the resource stored under ``key``, entering ``factory()`` on first use.
@@ -81,10 +82,58 @@ class RunScope:
         return resource
 
     async def aclose(self) -> None:
-        """Close every resource, newest first. Safe to call more than once."""
+        """Close every resource, newest first. Safe to call more than once.
+
+        Cancellation:
+            The close runs to its end all the same, then the cancellation is re-raised: a
+            resource left half-closed (an HTTP session's connections) would outlive the run's
+            event loop, and only be found, unclosed, when that loop closes.
+        """
         self._closed = True
         self._resources.clear()
-        await self._stack.aclose()
+        if self._closing is None:
+            # A task of its own, so that cancelling a caller does not cut the close short.
+            self._closing = asyncio.get_running_loop().create_task(self._stack.aclose())
+        await _finish(self._closing)
+
+
+async def _finish(task: asyncio.Task[None]) -> None:
+    """Wait for ``task`` to end, through any cancellation of the caller; re-raise that
+    cancellation after, else ``task``'s own outcome."""
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:  # caught only to finish the close; re-raised below
+            cancelled = cancelled or not task.done()
+    if cancelled:
+        raise asyncio.CancelledError
+    task.result()
+
+
+async def aclose_scopes(scopes: Iterable[RunScope]) -> None:
+    """Close every one of ``scopes``, in order, even when one fails or the caller is cancelled.
+
+    Raises:
+        Exception: The first failure of a close, once every scope has been closed.
+
+    Cancellation:
+        Every close runs to its end (see :meth:`RunScope.aclose`), then the cancellation is
+        re-raised.
+    """
+    cancelled = False
+    failure: Exception | None = None
+    for scope in scopes:
+        try:
+            await scope.aclose()
+        except asyncio.CancelledError:  # the scope is closed all the same; re-raised below
+            cancelled = True
+        except Exception as exc:
+            failure = failure or exc
+    if cancelled:
+        raise asyncio.CancelledError
+    if failure is not None:
+        raise failure
 
 
 def current_scope() -> RunScope | None:

@@ -32,10 +32,11 @@ Nothing here imports torch: ``torch.distributed`` is read only when the program 
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, overload
 
+from ._dealt import AsyncDealt, Dealt
 from ._errors import ConfigError, ConfigTypeError
 from ._world import env_int, process_group
 from .pipeline import Span
@@ -294,7 +295,7 @@ class Split:
         _check_count("epoch", epoch, 0)
         if isinstance(items, Iterable):
             return Share(self, items, epoch)
-        return _async_share(self, items, epoch)
+        return AsyncDealt(self, items, epoch)
 
 
 class Share(Generic[T]):
@@ -339,9 +340,9 @@ class Share(Generic[T]):
         ordinals = resumed_ordinals(n, settled, part.index, part.count, part.remainder)
         return part.order(ordinals, n, self.epoch)
 
-    def __iter__(self) -> Iterator[T]:
+    def __iter__(self) -> Dealt[T]:
         listed = self._last = self._listed()
-        return (listed[i] for i in self._positions(self.split.part(), len(listed)))
+        return Dealt(listed, self._positions(self.split.part(), len(listed)))
 
     def __len__(self) -> int:
         settled = self._resumed()
@@ -369,20 +370,3 @@ class Share(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Share({self.split!r}, {type(self.items).__name__})"
-
-
-async def _async_share(split: Split, items: AsyncIterable[T], epoch: int) -> AsyncIterator[T]:
-    """Every item of ``items``, then this part's.
-
-    Cancellation:
-        Cancelling the iterating task while the list is read closes ``items`` (when it has
-        ``aclose``), releasing a listing's client.
-    """
-    close = getattr(items, "aclose", None)
-    try:
-        listed = [item async for item in items]
-    finally:
-        if close is not None:
-            await close()
-    for i in split.part().positions(len(listed), epoch):
-        yield listed[i]

@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
+import os
 import random
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
@@ -90,8 +94,10 @@ def _load(path: Path) -> Image.Image:
         return im.convert("L") if im.mode in ("L", "I;16", "I") else im.convert("RGB")
 
 
-def _one(rng: random.Random, photo: Image.Image) -> Image.Image:
-    w, h = photo.size
+def _plan(rng: random.Random, size: tuple[int, int]) -> tuple[Any, ...]:
+    """One output image's random draws, for a photo of ``size`` (the order of draws is fixed:
+    it is the data set's recipe)."""
+    w, h = size
     fw, fh = rng.uniform(0.55, 1.0), rng.uniform(0.55, 1.0)
     cw, ch = max(64, int(w * fw)), max(64, int(h * fh))
     # ImageNet is mostly 4:3 landscape, with some portrait and square pictures.
@@ -101,13 +107,33 @@ def _one(rng: random.Random, photo: Image.Image) -> Image.Image:
     else:
         ch = int(cw / aspect)
     x0, y0 = rng.randint(0, w - cw), rng.randint(0, h - ch)
-    im = photo.crop((x0, y0, x0 + cw, y0 + ch))
-    if rng.random() < 0.5:
-        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    flip = rng.random() < 0.5
     long_side = rng.randint(400, 900)
+    return x0, y0, cw, ch, flip, long_side
+
+
+def _render(photo: Image.Image, plan: tuple[Any, ...]) -> Image.Image:
+    x0, y0, cw, ch, flip, long_side = plan
+    im = photo.crop((x0, y0, x0 + cw, y0 + ch))
+    if flip:
+        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     scale = long_side / max(cw, ch)
     size = (max(1, round(cw * scale)), max(1, round(ch * scale)))
     return im.resize(size, Image.Resampling.LANCZOS)
+
+
+_PHOTOS: list[Image.Image] = []
+
+
+def _load_photos(paths: list[Path]) -> None:
+    _PHOTOS[:] = [_load(p) for p in paths]
+
+
+def _write(job: tuple[int, tuple[Any, ...], int, Path]) -> None:
+    photo, plan, quality, path = job
+    buf = io.BytesIO()
+    _render(_PHOTOS[photo], plan).save(buf, "JPEG", quality=quality)
+    path.write_bytes(buf.getvalue())
 
 
 def build_dataset(
@@ -122,18 +148,27 @@ def build_dataset(
     if root.exists():
         shutil.rmtree(root)
     paths = source_photos()
-    photos = [_load(p) for p in paths]
-    color = [p for p in photos if p.mode == "RGB"]
-    gray = [p for p in photos if p.mode == "L"]
+    _load_photos(paths)
+    color = [i for i, p in enumerate(_PHOTOS) if p.mode == "RGB"]
+    gray = [i for i, p in enumerate(_PHOTOS) if p.mode == "L"]
     rng = random.Random(seed)
-    for i in range(n_images):
-        pool = gray if rng.random() < _GRAY_SHARE else color
-        im = _one(rng, rng.choice(pool))
+    jobs = []
+    for i in range(n_images):  # the draws, in the recipe's order; the work, in parallel
+        photo = rng.choice(gray if rng.random() < _GRAY_SHARE else color)
+        plan = _plan(rng, _PHOTOS[photo].size)
         folder = root / f"class_{i % n_classes:03d}"
         folder.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        im.save(buf, "JPEG", quality=rng.randint(75, 95))
-        (folder / f"{i:05d}.jpg").write_bytes(buf.getvalue())
+        jobs.append((photo, plan, rng.randint(75, 95), folder / f"{i:05d}.jpg"))
+    processes = min(len(os.sched_getaffinity(0)), max(1, n_images // 64))
+    if processes <= 1:
+        for job in jobs:
+            _write(job)
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(processes, mp_context=ctx, initializer=_load_photos,
+                                 initargs=(paths,)) as pool:
+            for _ in pool.map(_write, jobs, chunksize=16):
+                pass
     manifest.write_text(json.dumps(recipe))
     return root
 

@@ -203,6 +203,7 @@ def main() -> None:
                        str(workers), "--ms", str(ms), "--epochs", str(epochs), "--size",
                        str(SIZE), "--batch-size", str(BATCH)]
                 new = run_child(cmd, timeout=300 if args.quick else 1200)
+                print(f"    -> {_said(new)}", flush=True)
                 old = results[ms].get(kind)
                 if old is None or new.get("img_per_s", 0) > old.get("img_per_s", 0):
                     if old is not None:
@@ -242,6 +243,13 @@ def _short(reason: str) -> str:
     """``TypeError: folder() got an unexpected ...`` without the function's name."""
     kind, _, message = reason.partition(": ")
     return f"{kind}: {message.split(' got ', 1)[-1]}"[:80]
+
+
+def _said(result: dict[str, Any]) -> str:
+    """One contender's result in a line, printed as it comes (a cut-short run keeps it)."""
+    if "img_per_s" in result:
+        return f"{result['img_per_s']:.0f} img/s, peak PSS {_mib(result.get('peak_pss', 0))}"
+    return str(result.get("na") or result.get("error", "?"))[:200]
 
 
 def _mib(n: int) -> str:

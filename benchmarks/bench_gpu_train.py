@@ -46,15 +46,15 @@ RESULTS = HERE / "results"
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 
-ROWS = [  # (kind, label)
+ROWS = [  # (kind, label), the most telling first: a run cut short keeps those
+    ("gpu", "data already on the GPU (ceiling)"),
     ("torch", "torch DataLoader (persistent, pinned)"),
     ("folder", "image.folder(train=True) (defaults)"),
-    ("folder-threads", 'image.folder(train=True, workers="threads")'),
-    ("folder-processes", 'image.folder(train=True, workers="processes")'),
     ("loader", "asyncflow.DataLoader (defaults)"),
-    ("loader-threads", 'asyncflow.DataLoader(workers="threads")'),
+    ("folder-processes", 'image.folder(train=True, workers="processes")'),
+    ("folder-threads", 'image.folder(train=True, workers="threads")'),
     ("loader-processes", 'asyncflow.DataLoader(workers="processes")'),
-    ("gpu", "data already on the GPU (ceiling)"),
+    ("loader-threads", 'asyncflow.DataLoader(workers="threads")'),
 ]
 
 
@@ -275,7 +275,8 @@ def train(kind: str, root: str, batch: int, workers: int, steps: int, warmup: in
     from _gil_loaders import _mode_notes
 
     return {"kind": kind, "img_per_s": n / seconds, "images": n, "seconds": seconds,
-            "model": model_name, "modes": _mode_notes(loader) if loader is not None else []}
+            "model": model_name, "device": torch.cuda.get_device_name(0) if not dry_run else "cpu",
+            "modes": _mode_notes(loader) if loader is not None else []}
 
 
 # -- the parent: one child per row, a table ---------------------------------------------------
@@ -320,7 +321,7 @@ def _report(results: dict[str, dict[str, Any]], args: argparse.Namespace, worker
 
 def parent(args: argparse.Namespace) -> None:
     from _imagedata import build_dataset
-    from bench_gil import run_child
+    from bench_gil import _said, run_child
 
     workers = args.workers or len(os.sched_getaffinity(0))
     root = args.root or str(build_dataset(args.images))
@@ -337,6 +338,7 @@ def parent(args: argparse.Namespace) -> None:
             if args.dry_run_cpu:
                 cmd.append("--dry-run-cpu")
             new = run_child(cmd, timeout=600)
+            print(f"    -> {_said(new)}", flush=True)
             old = results.get(kind)
             if old is None or new.get("img_per_s", 0) > old.get("img_per_s", 0):
                 if old is not None:
@@ -346,23 +348,26 @@ def parent(args: argparse.Namespace) -> None:
             else:
                 old["peak_pss"] = max(old["peak_pss"], new["peak_pss"])
                 old["peak_rss"] = max(old["peak_rss"], new["peak_rss"])
+            _write(results, args, workers)  # after every row: a cut-short run keeps its rows
+    print("\n" + _write(results, args, workers))
+    print(f"\nwrote {RESULTS / _stem(args)}.md and .json")
+
+
+def _stem(args: argparse.Namespace) -> str:
+    return "bench_gpu_train_dry_run" if args.dry_run_cpu else "bench_gpu_train"
+
+
+def _write(results: dict[str, dict[str, Any]], args: argparse.Namespace, workers: int) -> str:
     model = next((r["model"] for r in results.values() if "model" in r), "?")
-    device = "CPU (dry run)" if args.dry_run_cpu else _gpu_name()
+    device = "CPU (dry run)" if args.dry_run_cpu else next(
+        (r["device"] for r in results.values() if "device" in r), "?")
     report = _report(results, args, workers, device, model)
-    print("\n" + report)
     RESULTS.mkdir(exist_ok=True)
-    stem = "bench_gpu_train_dry_run" if args.dry_run_cpu else "bench_gpu_train"
-    (RESULTS / f"{stem}.md").write_text(report + "\n")
-    (RESULTS / f"{stem}.json").write_text(json.dumps(
+    (RESULTS / f"{_stem(args)}.md").write_text(report + "\n")
+    (RESULTS / f"{_stem(args)}.json").write_text(json.dumps(
         {"device": device, "model": model, "workers": workers, "args": vars(args),
          "results": results}, indent=1, default=str))
-    print(f"\nwrote {RESULTS / stem}.md and .json")
-
-
-def _gpu_name() -> str:
-    import torch
-
-    return str(torch.cuda.get_device_name(0))
+    return report
 
 
 def main() -> None:

@@ -215,7 +215,10 @@ class BatchAssembler:
         """The next iteration to start leaves out the rows at ``settled`` positions (they were
         delivered, or failed, before it was interrupted): its batches keep their boundaries."""
         with self._lock:
-            self._resume = settled
+            # Every row settled: the run claims none, so none would take the span up, and the
+            # run after it would leave out its rows.
+            whole = next(settled.gaps(0, self.count), None) is None
+            self._resume = None if whole else settled
 
     def release(
         self, row: Ticket | Failed, *, ok: bool = True

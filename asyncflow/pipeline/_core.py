@@ -215,7 +215,7 @@ class PipelineCore(Generic[T_co]):
         delivered in part), the epoch, the failures so far by stage, a fingerprint of the
         stages and the source, and ``offset`` (the watermark). A sampler source's own state
         is saved with it. Its size follows what is in flight, not the epoch's length; it is
-        taken in the consumer's thread, in 0.05 to 2.5 ms (docs/reliability.md).
+        taken in the consumer's thread, in 0.05 to 1 ms (docs/reliability.md).
 
         :meth:`load_state_dict` on a new pipeline then makes its next run yield exactly the
         items not yet delivered: in the same order where the stages keep order, as the same

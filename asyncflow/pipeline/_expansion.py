@@ -7,9 +7,13 @@ from collections import Counter
 from typing import Any
 
 from ._ledger import FixedLedger, Ledger
-from ._span import Span, span_json
+from ._span import Span, runs, span_json
 
 __all__ = ["SplitLedger"]
+
+_Pairs = tuple[tuple[int, int], ...]
+#: A partial input's saved entry: its key, its settled indices (mark, ranges), its text.
+_Entry = tuple[_Pairs, int, _Pairs, str]
 
 
 class SplitLedger(Ledger):
@@ -46,6 +50,16 @@ class SplitLedger(Ledger):
         self._stamp = 0
         self._memo: tuple[int, Span, Span] | None = None  # settled_inputs
         self._state_memo: tuple[int, Span, list[Any]] | None = None  # get_state's partials
+        # Walked incrementally (``settle``): per open input, the indices of its settled
+        # outputs; the inputs ended since the last walk; those a resumed run skips in part;
+        # each partial input's saved entry, until its settled outputs change.
+        self._settling = False
+        self._got: dict[int, list[int]] = {}
+        self._ended: list[int] = []
+        self._skipping: set[int] = set()
+        self._entries: dict[int, _Entry] = {}
+        self._version = 0  # bumped as the partial inputs change
+        self._rows: tuple[int, list[_Entry], str] | None = None  # the last, and its text
 
     def begin(self) -> int:
         """An input was read: its ordinal. Its indices to skip are found when resuming."""
@@ -53,11 +67,14 @@ class SplitLedger(Ledger):
         self.taken += 1
         if self.on:
             skip = None
-            if self.partial and self.key_of is not None:
-                skip = self.partial.pop(self.key_of(ordinal), None)
             with self.lock:
+                if self.partial and self.key_of is not None:
+                    skip = self.partial.pop(self.key_of(ordinal), None)
                 self.open[ordinal] = [0, False, skip, 0, []]
                 self._stamp += 1
+                if skip is not None:
+                    self._skipping.add(ordinal)
+                    self._version += 1
         return ordinal
 
     def keep(self, ordinal: int, values: list[Any]) -> list[Any]:
@@ -91,6 +108,8 @@ class SplitLedger(Ledger):
                 self._cache = None
                 self._stamp += 1
                 self.open[ordinal][1] = True
+                if self._settling:
+                    self._ended.append(ordinal)
 
     def _slices(self, outputs: Span) -> list[tuple[int, int]]:
         """The settled outputs still listed, as index ranges into :attr:`sources`."""
@@ -162,9 +181,108 @@ class SplitLedger(Ledger):
         self.base = inputs.mark
         self.done = list(inputs.ranges)
 
+    def start_settling(self) -> None:
+        self._settling = True
+        self._ended = [o for o, state in self.open.items() if state[1]]
+
+    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
+        first, sources, indices = self.first_out, self.sources, self.indices
+        listed = len(sources)
+        got, entries, open_ = self._got, self._entries, self.open
+        touched, self._ended = self._ended, []
+        if touched or outputs:
+            self._version += 1
+        for a, b in outputs:
+            low, high = max(a - first, 0), min(b - first, listed)
+            if low >= high:
+                continue
+            for o, j in zip(sources[low:high], indices[low:high], strict=True):
+                known = got.get(o)
+                if known is None:
+                    got[o] = [j]
+                else:
+                    known.append(j)
+                entries.pop(o, None)
+                touched.append(o)
+        settled = []
+        for o in set(touched):
+            state = open_.get(o)
+            if state is not None and state[1] and len(got.get(o, ())) == state[3]:
+                settled.append(o)
+                del open_[o]
+                got.pop(o, None)
+                entries.pop(o, None)
+                self._keys.pop(o, None)
+                self._skipping.discard(o)
+        drop = min(listed, mark - first)
+        if drop > 0:
+            for o, j in zip(sources[:drop], indices[:drop], strict=True):
+                state = open_.get(o)
+                if state is not None:
+                    state[4].append(j)  # as compact() keeps it, should the walk go back
+            del sources[:drop], indices[:drop]
+            self.first_out += drop
+        self._cache = None
+        self._stamp += 1
+        return runs(settled)
+
+    def stop_settling(self, inputs: Span) -> None:
+        self._settling = False
+        self._got.clear()
+        self._entries.clear()
+        self._rows = None
+        self._cache = None
+        self._stamp += 1
+        self.base, self.done = inputs.mark, list(inputs.ranges)
+
+    def _settled_partials(self, key_of: Any) -> tuple[list[dict[str, Any]], str]:
+        """The inputs expanded in part, walked incrementally, and their canonical JSON text
+        (``_text``): an input's entry is made once per change of its settled outputs."""
+        rows = self._rows
+        if rows is None or rows[0] != self._version:
+            entries = self._entries
+            order = sorted(self._got.keys() | self._skipping if self._skipping else self._got)
+            for o in order:
+                if o not in entries:
+                    entries[o] = self._entry(o, key_of)
+            listed = [entries[o] for o in order]
+            # an earlier run's partials, not met again yet
+            listed.extend((key, span.mark, span.ranges, _text(key, span.mark, span.ranges))
+                          for key, span in self.partial.items())
+            text = '{"partial":[' + ",".join([entry[3] for entry in listed]) + "]}"
+            rows = self._rows = (self._version, listed, text)
+        # new lists each time: the caller may keep or change what it is given (most keys
+        # and settled indices are one pair, or none: made without a call)
+        return [{"input": [[*key[0]]] if len(key) == 1 else list(map(list, key)),
+                 "done": {"mark": mark, "ranges": [] if not ranges else [[*ranges[0]]]
+                          if len(ranges) == 1 else list(map(list, ranges))}}
+                for key, mark, ranges, _ in rows[1]], rows[2]
+
+    def _entry(self, o: int, key_of: Any) -> _Entry:
+        """Open input ``o``'s partial entry: its source positions, and its outputs settled
+        (or skipped, resuming) as a span's mark and ranges."""
+        found, skip = self._got.get(o, []), self.open[o][2]
+        ranges: _Pairs
+        if skip is None and len(found) == 1:  # the usual case: one output settled
+            j = found[0]
+            mark, ranges = (1, ()) if j == 0 else (0, ((j, j + 1),))
+        else:
+            done = Span.of(0, found[:]) if skip is None else Span.of(0, found[:]).union(skip)
+            mark, ranges = done.mark, done.ranges
+        key = self._keys.get(o)
+        if key is None:  # fixed while the input is open: its records upstream stay
+            key = self._keys[o] = [list(r) for r in key_of(o)]
+        pairs = tuple((a, b) for a, b in key)
+        return pairs, mark, ranges, _text(pairs, mark, ranges)
+
     def get_state(self, outputs: Span, key_of: Any) -> dict[str, Any] | None:
         if self.batch is not None:
             return None  # its batch's inputs are settled one by one
+        if self._settling:
+            partial, text = self._settled_partials(key_of)
+            self.state_text = text if partial else None
+            return {"partial": partial} if partial else None
+        self.state_text = None
         memo = self._state_memo
         if memo is None or memo[0] != self._stamp or memo[1] != outputs:
             memo = self._state_memo = (self._stamp, outputs, self._partials(outputs, key_of))
@@ -203,6 +321,17 @@ class SplitLedger(Ledger):
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._stamp += 1
+        self._version += 1
         for entry in state.get("partial", ()):
             key = tuple((int(a), int(b)) for a, b in entry["input"])
             self.partial[key] = Span.from_json(entry["done"], "a partial expansion")
+
+
+def _text(key: Any, mark: int, ranges: Any) -> str:
+    """A partial entry's canonical JSON (sorted keys, no spaces; see ``_resume.py``)."""
+    return (f'{{"done":{{"mark":{mark},"ranges":[{_pairs(ranges)}]}},'
+            f'"input":[{_pairs(key)}]}}')
+
+
+def _pairs(pairs: Any) -> str:
+    return ",".join(f"[{int(a)},{int(b)}]" for a, b in pairs)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,8 +23,8 @@ from ._failures import FailureBudget
 from ._lineage import Lineage, SourcePlan
 from ._map import MapNode
 from ._merge import Branch, BranchRun, Merge, MergeNode
-from ._merge_resume import MergeLedger, branch_resumes
-from ._node import Node, NodeContext
+from ._merge_resume import MergeLedger, branch_at, tracks_of
+from ._node import ItemKeys, Node, NodeContext
 from ._offload import WorkerPool
 from ._options import RunOptions
 from ._pools import PoolHolder
@@ -169,6 +168,7 @@ def _add_chain(
     stages: list[StageSpec | None] = [None, *specs]
     plan = run.resume if run.resume is not None else SourcePlan(first=run.start)
     lineage = Lineage(plan)
+    keys = ItemKeys()  # the source's seed keys, if it names them
     nodes: list[Node] = []
     in_step = True  # every stage so far maps source items 1:1, in order
     batched = False
@@ -200,6 +200,7 @@ def _add_chain(
             executor=getattr(spec, "executor", None),
         )
         ctx.lineage = lineage
+        ctx.item_keys = keys
         if in_step:
             ctx.start = run.start  # positions count from the resumed one
             ctx.in_step = True
@@ -264,25 +265,24 @@ def _merge_node(
     """Build a merge's branches into ``graph`` and the node that reads them."""
     prefixes = [f"{prefix}{label}/" for label in merge.labels]
     saved = run.resume.nodes.get(ctx.name) if run.resume is not None else None
-    resumes = branch_resumes(saved, len(merge.inputs), merge.name)
-    ledger = MergeLedger(ctx.lineage.source.plan, len(merge.inputs), resumes)
+    tracks = tracks_of(saved, len(merge.inputs), merge.name)
+    ledger = MergeLedger(ctx.lineage.source.plan, len(merge.inputs), tracks, name=merge.name)
     branches = []
     for i, (pipe, at) in enumerate(zip(merge.inputs, prefixes, strict=True)):
-        if resumes is not None:  # the branch's epoch again (its order, its seeds)
-            with pipe._source.lock:
-                pipe._source.runs = pipe._source.first = resumes[i].epoch
-        new = _add_branch(graph, pipe._branch(), run, at,
-                          resume=None if resumes is None else resumes[i].plan)
-        ledger.epochs[i] = new.contexts[-1].epoch  # its last stage's (nested branches come first)
-        ledger.lineages[i] = lineage = new.contexts[-1].lineage
-        lineage.follow(functools.partial(ledger.floor_of, i))
+        era = ledger.upcoming(i)  # resumed: the branch's epoch again (its order, its seeds)
+        new = _add_branch(graph, branch_at(pipe, era), run, at, resume=era.plan)
+        ledger.install(i, new.contexts[-1])  # its last stage's (nested branches come first)
         branches.append(new)
+    ledger.built(merge.inputs)
 
     async def rebuild(i: int, old: BranchRun) -> BranchRun:
-        branch = await ctx.run_sync(merge.inputs[i]._branch)  # run_plan() may read files
+        era = ledger.upcoming(i)  # resumed: the era its state lists next
+        branch = await ctx.run_sync(branch_at, merge.inputs[i], era)  # run_plan() may read files
         start = len(graph.contexts)
-        new = _add_branch(graph, branch, run, prefixes[i],  # a new epoch: not resumable
-                          counters_of={c.name: c.counters for c in old.contexts}, keep=False)
+        new = _add_branch(graph, branch, run, prefixes[i],
+                          counters_of={c.name: c.counters for c in old.contexts},
+                          resume=era.plan, keep=ledger.keeps)
+        ledger.install(i, new.contexts[-1])
         graph.move(start, old.contexts)
         graph.deferred.difference_update(old.contexts)
         if old.scope in graph.scopes:

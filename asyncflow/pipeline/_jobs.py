@@ -16,8 +16,8 @@ __all__ = ["Job", "Slot", "exit_reason", "merge", "settle", "unpack"]
 
 
 class Job:
-    __slots__ = ("by_value", "epoch", "first", "fut", "items", "jid", "loop", "origin",
-                 "skipped")
+    __slots__ = ("by_value", "epoch", "first", "fut", "items", "jid", "keys", "loop",
+                 "origin", "skipped")
 
     def __init__(self, jid: int, items: list[Any], first: int, epoch: int,
                  loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> None:
@@ -27,6 +27,7 @@ class Job:
         self.origin: list[int] = list(range(len(items)))  # index in the caller's chunk
         self.skipped: list[tuple[int, BaseException]] = []
         self.by_value = False  # the worker could not load the items by reference
+        self.keys: list[int] | None = None  # the items' seed keys, when not their positions
 
 
 class Slot:

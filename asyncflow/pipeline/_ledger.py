@@ -11,6 +11,11 @@ The records a ledger keeps cover only what is in flight: :meth:`Ledger.compact` 
 that are settled, and the run compacts its ledgers as the consumer advances (see
 :class:`~asyncflow.pipeline._lineage.Lineage`). Records are written on the run's loop, *before*
 the items they describe are put out; reading and compacting take the run's lineage lock.
+
+Most ledgers can also be walked *incrementally* (:meth:`Ledger.settle`): given only the
+outputs settled since the last walk, they return the inputs that this settles, and drop the
+records behind them. A state taken while the consumer reads then costs what changed since the
+last one, not a walk over everything in flight (the lineage keeps the settled sets).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._offload import FAILED
-from ._span import Span
+from ._span import Span, runs
 
 __all__ = ["FixedLedger", "Ledger", "MapLedger", "Passthrough", "ShuffleLedger"]
 
@@ -40,6 +45,9 @@ class Ledger:
     """
 
     on = True
+    #: The canonical JSON text (sorted keys, no spaces) of what :meth:`get_state` returned
+    #: last, where the ledger keeps it at hand (the state's checksum then reuses it).
+    state_text: str | None = None
 
     def __init__(self) -> None:
         self.lock: Any = threading.RLock()  # replaced by the run's lineage lock
@@ -65,6 +73,20 @@ class Ledger:
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`get_state` saved, before the run starts."""
 
+    def start_settling(self) -> None:
+        """The lineage walks this ledger with :meth:`settle` from now on (lock held)."""
+
+    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
+        """The incremental walk (lock held): ``outputs`` are the outputs settled since the
+        last call (``[start, end)`` ranges, none given before), ``mark`` the new watermark
+        of all settled outputs; returns the inputs this settles (ranges, any order; one
+        given before may come again). Records of outputs below ``mark`` are dropped."""
+        raise NotImplementedError
+
+    def stop_settling(self, inputs: Span) -> None:
+        """Back to :meth:`settled_inputs` and :meth:`compact` (a journal holds records
+        back): ``inputs`` are the inputs settled so far (lock held)."""
+
 
 class Passthrough(Ledger):
     """Output ``n`` is input ``n`` (prefetch, an ordered map that cannot skip items)."""
@@ -74,6 +96,9 @@ class Passthrough(Ledger):
 
     def inputs_of(self, ordinal: int) -> list[int]:
         return [ordinal]
+
+    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
+        return outputs
 
 
 class FixedLedger(Ledger):
@@ -89,6 +114,7 @@ class FixedLedger(Ledger):
         self.size = size
         self.taken: int | None = 0 if counted else None
         self.dropped: Span | None = None
+        self._dropped_settled = False  # ``dropped`` given by :meth:`settle`
 
     def take(self, count: int) -> None:
         if self.taken is not None:
@@ -113,6 +139,14 @@ class FixedLedger(Ledger):
 
     def inputs_of(self, ordinal: int) -> list[int]:
         return list(range(self._clamp(ordinal * self.size), self._clamp((ordinal + 1) * self.size)))
+
+    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
+        size, clamp = self.size, self._clamp
+        inputs = [(clamp(a * size), clamp(b * size)) for a, b in outputs]
+        if self.dropped is not None and not self._dropped_settled:
+            self._dropped_settled = True
+            inputs.extend(self.dropped.ranges)
+        return inputs
 
 
 class MapLedger(Ledger):
@@ -173,7 +207,8 @@ class MapLedger(Ledger):
         with self.lock:
             if not self.on:  # the run stopped meanwhile (``Lineage.freeze``)
                 return None
-            token = (len(self.sources), len(self.dead), first)
+            # the first output's ordinal: compaction may drop records before ``undo``
+            token = (self.first_out + len(self.sources), len(self.dead), first)
             if self.is_filter or failures:
                 keep = self.is_filter
                 for i, value in enumerate(values):
@@ -190,9 +225,9 @@ class MapLedger(Ledger):
         """Forget what :meth:`emit` recorded (the outputs were not put out after all)."""
         if token is None:
             return
-        sources, dead, first = token
+        output, dead, first = token
         with self.lock:
-            del self.sources[sources:]
+            del self.sources[max(0, output - self.first_out):]
             del self.dead[dead:]
         if self.in_order:
             self.taken = first
@@ -229,6 +264,25 @@ class MapLedger(Ledger):
         self.dead = []  # settled: in ``inputs`` now
         self.base = inputs.mark
         self.done = list(inputs.ranges)
+
+    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
+        if self.identity:
+            return outputs
+        ordinals, self.dead = self.dead, []  # dead inputs are settled at once
+        first, sources = self.first_out, self.sources
+        listed = len(sources)
+        for a, b in outputs:
+            low, high = max(a - first, 0), min(b - first, listed)
+            if low < high:
+                ordinals += sources[low:high]
+        drop = min(listed, mark - first)
+        if drop > 0:
+            del sources[:drop]
+            self.first_out += drop
+        return runs(ordinals)
+
+    def stop_settling(self, inputs: Span) -> None:
+        self.base, self.done = inputs.mark, list(inputs.ranges)
 
 
 class ShuffleLedger(MapLedger):

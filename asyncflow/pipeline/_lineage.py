@@ -3,12 +3,15 @@
 Each node has a ledger (``_ledger.py``) translating its settled outputs into its settled
 inputs. Composed from the consumer's delivered count back to the source, they give the
 settled source positions: a :class:`Span` (a watermark plus the ranges settled above it),
-which a resumed run skips. The source's ledger, :class:`SourceLedger`, turns source ordinals
-into positions: a resumed run's source skips positions, so its ordinals and positions differ.
+which a resumed run skips. The source's ledger (``_source_ledger.py``, re-exported here) turns
+source ordinals into positions.
 
 Nodes write their records on the run's loop; :meth:`Lineage.snapshot` reads them in the
-consumer's thread. Both hold :attr:`Lineage.lock` (an ``RLock``), briefly: a snapshot walks
-only what is in flight, since the ledgers are compacted as the consumer advances.
+consumer's thread. Both hold :attr:`Lineage.lock` (an ``RLock``), briefly. When every ledger
+can be walked incrementally (``Ledger.settle``: the engine's own stages, a plain source), the
+lineage keeps each one's settled inputs (:class:`GrowingSpan`) and a snapshot walks only what
+settled since the last one; otherwise each snapshot walks what is in flight, the ledgers
+being compacted as the consumer advances.
 """
 
 from __future__ import annotations
@@ -16,108 +19,20 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from ._expansion import SplitLedger
-from ._ledger import FixedLedger, Ledger
-from ._span import Span
+from ._ledger import FixedLedger, Ledger, MapLedger, Passthrough, ShuffleLedger
+from ._source_ledger import TAKEN, SourceLedger, SourcePlan, received
+from ._span import GrowingSpan, Span
 
 __all__ = ["TAKEN", "Lineage", "SourceLedger", "SourcePlan", "node_ledger", "received"]
 
 #: Records written between compactions (amortizes their cost to O(1) a record).
 _COMPACT_EVERY = 512
 
-#: What the consumer's handle leaves in a slot of its chunk once it has taken the item.
-TAKEN: Any = object()
-
-
-def received(delivered: int, chunk: list[Any]) -> int:
-    """The items the consumer has taken, of the ``delivered`` handed to it in chunks;
-    ``chunk``: the latest, whose taken slots (a prefix) hold :data:`TAKEN`. Exact after the
-    run stopped too (``break``, ``close()``, garbage collection): the chunk outlives the
-    handle, and what it had not taken was never delivered."""
-    taken = 0
-    for item in chunk:
-        if item is not TAKEN:
-            break
-        taken += 1
-    return delivered - (len(chunk) - taken)
-
-
-@dataclass(frozen=True)
-class SourcePlan:
-    """Where a run's source starts: the position of the opened source's first item, and
-    the positions to leave out (settled in an earlier run)."""
-
-    first: int = 0
-    skip: Span = field(default_factory=Span)
-    #: Each stage's saved extras, by stage name (``Ledger.set_state``).
-    nodes: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def base(self) -> int:
-        """Every position below it is settled: the first one the run may yield."""
-        return max(self.first, self.skip.mark)
-
-
-class SourceLedger(Ledger):
-    """The source's ordinals in order are the positions from :attr:`SourcePlan.base` on,
-    leaving out the skipped ones."""
-
-    def __init__(self, plan: SourcePlan) -> None:
-        super().__init__()
-        self.plan = plan
-        self.emitted = 0  # ordinals put out so far (settled outputs beyond do not exist)
-        self._memo: tuple[Span, int, SourcePlan, Span] | None = None  # the last answer
-
-    def _pieces(self) -> list[tuple[int, int, int]]:
-        """``(first ordinal, first position, length)`` of each run of positions yielded
-        without a gap; the last is open-ended (length -1)."""
-        plan = self.plan
-        pieces, ordinal, position = [], 0, plan.base
-        for start, end in plan.skip.ranges:
-            if end <= position:
-                continue
-            pieces.append((ordinal, position, start - position))
-            ordinal += start - position
-            position = end
-        pieces.append((ordinal, position, -1))
-        return pieces
-
-    def positions(self, start: int, end: int) -> list[tuple[int, int]]:
-        """The position ranges of ordinals ``[start, end)``."""
-        out = []
-        for ordinal, position, length in self._pieces():
-            stop = end if length < 0 else min(end, ordinal + length)
-            if stop > start and (length < 0 or start < ordinal + length):
-                low = max(start, ordinal)
-                out.append((position + low - ordinal, position + stop - ordinal))
-        return out
-
-    def settled_inputs(self, outputs: Span) -> Span:
-        """The settled positions, given the settled ordinals."""
-        emitted, plan = self.emitted, self.plan
-        memo = self._memo
-        if memo is not None and memo[1] == emitted and memo[2] is plan and memo[0] == outputs:
-            return memo[3]
-        ranges = [*plan.skip.ranges, (0, plan.base)]
-        if not plan.skip.ranges:  # ordinals follow the positions from the base, no gap
-            base = plan.base
-            ranges += [(base + low, base + high) for low, high in outputs.clip(0, emitted)]
-        else:
-            for start, end in outputs.clip(0, emitted):
-                ranges.extend(self.positions(start, end))
-        inputs = Span(0, ranges)
-        self._memo = (outputs, emitted, plan, inputs)
-        return inputs
-
-    def inputs_of(self, ordinal: int) -> list[int]:
-        if ordinal >= self.emitted:
-            return []
-        if not self.plan.skip.ranges:
-            return [self.plan.base + ordinal]
-        return [self.positions(ordinal, ordinal + 1)[0][0]]
+#: The ledgers walked incrementally (exactly these types: a subclass may answer otherwise).
+_SETTLING = (SourceLedger, Passthrough, FixedLedger, MapLedger, ShuffleLedger, SplitLedger)
 
 
 def node_ledger(node: Any, spec: Any) -> Ledger | None:
@@ -177,6 +92,11 @@ class Lineage:
         self._grown = 0
         self._compacted = False
         self._held: int | None = None  # outputs from it on are kept for trace()
+        # The incremental walk (``None``: not chosen yet; chosen at the first walk): the last
+        # stage's settled outputs, then each ledger's settled inputs (index for index).
+        self._settling: bool | None = None
+        self._outputs = GrowingSpan()
+        self._inputs: list[GrowingSpan] = []
 
     def attach(
         self, names: Sequence[str], nodes: Sequence[Any], specs: Sequence[Any], *,
@@ -214,6 +134,7 @@ class Lineage:
                     ledger.batch = before  # batch().unbatch(): element j of batch n is
                     # the batch's input n * size + j
         self.ledgers, self.names = ledgers, kept
+        self._settling = None  # chosen again, for these ledgers, at the first walk
         if self.missing is None:
             for name, ledger in zip(kept, ledgers, strict=True):
                 if name in self.source.plan.nodes:
@@ -274,6 +195,11 @@ class Lineage:
         next output it will :meth:`trace`, so that compaction never outruns it."""
         with self.lock:
             self._held = ordinal
+            if self._settling:  # the incremental walk drops records as soon as settled
+                for ledger, inputs in zip(self.ledgers, self._inputs, strict=True):
+                    ledger.stop_settling(inputs.span())
+                self._compacted = True
+            self._settling = False
 
     def trace(self, ordinal: int) -> list[int] | None:
         """The source positions behind the run's output ``ordinal``, in the order its
@@ -295,6 +221,9 @@ class Lineage:
         if self.missing is not None or delivered <= 0:
             return
         with self.lock:
+            if self._incremental():
+                self._settle(Span(delivered))
+                return
             settled = self._walk(delivered)
             self._compacted = True
             for index, ledger in enumerate(self.ledgers):
@@ -322,6 +251,24 @@ class Lineage:
         """
         return self.snapshot_of(Span(delivered))
 
+    def snapshot_texts(
+        self, delivered: int
+    ) -> tuple[Span, dict[str, dict[str, Any]], dict[str, str]]:
+        """As :meth:`snapshot`, with the canonical JSON text of each stage's extras that its
+        ledger keeps at hand (``Ledger.state_text``), by stage name.
+
+        Raises:
+            LookupError: A stage keeps no ledger (:attr:`missing` names it).
+        """
+        with self.lock:
+            positions, extras = self.snapshot(delivered)
+            texts = {}
+            for name, ledger in zip(self.names, self.ledgers, strict=True):
+                text = ledger.state_text
+                if text is not None and name in extras:
+                    texts[name] = text
+        return positions, extras, texts
+
     def snapshot_of(self, outputs: Span) -> tuple[Span, dict[str, dict[str, Any]]]:
         """As :meth:`snapshot`, given the last stage's settled outputs (a merge's branch:
         those of its items that the merge's consumer has settled).
@@ -332,6 +279,8 @@ class Lineage:
         if self.missing is not None:
             raise LookupError(self.missing)
         with self.lock:
+            if self._incremental():
+                return self._settled_snapshot(outputs)
             settled = self._walk(outputs)
             extras = {}
             for index, ledger in enumerate(self.ledgers):
@@ -343,3 +292,41 @@ class Lineage:
                 for index, ledger in enumerate(self.ledgers):
                     ledger.compact(settled[index], settled[index - 1])
         return settled[-1], extras
+
+    # -- the incremental walk -----------------------------------------------------------
+
+    def _incremental(self) -> bool:
+        """Whether walks are incremental: chosen at the first (lock held), if every ledger
+        is of a kind that settles incrementally and no journal holds records back."""
+        if self._settling is None:
+            self._settling = self._held is None and all(
+                type(ledger) in _SETTLING
+                and not (isinstance(ledger, SplitLedger) and ledger.batch is not None)
+                for ledger in self.ledgers
+            )
+            if self._settling:
+                self._outputs, self._inputs = GrowingSpan(), [GrowingSpan() for _ in self.ledgers]
+                for ledger in self.ledgers:
+                    ledger.start_settling()
+        return self._settling
+
+    def _settle(self, outputs: Span) -> None:
+        """Settle ``outputs`` of the last stage (lock held): each ledger is given only what
+        settled since the last walk, and drops the records behind it."""
+        above = self._outputs
+        fresh = above.add(outputs.intervals())
+        for ledger, inputs in zip(reversed(self.ledgers), reversed(self._inputs), strict=True):
+            fresh = inputs.add(ledger.settle(fresh, above.mark))
+            above = inputs
+
+    def _settled_snapshot(self, outputs: Span) -> tuple[Span, dict[str, dict[str, Any]]]:
+        """:meth:`snapshot_of` by the incremental walk (lock held). Ledgers of this walk
+        keep what their extras need themselves: they are given no settled outputs."""
+        self._settle(outputs)
+        extras = {}
+        for index, ledger in enumerate(self.ledgers):
+            if type(ledger).get_state is not Ledger.get_state:
+                state = ledger.get_state(Span(), functools.partial(self.key_of, index - 1))
+                if state is not None:
+                    extras[self.names[index]] = state
+        return self._inputs[0].span(), extras

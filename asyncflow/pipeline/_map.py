@@ -206,7 +206,8 @@ class MapNode:
         if self.processes is not None:
             # positions are assigned with no await since the take: items[0] is _taken - len
             first = ctx.positions(self._taken - len(items), len(items))[0]
-            return self.processes.submit(items, first, ctx.epoch)
+            keys = ctx.seed_keys(first, len(items))  # a Split share's: the items' list indices
+            return self.processes.submit(items, first, ctx.epoch, keys=keys)
         if self.remote:
             return ctx.run_sync(run_chunk_remote, self.fn, items)
         return ctx.run_sync(run_chunk, self.fn, items, ctx.stop)

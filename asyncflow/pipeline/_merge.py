@@ -7,6 +7,9 @@ stall detection and statistics (the branch's stages named ``label/stage``). The 
 channels in the order a :class:`MergePolicy` chooses. A policy may restart a branch that ran
 out: the branch is rebuilt as a new epoch of its input, inside the same run. The engine knows
 nothing else of the policy (``asyncflow.mix`` draws by weight).
+
+A merge's state, and how a resumed merge replays its policy's choices, restarts included:
+``_merge_resume.py`` and ``_merge_epochs.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, Protocol, Typ
 
 from .._errors import ConfigError
 from .._scope import RunScope
-from ._merge_resume import MergeLedger
+from ._merge_resume import END, PASS, TAKE, MergeLedger
 from ._node import NodeContext, Receiver, Sender, apply_hooks
 from ._options import RunPlan
 from ._pools import PoolHolder
@@ -207,8 +210,10 @@ class MergeNode:
         rebuild: Builds a new epoch of a branch in the run and starts its tasks.
         tasks: The run's stage tasks, by context (to stop and wait for a branch's).
         failed: The contexts of the run's failed stages.
-        ledger: Records which branch item each output is, and passes over the choices a
-            resumed run had settled (``_merge_resume.py``).
+        ledger: Records which branch item (of which era: an epoch of the input, a restart
+            begins the next) each output is, and passes over the choices a resumed run had
+            settled, telling the policy where an era settled in full ran out
+            (``_merge_resume.py``).
     """
 
     def __init__(
@@ -249,8 +254,12 @@ class MergeNode:
             ledger = self.ledger
             while (i := chooser.choose()) is not None:
                 branch = self._branch(i)
-                if ledger is not None and ledger.passes(int(i)):
-                    branch.taken += 1  # settled before a resume: the branch leaves it out
+                if ledger is not None and (what := ledger.pick(int(i))) != TAKE:
+                    if what == PASS:  # settled before a resume: the branch leaves it out
+                        branch.taken += 1
+                    elif what == END:  # an era settled in full before a resume ran out
+                        empty = ledger.replay_empty(int(i))
+                        ledger.replayed(int(i), self._verdict(chooser, int(i), empty=empty))
                     continue
                 if branch.pos >= len(branch.items):
                     await self._flush(pending, out)
@@ -305,20 +314,27 @@ class MergeNode:
 
     async def _ended(self, i: int, branch: BranchRun, chooser: MergeChooser) -> bool:
         """Branch ``i`` ran out: drop or restart it; False when the merge ends."""
+        if self.ledger is not None:
+            self.ledger.ran_out(i)
         await self._settle(branch)
         if any(ctx in self._failed for ctx in branch.contexts):
             return False  # the run fails with the branch's error
-        verdict = chooser.ended(i, empty=branch.taken == 0)
-        if verdict not in _ENDS:
-            raise ConfigError(f"merge policy: ended() returned {verdict!r}, not one of {_ENDS}")
+        verdict = self._verdict(chooser, i, empty=branch.taken == 0)
+        if self.ledger is not None:
+            self.ledger.ended(i, verdict)  # a restart: the branch's next era
         if verdict == "stop":
             return False
         await self._retire(branch)
         if verdict == "restart":
-            if self.ledger is not None:
-                self.ledger.restart(i)
             self.branches[i] = await self._rebuild(i, branch)
         return True
+
+    @staticmethod
+    def _verdict(chooser: MergeChooser, i: int, *, empty: bool) -> BranchEnd:
+        verdict = chooser.ended(i, empty=empty)
+        if verdict not in _ENDS:
+            raise ConfigError(f"merge policy: ended() returned {verdict!r}, not one of {_ENDS}")
+        return verdict
 
     def _stop(self, branch: BranchRun) -> None:
         branch.live = False

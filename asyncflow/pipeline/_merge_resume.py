@@ -3,175 +3,245 @@ resumed merge replays its policy's choices.
 
 The merge's outputs play the part of a source's positions (its ledger is a
 :class:`~asyncflow.pipeline._lineage.SourceLedger`: a resumed run's outputs leave the settled
-ones out). Each output is also recorded as *branch* ``b``'s item ``k`` (``k`` counts that
-branch's items in the uninterrupted run's numbering) and as that branch run's output ordinal,
-until it is settled. The state holds, per branch, the items settled (``taken``: a watermark
-plus ranges) and the branch's own lineage state (its settled source positions and stage
-extras, from the branch's ledgers), and its epoch.
+ones out). Each output is also recorded as item ``k`` of an *era* of branch ``b`` (an epoch of
+its input within the merge run: a restart begins the next, ``_merge_epochs.py``) and as that
+era's branch-run output ordinal, until it is settled. The state holds, per branch, the lengths
+of the eras settled in full, and for each later era its input's epoch, the branch's own
+lineage state (settled source positions and stage extras, from the branch's ledgers) and the
+era's items settled (``taken``: a watermark plus ranges).
 
 Resuming, the merge asks its policy for the same choices again (they are reproducible: a
-policy depends on its seed and the epoch), from the first: a choice of branch ``b`` whose next
-item ``k`` was settled is passed over, any other takes the branch's next item, and each branch
-resumes with its settled items left out. So the merge yields exactly the items not yet
-delivered, in the uninterrupted run's order (where the branches keep order). Replaying costs
-one choice per item already delivered, at the resumed run's start (about 1.5 us each).
-
-A branch restarted within a run (``mix(stop="cycle" | "never")``) is a new epoch of its
-input, numbered anew: a state taken after one has restarted raises ``ConfigError``.
+policy depends on its seed and the epoch), from the first. A choice of branch ``b`` in an era
+settled in full is passed over, and the choice just past that era's length is where the branch
+ran out: the policy is told so (``ended``), as it was then, and must restart it. In a listed
+era, a choice whose next item ``k`` was settled is passed over and any other takes the
+branch's next item; the branch is built at the era's epoch with its settled positions left out,
+and restarts into the next listed era, then into new ones. So the merge yields exactly the
+items not yet delivered, in the uninterrupted run's order (where the branches keep order), and
+a branch reads each epoch its input would have read. Replaying costs one choice per item
+already delivered in the merge run, at the resumed run's start (about 1.5 us each).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .._errors import ConfigError
 from ._lineage import Lineage, SourceLedger, SourcePlan
+from ._merge_epochs import Era, Track, add_run, branch_at, count_on, tracks_of
 from ._span import Span
 
-__all__ = ["BranchResume", "MergeLedger", "branch_resumes"]
+__all__ = ["END", "PASS", "SKIP", "TAKE", "MergeLedger", "branch_at", "tracks_of"]
 
-
-class BranchResume:
-    """Where one branch of a resumed merge starts: its epoch, its source plan, and the items
-    of it that the merge passes over (settled before)."""
-
-    def __init__(self, epoch: int, plan: SourcePlan, taken: Span) -> None:
-        self.epoch = epoch
-        self.plan = plan
-        self.taken = taken
-
-
-def branch_resumes(state: Any, branches: int, name: str) -> list[BranchResume] | None:
-    """The branches' resumes from a merge's saved extras (``None``: not resuming).
-
-    Raises:
-        ConfigError: The extras are not what :meth:`MergeLedger.get_state` saved for
-            ``branches`` branches.
-    """
-    if state is None:
-        return None
-    saved = state.get("branches") if isinstance(state, dict) else None
-    if not isinstance(saved, list) or len(saved) != branches:
-        raise ConfigError(f"the state of merge {name!r}: expected {branches} branches")
-    out = []
-    for index, entry in enumerate(saved):
-        what = f"merge {name!r}, branch {index}"
-        if not isinstance(entry, dict) or not {"epoch", "positions", "nodes", "taken"} <= set(
-            entry
-        ):
-            raise ConfigError(f"{what}: expected epoch, positions, nodes and taken")
-        epoch, nodes = entry["epoch"], entry["nodes"]
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"{what}: the epoch must be an int >= 0, got {epoch!r}")
-        if not isinstance(nodes, dict) or not all(isinstance(v, dict) for v in nodes.values()):
-            raise ConfigError(f"{what}: nodes must map stage names to dicts")
-        positions = Span.from_json(entry["positions"], f"{what}'s positions")
-        taken = Span.from_json(entry["taken"], f"{what}'s items taken")
-        out.append(BranchResume(epoch, SourcePlan(skip=positions, nodes=nodes), taken))
-    return out
+#: What a choice of a branch is to a merge (:meth:`MergeLedger.pick`): take the branch's next
+#: item; pass over an item settled before a resume; pass over one of an era settled in full;
+#: the end of such an era (tell the policy the branch ran out).
+TAKE, PASS, SKIP, END = range(4)
 
 
 class MergeLedger(SourceLedger):
     """The merge node's ledger (its outputs are the run's positions), and per output in
-    flight its branch, the branch's item number and the branch run's output ordinal.
+    flight its branch, era, the era's item number and the branch run's output ordinal.
 
     Args:
         plan: The run's source plan (a resumed run: the merge outputs settled before).
         branches: How many inputs the merge has.
-        resumes: Each branch's resume, or ``None`` (a new epoch).
+        tracks: Each branch's saved eras (:func:`tracks_of`), or ``None`` (a new epoch).
+        name: The merge's name, for errors.
     """
 
-    def __init__(self, plan: SourcePlan, branches: int,
-                 resumes: list[BranchResume] | None = None) -> None:
+    def __init__(self, plan: SourcePlan, branches: int, tracks: list[Track] | None = None,
+                 *, name: str = "merge") -> None:
         super().__init__(plan)
-        self.epochs = [0] * branches
-        self.lineages: list[Lineage | None] = [None] * branches  # set as branches are built
-        self.skip = [r.taken for r in resumes] if resumes else [Span()] * branches
-        self.next = [0] * branches  # each branch's next item number (uninterrupted numbering)
-        self.ran = [0] * branches  # each branch run's outputs taken
-        self.picks: list[tuple[int, int, int]] = []  # (branch, item, branch ordinal) from
+        self.name = name
+        self.resumed = tracks is not None
+        self.tracks = tracks if tracks is not None else [Track() for _ in range(branches)]
+        self.picks: list[tuple[int, Era, int, int]] = []  # (branch, era, item, ordinal) from
         self.first_out = 0  # this output ordinal on
-        self.settled = list(self.skip)  # per branch: items settled, compacted
-        self.floor = [0] * branches  # per branch: its run's outputs settled, compacted
-        #: The branch that restarted first, if any: the state cannot be taken.
-        self.restarted: int | None = None
+        self._on = False  # until the run's lineage says whether it keeps records
+        self._keeps: bool | None = None
 
-    def passes(self, branch: int) -> bool:
-        """Whether the merge passes over this choice of ``branch`` (its next item was
-        settled before a resume); counts it if so."""
-        item = self.next[branch]
-        if item < self.skip[branch].mark or (self.skip[branch].ranges and
-                                             item in self.skip[branch]):
-            self.next[branch] = item + 1
-            return True
-        return False
+    @property
+    def on(self) -> bool:
+        """Whether records are kept: set by the run's lineage (``Lineage.attach``), turned
+        off when the run stops. A merge whose run keeps none (a stage after it keeps no
+        ledger; a merge within a merge) turns its branches' records off too."""
+        return self._on
+
+    @on.setter
+    def on(self, value: bool) -> None:
+        if self._keeps is None:
+            self._keeps = value
+            if not value:
+                for lineage in self.lineages:
+                    lineage.freeze()
+        self._on = value
+
+    @property
+    def keeps(self) -> bool:
+        """Whether a branch built now keeps records (the run's state can be taken)."""
+        return self._keeps is True
+
+    @property
+    def lineages(self) -> list[Lineage]:
+        """The lineages of the eras still held (``Lineage.freeze`` freezes them too)."""
+        return [e.lineage for t in self.tracks for e in t.eras if e.lineage is not None]
+
+    # -- on the run's loop ----------------------------------------------------------------
+
+    def upcoming(self, branch: int) -> Era:
+        """The era ``branch`` builds next: a resumed one has its epoch and ``plan`` (where
+        its branch starts), a new one neither."""
+        return self.tracks[branch].era
+
+    def built(self, pipes: Sequence[Any]) -> None:
+        """The first eras of the branches (over ``pipes``) are built: a resumed merge's
+        inputs count their epochs on from where they were when the state was taken."""
+        if self.resumed:
+            count_on(pipes, self.tracks)
+
+    def install(self, branch: int, ctx: Any) -> None:
+        """The era ``branch`` reads now was built: ``ctx`` is its last stage's context."""
+        era = self.tracks[branch].era
+        with self.lock:
+            era.epoch, era.lineage, era.plan = ctx.epoch, ctx.lineage, None
+        ctx.lineage.follow(era.floor_now)
+
+    def pick(self, branch: int) -> int:
+        """What a choice of ``branch`` is: :data:`TAKE`, :data:`PASS`, :data:`SKIP` or
+        :data:`END` (a pass is counted here)."""
+        track = self.tracks[branch]
+        if track.replay:
+            if track.passed < track.replay[0][0]:
+                track.passed += 1
+                return SKIP
+            return END
+        era = track.era
+        item, skip = era.next, era.skip
+        if item < skip.mark or (skip.ranges and item in skip):
+            era.next = item + 1
+            return PASS
+        return TAKE
+
+    def replay_empty(self, branch: int) -> bool:
+        """Whether the era settled in full that :data:`END` ended had no items."""
+        return self.tracks[branch].replay[0][0] == 0
+
+    def replayed(self, branch: int, verdict: str) -> None:
+        """The policy's verdict where an era settled in full ran out: it must restart.
+
+        Raises:
+            ConfigError: It did not (the state is from another policy or seed).
+        """
+        if verdict != "restart":
+            self._differs(branch, verdict)
+        track = self.tracks[branch]
+        track.passed = 0
+        track.replay[0][1] -= 1
+        if not track.replay[0][1]:
+            del track.replay[0]
 
     def take(self, branch: int) -> None:
         """The merge took ``branch``'s next item, to put it out (recorded before it is)."""
-        item, ordinal = self.next[branch], self.ran[branch]
-        self.next[branch], self.ran[branch] = item + 1, ordinal + 1
+        era = self.tracks[branch].era
+        item, ordinal = era.next, era.ran
+        era.next, era.ran = item + 1, ordinal + 1
         self.emitted += 1
-        if self.on:
+        if self._on:
             with self.lock:
-                self.picks.append((branch, item, ordinal))
+                self.picks.append((branch, era, item, ordinal))
             self.grew(1)
 
-    def floor_of(self, branch: int) -> int:
-        """The outputs of ``branch``'s run settled and compacted here: its lineage's floor."""
-        return self.floor[branch]
+    def ran_out(self, branch: int) -> None:
+        """The era ``branch`` reads has run out: its length is known."""
+        era = self.tracks[branch].era
+        with self.lock:
+            era.length = era.next
 
-    def restart(self, branch: int) -> None:
-        """Branch ``branch`` restarts as a new epoch: its numbering begins again."""
-        if self.restarted is None:
-            self.restarted = branch
-        self.ran[branch] = 0
+    def ended(self, branch: int, verdict: str) -> None:
+        """The policy's verdict on ``branch``, which ran out: a restart begins its next era.
 
-    def _per_branch(self, outputs: Span) -> tuple[list[list[int]], list[list[int]]]:
-        """Per branch, the items and branch ordinals of the settled outputs still listed."""
-        items: list[list[int]] = [[] for _ in self.next]
-        ordinals: list[list[int]] = [[] for _ in self.next]
+        Raises:
+            ConfigError: A resumed run's policy ended a branch that its state says restarted.
+        """
+        track = self.tracks[branch]
+        with self.lock:
+            if verdict == "restart":
+                track.advance()
+                return
+            pending = track.pending()
+        if pending:
+            self._differs(branch, verdict)
+
+    def _differs(self, branch: int, verdict: str) -> None:
+        raise ConfigError(
+            f"the state of merge {self.name!r} does not fit its policy: branch {branch} "
+            f"restarted at this point in the run the state was taken from, and the policy "
+            f"now says {verdict!r} (another policy, seed or input?)"
+        )
+
+    # -- under the run's lineage lock -----------------------------------------------------
+
+    def _per_era(self, outputs: Span) -> tuple[dict[Era, list[int]], dict[Era, list[int]]]:
+        """Per era, the items and branch-run ordinals of the settled outputs still listed."""
+        items: dict[Era, list[int]] = {}
+        ordinals: dict[Era, list[int]] = {}
         first, end = self.first_out, self.first_out + len(self.picks)
         for low, high in outputs.intervals():
-            for branch, item, ordinal in self.picks[max(low, first) - first:
-                                                    min(high, end) - first]:
-                items[branch].append(item)
-                ordinals[branch].append(ordinal)
+            low, high = max(low, first) - first, min(high, end) - first
+            for _, era, item, ordinal in self.picks[low:high] if low < high else ():
+                items.setdefault(era, []).append(item)
+                ordinals.setdefault(era, []).append(ordinal)
         return items, ordinals
 
     def compact(self, outputs: Span, inputs: Span) -> None:
         drop = min(len(self.picks), outputs.mark - self.first_out)
         if drop <= 0:
             return
-        items: list[list[int]] = [[] for _ in self.next]
-        for branch, item, ordinal in self.picks[:drop]:
-            items[branch].append(item)
-            self.floor[branch] = ordinal + 1  # a branch's outputs are taken in order
-        for branch, settled in enumerate(items):
-            if settled:
-                done = self.settled[branch]
-                self.settled[branch] = Span.of(done.mark, settled, done.ranges)
+        items: dict[Era, list[int]] = {}
+        for _, era, item, ordinal in self.picks[:drop]:
+            items.setdefault(era, []).append(item)
+            era.floor = ordinal + 1  # an era's outputs are taken in order
+        for era, settled in items.items():
+            done = era.settled
+            era.settled = Span.of(done.mark, settled, done.ranges)
         del self.picks[:drop]
         self.first_out += drop
+        for track in self.tracks:
+            track.fold()
 
     def get_state(self, outputs: Span, key_of: Any) -> dict[str, Any] | None:
-        if self.restarted is not None:
-            raise ConfigError(
-                f"this pipeline cannot be resumed: branch {self.restarted} of its merge "
-                "restarted as a new epoch in this run (mix(stop='cycle' or 'never')); take "
-                "the state before any input runs out, or use stop='first' or 'all'"
-            )
-        items, ordinals = self._per_branch(outputs)
+        items, ordinals = self._per_era(outputs)
         branches = []
-        for branch, lineage in enumerate(self.lineages):
-            if lineage is None or lineage.missing is not None:
-                raise LookupError(lineage.missing if lineage is not None else f"{branch}")
-            done = self.settled[branch]
-            positions, extras = lineage.snapshot_of(Span.of(self.floor[branch],
-                                                            ordinals[branch]))
-            branches.append({
-                "epoch": self.epochs[branch],
-                "positions": positions.to_json(),
-                "nodes": extras,
-                "taken": Span.of(done.mark, items[branch], done.ranges).to_json(),
-            })
+        for track in self.tracks:
+            done = [list(run) for run in track.done]
+            listed = [era for era in track.eras if era.reported]
+            eras: list[dict[str, Any]] = []
+            for index, era in enumerate(listed):
+                taken = Span.of(era.settled.mark, items.get(era, []), era.settled.ranges)
+                if (not eras and index < len(listed) - 1 and era.length is not None
+                        and taken.mark >= era.length):
+                    add_run(done, era.length)  # settled in full, like those folded already
+                    continue
+                eras.append(_era_state(era, taken, ordinals.get(era, [])))
+            branches.append({"done": done, "eras": eras})
         return {"branches": branches}
+
+
+def _era_state(era: Era, taken: Span, ordinals: list[int]) -> dict[str, Any]:
+    """An era's saved state (lock held).
+
+    Raises:
+        LookupError: A stage of its branch keeps no ledger (it is named).
+    """
+    if era.lineage is None:  # resumed and not built yet: as it was saved
+        assert era.plan is not None
+        positions, extras = era.plan.skip, era.plan.nodes
+    else:
+        positions, extras = era.lineage.snapshot_of(Span.of(era.floor, ordinals))
+    state = {"epoch": era.epoch, "positions": positions.to_json(), "nodes": extras,
+             "taken": taken.to_json()}
+    if era.sampler is not None:
+        state["sampler"] = era.sampler
+    return state

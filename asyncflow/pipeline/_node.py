@@ -20,7 +20,9 @@ from ._stats import StageCounters
 
 logger = logging.getLogger("asyncflow")
 
-__all__ = ["Node", "NodeContext", "ReceiveHook", "Receiver", "Sender", "apply_hooks"]
+__all__ = [
+    "ItemKeys", "Node", "NodeContext", "ReceiveHook", "Receiver", "Sender", "apply_hooks",
+]
 
 
 class Receiver(Protocol):
@@ -60,6 +62,26 @@ def apply_hooks(hooks: Sequence[ReceiveHook], items: list[Any]) -> list[Any]:
             item = hook(item)
         out.append(item)
     return out
+
+
+class ItemKeys:
+    """A run's source's seed keys (``seeding.KeyedIterator``), shared by the stages in step
+    with the source: set by the source node once it has opened its iterator."""
+
+    __slots__ = ("first", "key")
+
+    def __init__(self) -> None:
+        self.key: Callable[[int], int] | None = None
+        self.first = 0  # the source position of the iterator's item 0
+
+    def of(self, first: int, count: int) -> list[int] | None:
+        """The keys of source positions ``first, first + 1, ...`` (``None``: keyed by
+        position)."""
+        key = self.key
+        if key is None:
+            return None
+        start = first - self.first
+        return [key(i) for i in range(start, start + count)]
 
 
 class NodeContext:
@@ -108,6 +130,8 @@ class NodeContext:
         self.lineage = Lineage()
         #: Whether the stages before this one map source items 1:1, in order.
         self.in_step = False
+        #: The source's seed keys (shared by the stages of a run's chain).
+        self.item_keys = ItemKeys()
 
     def positions(self, taken: int, count: int) -> tuple[int, int]:
         """The source position of the stage's input item ``taken`` (counted from
@@ -120,6 +144,13 @@ class NodeContext:
         ordinal = taken - self.start
         low, high = self.lineage.source.positions(ordinal, ordinal + count)[0]
         return low, high - low
+
+    def seed_keys(self, first: int, count: int) -> list[int] | None:
+        """The per-item seed keys of ``count`` consecutive source positions from ``first``
+        (as :meth:`positions` gives them), when the source names them
+        (``seeding.KeyedIterator``) and the stage is in step with it; ``None`` otherwise: the
+        positions are the keys."""
+        return self.item_keys.of(first, count) if self.in_step else None
 
     def run_sync(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run ``fn(*args)`` on the run's worker threads (or the stage's executor).

@@ -66,6 +66,11 @@ class ProcessPool:
         self.prefix = _shm.segment_prefix(self.token)
         self.boot = boot_payload(fn, size, spec, stage, self.prefix)
         self.deaths = 0
+        # A function with ``asyncflow_round_robin = True`` (a DataLoader's fetch) has chunk
+        # ``first`` go to worker ``first % size``, as torch's loader sends batch i to worker
+        # i % num_workers: which worker fetches an item does not depend on timing. Its
+        # caller bounds what each worker holds (the loader's prefetch_factor).
+        self.round_robin = getattr(fn, "asyncflow_round_robin", False) is True
         self._jids = itertools.count()
         self._names = itertools.count()
         self._lock = threading.Lock()
@@ -171,9 +176,10 @@ class ProcessPool:
 
     # -- work ---------------------------------------------------------------------------
 
-    def submit(self, items: list[Any], first: int, epoch: int) -> asyncio.Future[ChunkResult]:
+    def submit(self, items: list[Any], first: int, epoch: int, *,
+               keys: list[int] | None = None) -> asyncio.Future[ChunkResult]:
         """Run ``fn`` on ``items`` (positions ``first``, ``first + 1``, ... in the stage's
-        input; seeded from them and ``epoch``) in a worker.
+        input; seeded from them, or from ``keys`` when given, and ``epoch``) in a worker.
 
         Returns:
             A future of the running loop: ``(values with FAILED at failed places,
@@ -184,13 +190,16 @@ class ProcessPool:
         """
         loop = asyncio.get_running_loop()
         job = Job(next(self._jids), items, first, epoch, loop, loop.create_future())
+        job.keys = keys
         self._dispatch(job)
         return job.fut
 
     def _dispatch(self, job: Job) -> None:
         try:
-            offsets = job.origin if job.skipped else None
-            message = (job.jid, job.items, job.first, job.epoch, offsets)
+            first, offsets = job.first, job.origin if job.skipped else None
+            if job.keys is not None:  # the worker seeds item k from first + offsets[k]
+                first, offsets = 0, [job.keys[k] for k in job.origin]
+            message = (job.jid, job.items, first, job.epoch, offsets)
             payload, segments = _shm.dumps(message, self._name, by_value=job.by_value)
         except Exception as exc:
             settle(job, None, exc)
@@ -204,7 +213,7 @@ class ProcessPool:
                 _shm.discard(segments)
                 self._waiting.append(job)
                 return
-            slot = min(self._slots, key=lambda s: len(s.jobs))
+            slot = self._pick(job)
             slot.jobs.append(job)
             # Sent under the lock: the reader matches each answer to the oldest job of its
             # slot, so jobs must reach a worker in the order they were queued for it, also
@@ -213,6 +222,16 @@ class ProcessPool:
                 send(slot.conn, "job", payload, segments)
             except (OSError, ValueError):
                 _shm.discard(segments)  # the worker died: the reader thread resubmits the job
+
+    def _pick(self, job: Job) -> Slot:
+        """The worker for ``job`` (lock held): the least loaded, or in turn (see
+        ``round_robin``) when that worker is there (not being replaced)."""
+        if self.round_robin and job.keys is None:
+            wid = job.first % self.size
+            for slot in self._slots:
+                if slot.wid == wid:
+                    return slot
+        return min(self._slots, key=lambda s: len(s.jobs))
 
     def _name(self) -> str:
         return f"{self.prefix}p{next(self._names)}"

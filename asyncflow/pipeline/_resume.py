@@ -77,9 +77,45 @@ def fingerprint(source: Any, describe: Sequence[dict[str, Any]]) -> dict[str, An
     return {"source": info, "stages": [[d["kind"], d["name"]] for d in describe[1:]]}
 
 
-def _checksum(body: dict[str, Any]) -> str:
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+#: ``json.dumps(value, sort_keys=True, separators=(",", ":"))``, its encoder made once (a
+#: state is never circular: the check for it would only cost time).
+_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), check_circular=False).encode
+_compact = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
+
+def _checksum(body: dict[str, Any], texts: dict[str, str] | None = None) -> str:
+    """The first 16 hex digits of the SHA-256 of ``body``'s canonical JSON (sorted keys, no
+    spaces). ``texts``: the canonical text of some stages' extras (under ``"nodes"``),
+    already at hand, and the settled positions' (sorted already) written directly: the
+    same text, without encoding again what did not change."""
+    if texts is None:
+        return _sha256(_canonical(body).encode())
+    parts = []
+    for key in sorted(body):
+        value = body[key]
+        if key == "nodes":
+            text = "{" + ",".join(
+                f"{json.dumps(name)}:{texts.get(name) or _canonical(value[name])}"
+                for name in sorted(value)) + "}"
+        elif key == "positions":
+            text = (f'{{"mark":{value["mark"]},'
+                    f'"ranges":{_compact(value["ranges"])}}}')
+        else:
+            text = _canonical(value)
+        parts.append(f"{json.dumps(key)}:{text}")
+    text = "{" + ",".join(parts) + "}"
+    return _sha256(text.encode())
+
+
+def _sha256(data: bytes) -> str:
+    """The first 16 hex digits of ``data``'s SHA-256, fed in pieces under 2 KiB: hashlib lets
+    go of the GIL for a longer one, and taking it back while the run's threads work can cost
+    a switch interval (5 ms)."""
+    digest = hashlib.sha256()
+    view = memoryview(data)
+    for start in range(0, len(view), 2000):
+        digest.update(view[start : start + 2000])
+    return digest.hexdigest()[:16]
 
 
 def state_of(source: Any, describe: Sequence[dict[str, Any]], last: Any) -> dict[str, Any]:
@@ -91,9 +127,11 @@ def state_of(source: Any, describe: Sequence[dict[str, Any]], last: Any) -> dict
     """
     positions, extras, epoch = Span(), {}, 0
     failed: dict[str, int] = {}
+    texts: dict[str, str] = {}
     if last is not None:
         try:
-            positions, extras = last.lineage.snapshot(received(last.delivered, last.chunk))
+            positions, extras, texts = last.lineage.snapshot_texts(
+                received(last.delivered, last.chunk))
         except LookupError as exc:
             raise ConfigError(
                 f"this pipeline cannot be resumed: stage {exc.args[0]!r} does not report its "
@@ -116,7 +154,7 @@ def state_of(source: Any, describe: Sequence[dict[str, Any]], last: Any) -> dict
     if callable(split_state):
         body["split"] = split_state()
     body["offset"] = positions.mark
-    return {**body, "check": _checksum(body)}
+    return {**body, "check": _checksum(body, texts)}
 
 
 def _differs(saved: dict[str, Any], here: dict[str, Any]) -> str | None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._redact import describe_exception, format_exception
-from .._scope import RunScope, use_scope
+from .._scope import RunScope, aclose_scopes, use_scope
 from ._bridge import Handoff
 from ._channel import ChannelAborted
 from ._current import RunLocal, enter_run
@@ -321,12 +321,15 @@ class Runtime:
                     sampler = asyncio.create_task(self.monitor.run(self._node_tasks, self.snapshot))
             finally:
                 self.graph.spawn = None
-                if sampler is not None:
-                    sampler.cancel()
-                    await asyncio.gather(sampler, return_exceptions=True)
-                for scope in self.graph.scopes:  # branches' (_merge.py)
-                    await scope.aclose()
-                await self.scope.aclose()
+                try:
+                    if sampler is not None:
+                        sampler.cancel()
+                        await asyncio.gather(sampler, return_exceptions=True)
+                finally:
+                    # A stop may cancel this task again, here or above (a run that ended
+                    # just as its consumer closed it): every scope is closed all the same,
+                    # before the loop ends, or its sessions' connections outlive the loop.
+                    await aclose_scopes([*self.graph.scopes, self.scope])  # branches' first
 
     def _spawn(self, contexts: Sequence[NodeContext]) -> None:
         """Start the tasks of the stages of ``contexts``, each with its stage's run scope

@@ -1,7 +1,8 @@
 """``SourceNode``: feeds a run from the user's source, an item's source *position* (its place in
 the epoch) counted as it goes, leaving out the positions a resumed run has settled already
 (:class:`~asyncflow.pipeline._lineage.SourcePlan`): a sequence by slicing, an iterator by
-reading past them."""
+reading past them. An iterator that names its items' seed keys (``seeding.KeyedIterator``: a
+``Split`` share's) hands them to the run's stages in place of the positions."""
 
 from __future__ import annotations
 
@@ -51,15 +52,24 @@ class SourceNode:
         elif isinstance(source, Set | Mapping | MappingView):
             await self._run_sequence(list(source), out)  # type: ignore[arg-type]
         elif hasattr(source, "__iter__"):
-            await self._run_iterator(iter(source), out)
+            it = iter(source)
+            self._keyed(it)
+            await self._run_iterator(it, out)
         else:
             raise ConfigError(
                 f"the source must be an iterable, an async iterable or a zero-argument "
                 f"callable returning one; got {type(source).__name__}"
             )
 
+    def _keyed(self, it: Any) -> None:
+        key = getattr(it, "seed_key", None)
+        if callable(key):
+            self.ctx.item_keys.key = key
+            self.ctx.item_keys.first = self.ctx.lineage.source.plan.first
+
     async def _run_async(self, source: Any, out: Sender) -> None:
         it = source.__aiter__()
+        self._keyed(it)
         ledger = self.ctx.lineage.source
         position, skip = ledger.plan.first, ledger.plan.skip  # resumed: settled ones left out
         try:

@@ -13,7 +13,7 @@ from typing import Any
 
 from .._errors import ConfigError
 
-__all__ = ["Span", "span_json"]
+__all__ = ["GrowingSpan", "Span", "runs", "span_json"]
 
 
 class Span:
@@ -56,21 +56,17 @@ class Span:
         self._starts = starts
 
     @classmethod
+    def _trusted(cls, mark: int, starts: list[int], ends: list[int]) -> Span:
+        """A span of already normalized parts (sorted, disjoint, apart, above ``mark``)."""
+        span = cls.__new__(cls)
+        span.mark, span._starts = mark, starts[:]
+        span.ranges = tuple(zip(starts, ends, strict=True))
+        return span
+
+    @classmethod
     def of(cls, mark: int, ordinals: list[int], ranges: Iterable[tuple[int, int]] = ()) -> Span:
         """``[0, mark)``, the single ``ordinals`` (any order) and ``ranges``, joined."""
-        ordinals.sort()
-        runs: list[tuple[int, int]] = list(ranges)
-        start = end = -1
-        for ordinal in ordinals:
-            if ordinal == end:
-                end += 1
-            elif ordinal > end:
-                if end > start:
-                    runs.append((start, end))
-                start, end = ordinal, ordinal + 1
-        if end > start:
-            runs.append((start, end))
-        return cls(mark, runs)
+        return cls(mark, [*ranges, *runs(ordinals)])
 
     def __contains__(self, ordinal: object) -> bool:
         if not isinstance(ordinal, int):
@@ -188,6 +184,84 @@ class Span:
         if limit is not None and last > limit:
             raise ConfigError(f"{what}: positions up to {last} in a source of {limit} items")
         return cls(mark, pairs)
+
+
+class GrowingSpan:
+    """A set of ordinals that only grows, kept like :class:`Span` (a mark, then sorted,
+    disjoint ranges apart from each other): :meth:`add` returns just the parts that are new,
+    in time proportional to what it is given (a bisection and a splice per range)."""
+
+    __slots__ = ("ends", "mark", "starts")
+
+    def __init__(self) -> None:
+        self.mark = 0
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def add(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Join ``[start, end)`` pairs (any order); returns their parts not in the set before."""
+        new: list[tuple[int, int]] = []
+        starts, ends, mark = self.starts, self.ends, self.mark
+        left, right = bisect.bisect_left, bisect.bisect_right
+        for start, end in ranges:
+            if start < mark:
+                start = mark
+            if end <= start:
+                continue
+            low = left(ends, start)  # the first range reaching ``start``
+            high = right(starts, end, low)  # past the last one touching ``end``
+            if low == high:  # it touches none: the usual case, made quick
+                new.append((start, end))
+                if start == mark:
+                    mark = end
+                else:
+                    starts.insert(low, start)
+                    ends.insert(low, end)
+                continue
+            position = start
+            for index in range(low, high):
+                if starts[index] > position:
+                    new.append((position, starts[index]))
+                if ends[index] > position:
+                    position = ends[index]
+            if position < end:
+                new.append((position, end))
+            start, end = min(start, starts[low]), max(end, ends[high - 1])
+            if start == mark:  # ``low`` is 0: the mark absorbs them
+                mark = end
+                del starts[:high], ends[:high]
+            else:
+                starts[low:high] = [start]
+                ends[low:high] = [end]
+        self.mark = mark
+        return new
+
+    def span(self) -> Span:
+        """The set now, as a :class:`Span`."""
+        return Span._trusted(self.mark, self.starts, self.ends)
+
+    def to_json(self) -> dict[str, Any]:
+        """As :meth:`Span.to_json`."""
+        pairs = zip(self.starts, self.ends, strict=True)
+        return {"mark": self.mark, "ranges": [[a, b] for a, b in pairs]}
+
+
+def runs(ordinals: list[int]) -> list[tuple[int, int]]:
+    """``ordinals`` (any order, sorted here in place) as ``[start, end)`` runs of consecutive
+    ones."""
+    ordinals.sort()
+    out: list[tuple[int, int]] = []
+    start = end = -1
+    for ordinal in ordinals:
+        if ordinal == end:
+            end += 1
+        elif ordinal > end:
+            if end > start:
+                out.append((start, end))
+            start, end = ordinal, ordinal + 1
+    if end > start:
+        out.append((start, end))
+    return out
 
 
 def _is_count(value: Any) -> bool:

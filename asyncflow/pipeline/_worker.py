@@ -25,7 +25,7 @@ from typing import Any
 
 from .._redact import redact
 from . import _shm
-from ._workers import WorkerInfo, set_worker_info
+from ._workers import WorkerInfo, run_worker_setups, set_worker_info
 from .seeding import item_seed, seed_everything
 
 __all__ = ["STATUS", "send", "worker_main"]
@@ -172,8 +172,7 @@ def worker_main(conn: Connection, boot: bytes, status_path: str, wid: int) -> No
             _shm.register_lazy_reducers(trigger, provider)
         _shm.load_reducer_modules(setup["modules"])
         _shm.load_lazy()  # the function's own imports (torch for a Dataset) bring these in
-        for hook in setup["setups"]:
-            hook()
+        run_worker_setups(setup["setups"])
         if setup["init"] is not None:
             setup["init"](info)
         worker = _Worker(conn, wid, setup, status_path)

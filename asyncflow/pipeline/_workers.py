@@ -7,7 +7,7 @@ consumer's own Python (a training step) from competing with the workers for the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -19,6 +19,7 @@ __all__ = [
     "WorkerInfo",
     "register_worker_setup",
     "resolve_workers",
+    "run_worker_setups",
     "worker_info",
     "worker_setups",
 ]
@@ -61,7 +62,9 @@ class Processes:
     Before each item the worker seeds ``random``, NumPy's global generator and torch's (those
     that are imported) from ``(seed, epoch, position of the item in the stage's input)``
     (:func:`asyncflow.pipeline.seeding.item_seed`): random augmentations are reproducible
-    whichever worker takes the item.
+    whichever worker takes the item. A source that keys its items
+    (:class:`~asyncflow.pipeline.seeding.KeyedIterator`: a ``Split`` share, by list index)
+    gives the key in place of the position, to the stages in step with it.
 
     Args:
         start_method: ``"forkserver"`` (default: workers fork from a clean server process that
@@ -143,17 +146,35 @@ def set_worker_info(info: WorkerInfo) -> None:
 
 
 _setups: dict[Callable[[], Any], None] = {}
+_ran: set[Callable[[], Any]] = set()  # in a worker: the hooks already run
 
 
 def register_worker_setup(hook: Callable[[], Any]) -> None:
-    """Call ``hook()`` in every worker process at start, before the stage's ``init``.
+    """Call ``hook()`` once in every worker process at start, before the stage's ``init``.
 
     ``hook`` must be importable by reference (a module-level function): ``asyncflow.torch``
-    registers one that limits torch to one thread per worker, as torch's DataLoader does.
+    registers one that limits torch to one thread per worker, as torch's DataLoader does. A
+    hook registered inside a worker that has started (its module imported late, with the
+    stage function's own imports) runs at once.
     """
     _setups[hook] = None
+    if _current is not None:
+        run_worker_setups()
 
 
 def worker_setups() -> list[Callable[[], Any]]:
     return list(_setups)
+
+
+def run_worker_setups(hooks: Iterable[Callable[[], Any]] = ()) -> None:
+    """In a worker: run ``hooks`` and every hook registered in this process, each once.
+
+    The registry of this process counts: a module imported before the worker started (a
+    forkserver's preloads, asyncflow.torch among them) registered its hook there, with no
+    worker to run it in yet.
+    """
+    for hook in [*hooks, *_setups]:
+        if hook not in _ran:
+            _ran.add(hook)
+            hook()
 

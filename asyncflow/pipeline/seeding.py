@@ -19,6 +19,15 @@ function                  returns                        used by
 :func:`fresh_seed`        a 63-bit int                   a base seed when the user gave none
 ========================  =============================  =========================================
 
+**Seed keys that follow the item.** A pipeline numbers its items by their position in its own
+epoch, which is the item's place in the epoch only when the pipeline reads the whole source. A
+source that deals out a share of a list (:class:`asyncflow.Split`) gives each item's key
+itself: the iterator it returns has a ``seed_key(i)`` method (:class:`KeyedIterator`), the key
+of its ``i``-th item (its index in the whole list), and the engine seeds process workers from
+that key instead of the position. So an item draws the same stream on any rank, under any
+world size, before and after an elastic resume, and two ranks' items never share a stream.
+Sources without the method are keyed by position, as before.
+
 The forms differ because their consumers do (NumPy takes a ``SeedSequence``; ``random`` and
 torch take an int), and each keeps the numbers it gave before this module existed, so that
 orders, crops and checkpoints stay reproducible across versions. torch's own seeding
@@ -36,13 +45,14 @@ import random
 import secrets
 import struct
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
     "SEED_MASK",
+    "KeyedIterator",
     "epoch_random",
     "epoch_rng",
     "epoch_seed",
@@ -56,6 +66,22 @@ __all__ = [
 SEED_MASK = (1 << 64) - 1
 _MASK63 = (1 << 63) - 1
 _GOLDEN = 0x9E3779B97F4A7C15  # 2**64 / the golden ratio: splitmix64's increment
+
+
+@runtime_checkable
+class KeyedIterator(Protocol):
+    """An iterator (or async iterator) a source returns that names each item's seed key.
+
+    The engine asks it for the key of the item at index ``i`` of the iteration (counted from
+    0, settled items a resumed run skips included) after the item was read, and seeds a
+    process worker's generators from ``item_seed(seed, epoch, key)`` instead of the item's
+    position. Keys must differ between the different items of an epoch (a repeat of an item
+    may share its key) and must not depend on which process reads the item.
+    """
+
+    def seed_key(self, index: int) -> int:
+        """The seed key of the iteration's ``index``-th item: an int ``>= 0``."""
+        ...
 
 
 def fresh_seed() -> int:

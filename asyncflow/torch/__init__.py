@@ -10,7 +10,7 @@ from . import _share  # noqa: F401  (registers the tensor reducer for worker pro
 from ._collate import Padded, default_collate, pad_collate
 from ._loader import DataLoader
 from ._pinned import PinnedPool, PoolStats
-from ._ranks import EvenSteps, StepStats, even_steps, gather_states
+from ._ranks import EvenSteps, StepStats, even_steps, gather_states, worker_states
 from ._transfer import to_device
 
 __all__ = [
@@ -25,4 +25,5 @@ __all__ = [
     "gather_states",
     "pad_collate",
     "to_device",
+    "worker_states",
 ]

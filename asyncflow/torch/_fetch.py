@@ -130,6 +130,7 @@ class Fetch:
         self.pin_device: str | None = None
         self.catch = True  # a failure travels in the batch's place (else the engine's budget)
         self.keep_state = keep_state
+        self.asyncflow_round_robin = False  # batch i to worker i % num_workers (ProcessPool)
         self._lock: threading.Lock | None = threading.Lock() if keep_state else None
         self.__name__ = "fetch"
 

@@ -137,6 +137,15 @@ def epoch_pipeline(loader: DataLoader[Any], fetch: Fetch) -> Pipeline:
         # the one copy, in this process: its state as of the latest batch delivered, loaded
         # when the next epoch has drawn its order (as torchdata does)
         loader._restore_main = states.get(None, next(iter(states.values())))
+    # Worker processes fetch at most prefetch_factor * num_workers batches ahead of the
+    # consumer, as torch's: the pipeline's own queues (chunks queued per worker, the reorder
+    # window, the output buffer) would hold several times that many 150 MB batches. A
+    # failure budget drops failed batches, which would never give their credit back.
+    loader._ahead = ((loader.prefetch_factor or 2) * loader.num_workers
+                     if processes is not None and loader.max_failures == 0 else None)
+    # ... and batch i from worker i % num_workers, as torch's (then no worker holds more
+    # than prefetch_factor batches)
+    fetch.asyncflow_round_robin = loader._ahead is not None
     pin_batches = pinning(loader)
     fetch.pin_device = loader.pin_memory_device or None
     fetch.pin = pin_batches and processes is None  # pinned in the loading threads

@@ -14,6 +14,7 @@ from ..pipeline import Pipeline, PipelineStats, usable_cpus
 from ._args import check_extras, refuse_unsupported, start_method
 from ._fetch import Fetch, is_stateful
 from ._frameworks import record_for_rebuild
+from ._gate import Credits, GatedEpoch, GatedSource
 from ._iterable import IterableEpochs
 from ._layout import (
     dataset_of,
@@ -166,6 +167,7 @@ class DataLoader(TorchDataLoader[T_co]):
         self._generator_start: torch.Tensor | None = None
         self._sampler_generator_start: torch.Tensor | None = None
         self._restore_main: Any = None  # a dataset state to load at the next epoch's start
+        self._ahead: int | None = None  # batches fetched ahead of the consumer at most
         self._pipe: Pipeline | None = None
         self._iterable: IterableEpochs | None = None
         self._template: Pipeline | None = None
@@ -375,10 +377,17 @@ class DataLoader(TorchDataLoader[T_co]):
             source = restored(source, dataset_of(self), self._restore_main)
             self._restore_main = None
         assert self._template is not None
-        self._pipe = self._template.with_source(source, epoch=epoch, start=skip)
+        if self._ahead is None:
+            self._pipe = self._template.with_source(source, epoch=epoch, start=skip)
+            run = self._pipe.open(timeout=self.timeout or None)
+            return EpochIterator(run, self._state, epoch_length(self), self.timeout,
+                                 ordered=self._ordered())
+        credits = Credits(self._ahead)
+        self._pipe = self._template.with_source(GatedSource(source, credits), epoch=epoch,
+                                                start=skip)
         run = self._pipe.open(timeout=self.timeout or None)
-        return EpochIterator(run, self._state, epoch_length(self), self.timeout,
-                             ordered=self._ordered())
+        return GatedEpoch(run, self._state, epoch_length(self), self.timeout,
+                          ordered=self._ordered(), credits=credits)
 
     def _ordered(self) -> bool:
         """Whether batches come in sampler order: unless ``in_order=False`` with workers."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from .._errors import ConfigError, WorkerError
 
-__all__ = ["EvenSteps", "StepStats", "even_steps", "gather_states"]
+__all__ = ["EvenSteps", "StepStats", "even_steps", "gather_states", "worker_states"]
 
 T = TypeVar("T")
 log = logging.getLogger("asyncflow.ranks")
@@ -196,19 +196,94 @@ def even_steps(
 
 
 def gather_states(state: dict[str, Any], *, group: Any = None) -> list[dict[str, Any]]:
-    """Every rank's ``state`` (a ``pipe.state_dict()``), by rank, on every rank: what
-    :meth:`asyncflow.Split.resume` takes, after a change of world size, to resume the epoch.
+    """Every rank's pipeline states, on every rank: what :meth:`asyncflow.Split.resume`
+    takes, after a change of world size (or of DataLoader workers), to resume the epoch.
 
-    With ``torch.distributed`` initialized it is ``all_gather_object`` over ``group``
-    (pickled, on the CPU for gloo, the current GPU for NCCL); without, ``[state]``.
-    Save the list (rank 0 writing it is enough): the ranks that resume read it whole.
+    ``state`` is this rank's ``pipe.state_dict()``, or its ``asyncflow.DataLoader``'s
+    ``state_dict()`` when the pipelines run in the loader's workers (an ``IterableDataset``
+    over a ``Split`` share): then each worker's pipeline state (:func:`worker_states`). With
+    ``torch.distributed`` initialized they are gathered with ``all_gather_object`` over
+    ``group`` (pickled, on the CPU for gloo, the current GPU for NCCL) and listed rank by
+    rank; without, this rank's alone. Save the list (rank 0 writing it is enough): the ranks
+    that resume read it whole.
+
+    Raises:
+        ConfigError: A loader's state holds no worker's pipeline state (see
+            :func:`worker_states`).
 
     Cancellation:
         A collective: it blocks until every rank of ``group`` calls it, and cannot be
         interrupted; a rank that never calls it hangs the others until the group's timeout.
     """
+    local = worker_states(state) if _is_loader_state(state) else [state]
     if not (dist.is_available() and dist.is_initialized()):
-        return [state]
+        return local
     gathered: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, state, group=group)
-    return [dict(item) for item in gathered]
+    dist.all_gather_object(gathered, local, group=group)
+    return [dict(item) for states in gathered for item in states]
+
+
+def _is_loader_state(state: Any) -> bool:
+    return isinstance(state, Mapping) and "iterable" in state and "batches" in state
+
+
+def worker_states(loader_state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pipeline state of each worker (lane) that an ``asyncflow.DataLoader``'s
+    ``state_dict()`` holds: what :meth:`asyncflow.Split.resume` needs from this rank when
+    the dataset, an ``IterableDataset``, iterates a pipeline over a ``Split`` share in each
+    worker (cut between the ranks and, again, between the workers).
+
+    The loader saves each worker's ``dataset.state_dict()`` as of the latest batch it
+    delivered; the dataset's ``state_dict()`` returns its pipeline's (or a dict or list
+    holding it, found there). A worker that delivered no batch yet has no state in the
+    loader's: it settled nothing, and its state is made from another worker's (its part of
+    the same cut, with nothing settled).
+
+    Args:
+        loader_state: ``loader.state_dict()`` (through JSON or not), taken mid-epoch.
+
+    Returns:
+        One pipeline state per worker, by worker: give every rank's to ``Split.resume``.
+
+    Raises:
+        ConfigError: ``loader_state`` is not an iterable-dataset loader's state; a worker's
+            dataset state holds more than one pipeline state; or no worker's holds one (no
+            batch delivered yet, or a dataset without ``state_dict()``).
+    """
+    from .._elastic import untouched_state
+
+    iterable = loader_state.get("iterable") if isinstance(loader_state, Mapping) else None
+    lanes = iterable.get("lanes") if isinstance(iterable, Mapping) else None
+    if not isinstance(lanes, list) or not lanes:
+        raise ConfigError(
+            "worker_states() takes the state_dict() of an asyncflow.DataLoader over an "
+            f"IterableDataset (with its workers' 'iterable' lanes), not {loader_state!r:.80}"
+        )
+    found: list[dict[str, Any] | None] = []
+    for lane, entry in enumerate(lanes):
+        states = _pipeline_states(entry.get("state") if isinstance(entry, Mapping) else None)
+        if len(states) > 1:
+            raise ConfigError(f"worker {lane}'s dataset state holds {len(states)} pipeline "
+                              "states; elastic resume needs one pipeline per worker")
+        found.append(dict(states[0]) if states else None)
+    known = [(lane, state) for lane, state in enumerate(found) if state is not None]
+    if not known:
+        raise ConfigError(
+            "no worker's dataset state holds a pipeline state: save after a batch was "
+            "delivered, from a dataset whose state_dict() returns its pipeline's"
+        )
+    lane, sibling = known[0]
+    index = int(sibling.get("split", {}).get("index", 0)) - lane  # worker 0's part
+    return [state if state is not None else untouched_state(sibling, index + k)
+            for k, state in enumerate(found)]
+
+
+def _pipeline_states(value: Any) -> list[Mapping[str, Any]]:
+    """The pipeline states (mappings with ``positions`` and ``check``) within ``value``."""
+    if isinstance(value, Mapping):
+        if "positions" in value and "check" in value:
+            return [value]
+        return [state for item in value.values() for state in _pipeline_states(item)]
+    if isinstance(value, list | tuple):
+        return [state for item in value for state in _pipeline_states(item)]
+    return []

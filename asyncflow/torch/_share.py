@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..pipeline import register_reducer, register_worker_setup, worker_info
+from ..pipeline import register_reducer, register_worker_setup
 from ..pipeline.shm import SHM_THRESHOLD
 
 __all__ = ["rebuild_tensor", "reduce_tensor", "worker_setup"]
@@ -50,6 +50,4 @@ def worker_setup() -> None:
 
 
 register_reducer(torch.Tensor, reduce_tensor)
-register_worker_setup(worker_setup)
-if worker_info() is not None:  # loaded lazily in a worker, once torch was: set it up now
-    worker_setup()
+register_worker_setup(worker_setup)  # in a started worker (loaded lazily), it runs at once

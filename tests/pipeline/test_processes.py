@@ -422,3 +422,17 @@ def test_spawn_start_method_works() -> None:
     spawn = Processes(start_method="spawn")
     pipe = Pipeline(range(30)).map(operator.neg, concurrency=2, workers=spawn)
     assert list(pipe) == [-x for x in range(30)]
+
+
+def torch_threads(_: int) -> int:
+    return torch.get_num_threads()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="torch's default is one thread here")
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_torch_function_computes_with_one_thread_per_worker(start_method: str) -> None:
+    # asyncflow.torch registers the setup; the forkserver imports it before any worker exists
+    # (the function names torch), and each worker must still run it once it starts.
+    pipe = Pipeline(range(4)).map(torch_threads, concurrency=2,
+                                  workers=Processes(start_method=start_method))
+    assert list(pipe) == [1, 1, 1, 1]

@@ -347,6 +347,27 @@ def test_forkserver_is_the_default(leak_check: None) -> None:
     assert len(parents) == 1 and os.getpid() not in parents
 
 
+class TorchThreads(Pairs):
+    """Reports the torch threads its worker computes with."""
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.get_num_threads(), os.getpid()
+
+
+@needs_two_cores
+@pytest.mark.parametrize("context", [None, "spawn"])
+def test_each_worker_computes_with_one_torch_thread(context: Any, leak_check: None) -> None:
+    # As torch's DataLoader: the workers are the parallelism. N workers x N torch threads
+    # oversubscribed a 16-core machine to a tenth of torch's rate (docs/performance.md); the
+    # forkserver had imported asyncflow.torch before any worker existed to set it up.
+    kwargs = {} if context is None else {"multiprocessing_context": context}
+    loader = DataLoader(TorchThreads(6), batch_size=None, num_workers=2, workers="processes",
+                        **kwargs)
+    samples = list(loader)
+    assert {pid for _, pid in samples} != {os.getpid()}
+    assert {threads for threads, _ in samples} == {1}
+
+
 # -- 6. reproducible random augmentation ----------------------------------------------------
 
 
@@ -680,3 +701,54 @@ def test_pin_memory_works_with_worker_processes(leak_check: None) -> None:
     assert torch.equal(batches[1]["x"][0], torch.full((2, 2), 3.0))
     if torch.cuda.is_available():
         assert all(b["x"].is_pinned() for b in batches)
+
+
+# -- 12. batches fetched ahead of the consumer ----------------------------------------------
+
+
+class Logged(Pairs):
+    """Appends a byte to the file ``log`` for each sample fetched, in whatever process."""
+
+    def __init__(self, n: int, log: str) -> None:
+        super().__init__(n)
+        self.log = log
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        with open(self.log, "ab") as f:
+            f.write(b"x")
+        return torch.full((2,), float(i)), i
+
+
+def _fetched(log: Path) -> int:
+    return log.stat().st_size if log.exists() else 0
+
+
+@pytest.mark.parametrize(("workers", "prefetch"), [(1, 1), (2, None), (2, 3)])
+def test_workers_fetch_at_most_prefetch_factor_batches_each_ahead(
+    tmp_path: Path, workers: int, prefetch: int | None, leak_check: None
+) -> None:
+    log = tmp_path / "fetched"
+    loader = DataLoader(Logged(400, str(log)), batch_size=2, num_workers=workers,
+                        prefetch_factor=prefetch, workers="processes", timeout=30)
+    ahead = (prefetch or 2) * workers  # torch's rule: prefetch_factor * num_workers
+    received = []
+    with iter(loader) as it:
+        for held in (1, 2):  # the consumer holds off after each batch
+            received.append(next(it)[1].tolist())
+            assert _settles(lambda: _fetched(log) >= 2 * (held + ahead))  # noqa: B023
+            time.sleep(0.3)  # room to fetch more, were it allowed
+            assert _fetched(log) == 2 * (held + ahead)
+        received += [batch[1].tolist() for batch in it]
+    assert received == [[i, i + 1] for i in range(0, 400, 2)]
+
+
+def test_async_iteration_gives_back_each_batch_it_receives(leak_check: None) -> None:
+    import asyncio
+
+    loader = DataLoader(Pairs(40), batch_size=2, num_workers=1, prefetch_factor=1,
+                        workers="processes", timeout=30)
+
+    async def consume() -> list[list[int]]:
+        return [batch[1].tolist() async for batch in loader]
+
+    assert asyncio.run(consume()) == [[7 * i, 7 * i + 7] for i in range(0, 40, 2)]

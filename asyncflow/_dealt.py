@@ -1,0 +1,89 @@
+"""One iteration of a :class:`~asyncflow.Share`: its items, each keyed for seeding.
+
+A share deals out a part of a list. Its iterator names each item's seed key, the item's index
+in the whole list (``seeding.KeyedIterator``), and the engine seeds process workers from that
+key rather than from the item's position in the pipeline's epoch, which is local to the part:
+so an item draws the same random stream on any rank, under any world size, before and after
+an elastic resume, and the items of two ranks never share a stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Iterator,
+    Sequence,
+)
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from ._split import Split
+
+__all__ = ["AsyncDealt", "Dealt"]
+
+T = TypeVar("T")
+
+
+class Dealt(Iterator[T]):
+    """One iteration of a :class:`Share`: the items at ``positions`` of ``listed``, each
+    keyed for seeding by its list position (``seeding.KeyedIterator``), so that an item's
+    random draws are the same on any rank, under any world size, resumed or not."""
+
+    __slots__ = ("_items", "positions")
+
+    def __init__(self, listed: Sequence[T], positions: list[int]) -> None:
+        self.positions = positions
+        self._items = map(listed.__getitem__, positions)
+
+    def __iter__(self) -> Dealt[T]:
+        return self
+
+    def __next__(self) -> T:
+        return next(self._items)
+
+    def seed_key(self, index: int) -> int:
+        """The list position of this iteration's ``index``-th item: its seed key."""
+        return self.positions[index]
+
+
+class AsyncDealt(AsyncIterator[T]):
+    """``split(async_iterable)``: every item of ``items`` is read, then this part's are
+    yielded, each keyed by its list position as :class:`Dealt` keys it."""
+
+    def __init__(self, split: Split, items: AsyncIterable[T], epoch: int) -> None:
+        self.positions: list[int] = []
+        self._gen = self._deal(split, items, epoch)
+
+    def __aiter__(self) -> AsyncDealt[T]:
+        return self
+
+    def __anext__(self) -> Awaitable[T]:
+        return self._gen.__anext__()
+
+    async def aclose(self) -> None:
+        """Close the listing, if it is still being read."""
+        await self._gen.aclose()
+
+    def seed_key(self, index: int) -> int:
+        """The list position of this iteration's ``index``-th item: its seed key."""
+        return self.positions[index]
+
+    async def _deal(self, split: Split, items: AsyncIterable[T], epoch: int) -> AsyncGenerator[T]:
+        """Every item of ``items``, then this part's.
+
+        Cancellation:
+            Cancelling the iterating task while the list is read closes ``items`` (when it
+            has ``aclose``), releasing a listing's client.
+        """
+        close = getattr(items, "aclose", None)
+        try:
+            listed = [item async for item in items]
+        finally:
+            if close is not None:
+                await close()
+        self.positions = split.part().positions(len(listed), epoch)
+        for i in self.positions:
+            yield listed[i]

@@ -1,0 +1,51 @@
+"""The run scope: resources shared by a run's stages, closed when the run ends, even when the
+close itself is cancelled (a stop landing while the run tears down)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from asyncflow._scope import RunScope, aclose_scopes
+
+
+class _GatedClose:
+    """A scope resource whose close waits for ``gate``, and logs that it ran to its end."""
+
+    def __init__(self, gate: asyncio.Event, log: list[str], name: str) -> None:
+        self.gate, self.log, self.name = gate, log, name
+
+    async def __aenter__(self) -> _GatedClose:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.gate.wait()
+        self.log.append(self.name)
+
+
+async def test_a_cancelled_scope_close_still_closes_everything(async_leak_check: object) -> None:
+    gate, log = asyncio.Event(), list[str]()
+
+    def gated(name: str) -> Callable[[], _GatedClose]:
+        return lambda: _GatedClose(gate, log, name)
+
+    scopes = [RunScope(), RunScope()]
+    for n, scope in enumerate(scopes):
+        await scope.get("a", gated(f"{n}a"))
+        await scope.get("b", gated(f"{n}b"))
+    closing = asyncio.create_task(aclose_scopes(scopes))
+    for _ in range(3):  # a stop cancels the closing task while a close waits, again and again
+        await asyncio.sleep(0)
+        closing.cancel()
+    await asyncio.sleep(0)
+    assert not closing.done()
+    gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert log == ["0b", "0a", "1b", "1a"]  # every resource, newest first, scope by scope
+    await scopes[0].aclose()  # again: nothing more to do
+    assert log == ["0b", "0a", "1b", "1a"]
+    with pytest.raises(RuntimeError, match="stopped"):
+        await scopes[1].get("c", gated("c"))
