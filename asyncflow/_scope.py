@@ -105,7 +105,10 @@ async def _finish(task: asyncio.Task[None]) -> None:
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:  # caught only to finish the close; re-raised below
-            cancelled = cancelled or not task.done()
+            # The caller was cancelled, even when the close ended in the same step: a
+            # cancellation swallowed here would let a stopped merge start a branch again.
+            # (The close itself cancelled is re-raised by task.result() below.)
+            cancelled = cancelled or not (task.done() and task.cancelled())
     if cancelled:
         raise asyncio.CancelledError
     task.result()

@@ -49,3 +49,18 @@ async def test_a_cancelled_scope_close_still_closes_everything(async_leak_check:
     assert log == ["0b", "0a", "1b", "1a"]
     with pytest.raises(RuntimeError, match="stopped"):
         await scopes[1].get("c", gated("c"))
+
+
+async def test_a_cancel_landing_as_the_close_ends_is_not_swallowed(
+    async_leak_check: object,
+) -> None:
+    gate, log = asyncio.Event(), list[str]()
+    scope = RunScope()
+    await scope.get("a", lambda: _GatedClose(gate, log, "a"))
+    closing = asyncio.create_task(scope.aclose())
+    await asyncio.sleep(0)  # the close waits for the gate
+    gate.set()  # the close ends at its next step...
+    closing.cancel()  # ...the very step its caller takes the cancellation in
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert log == ["a"]

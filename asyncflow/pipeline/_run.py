@@ -339,9 +339,14 @@ class Runtime:
         for ctx in contexts:
             index = position[id(ctx)]
             with use_scope(ctx.scope):
-                self._node_tasks[ctx] = self._group.create_task(self._run_node(
+                coro = self._run_node(
                     ctx, self.nodes[index], self.inputs[index], self.outputs[index]
-                ))
+                )
+                try:
+                    self._node_tasks[ctx] = self._group.create_task(coro)
+                except BaseException:  # a group shutting down: the coroutine never runs
+                    coro.close()
+                    raise
 
     async def _run_node(self, ctx: NodeContext, node: Any, inp: Any, out: Any) -> None:
         ctx.budget.records = ctx.counters.records  # FailureBudgetExceeded carries them
