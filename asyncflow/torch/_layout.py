@@ -11,7 +11,7 @@ import torch
 from torch.utils.data.dataloader import _DatasetKind
 
 from .._errors import ConfigError
-from ..pipeline import Pipeline, Processes, check_picklable, choose_workers
+from ..pipeline import Pipeline, Processes, check_picklable, choose_workers, usable_cpus
 from ._args import start_method
 from ._fetch import Failed, Fetch, Indexed, Positioned, TorchWorkerInit, is_stateful, pin
 
@@ -22,6 +22,7 @@ __all__ = [
     "choose",
     "dataset_of",
     "dataset_states_of",
+    "default_workers",
     "epoch_length",
     "epoch_pipeline",
     "index_batches",
@@ -65,6 +66,21 @@ def worker_spec(loader: DataLoader[Any], init: TorchWorkerInit) -> Processes:
     )
 
 
+def default_workers(loader: DataLoader[Any]) -> int:
+    """``num_workers`` for a loader not given one: torch's default, ``0``, wherever workers
+    would change what the loader delivers or calls, and the usable cores elsewhere.
+
+    Workers change it for an ``IterableDataset`` (each worker iterates its own copy: every
+    item once per worker, unless the dataset splits itself), a ``worker_init_fn`` (torch
+    calls none without workers) and a dataset that asks ``get_worker_info()`` (``None``
+    without workers). A map-style dataset's batches are the same whoever fetches them.
+    """
+    if (loader._dataset_kind == _DatasetKind.Iterable or loader.worker_init_fn is not None
+            or _asks_worker_info(loader.dataset, loader.collate_fn)):
+        return 0
+    return usable_cpus()
+
+
 def needs_processes(loader: DataLoader[Any]) -> str | None:
     """Why only worker processes give torch's meaning to this loader, if they do.
 
@@ -82,6 +98,13 @@ def needs_processes(loader: DataLoader[Any]) -> str | None:
     if _asks_worker_info(loader.dataset, loader.collate_fn):
         return "the dataset asks torch's get_worker_info(), which only worker processes answer"
     return None
+
+
+def _delivers_by_worker(loader: DataLoader[Any]) -> bool:
+    """Whether what the loader delivers depends on the workers' identities: an iterable
+    dataset read by several workers, or a dataset that asks which worker it is in."""
+    return ((loader._dataset_kind == _DatasetKind.Iterable and loader.num_workers > 1)
+            or _asks_worker_info(loader.dataset, loader.collate_fn))
 
 
 def _asks_worker_info(*objects: Any) -> bool:
@@ -114,6 +137,13 @@ def choose(loader: DataLoader[Any], fn: Any, spec: Processes, stage: str
         except ConfigError as exc:
             chosen, note = None, f"threads (workers='auto'): {exc}"
     if chosen is None:
+        if needed is not None and _delivers_by_worker(loader):
+            raise ConfigError(
+                f"{needed}, but worker processes cannot run it ({note}); on threads this "
+                "loader would not deliver the items torch's does. Make the dataset picklable, "
+                "or pass workers='threads' to read it in this process, where "
+                "get_worker_info() is None (as with num_workers=0)"
+            )
         if needed is not None:
             note = (f"{note}; on threads, torch's get_worker_info() is None and worker_init_fn "
                     "is not called")

@@ -19,6 +19,7 @@ from ._iterable import IterableEpochs
 from ._layout import (
     dataset_of,
     dataset_states_of,
+    default_workers,
     epoch_length,
     epoch_pipeline,
     index_batches,
@@ -56,8 +57,10 @@ class DataLoader(TorchDataLoader[T_co]):
         sampler: As torch. Any iterable of indices.
         batch_sampler: As torch.
         num_workers: As torch: how many workers fetch batches (processes or threads, see
-            ``workers``); ``0`` fetches on one background thread, one batch ahead. Default:
-            the usable cores (torch's is 0).
+            ``workers``); ``0`` fetches on one background thread, one batch ahead. Not
+            given: torch's ``0`` wherever workers would change what is delivered or called
+            (an ``IterableDataset``, a ``worker_init_fn``, a dataset that asks
+            ``get_worker_info()``), else the usable cores, whose batches are torch's too.
         collate_fn: As torch.
         pin_memory: As torch, through torch's own pinning (a batch type's ``pin_memory()``
             method included). Without CUDA it does nothing; ``device=`` stages through
@@ -144,6 +147,7 @@ class DataLoader(TorchDataLoader[T_co]):
         super().__init__(**{
             **torch_args, "num_workers": usable_cpus() if num_workers is None else num_workers,
         })
+        self.num_workers = num_workers  # None: settled by default_workers at each read
         self.device = device
         self.max_failures = max_failures
         self.workers = workers
@@ -176,6 +180,17 @@ class DataLoader(TorchDataLoader[T_co]):
         recorded()
 
     # -- torch's interface ---------------------------------------------------------------
+
+    @property  # type: ignore[override]
+    def num_workers(self) -> int:
+        """The workers that fetch batches: as given, or, when not given, torch's ``0``
+        wherever workers would change what the loader delivers (:func:`default_workers`)."""
+        asked = self.__dict__.get("_workers_asked")
+        return default_workers(self) if asked is None else int(asked)
+
+    @num_workers.setter
+    def num_workers(self, value: int | None) -> None:
+        self.__dict__["_workers_asked"] = value
 
     def __iter__(self) -> EpochIterator:  # type: ignore[override]
         return self._start_epoch()
