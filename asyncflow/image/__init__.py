@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from .._errors import DecodeError
 from .._lazy import lazy_getattr
 from ._batch import IMAGENET_MEAN, IMAGENET_STD, collate, normalize
-from ._decode import DEFAULT_MAX_PIXELS, augmentation, decode
+from ._decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, augmentation, decode
 from ._info import backend_info
 
 _LAZY = {
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ._scan import IMG_EXTENSIONS
 
 __all__ = [
+    "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_PIXELS",
     "IMAGENET_MEAN",
     "IMAGENET_STD",

@@ -27,7 +27,9 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from .._errors import ConfigError, DecodeError, SourceError, SourceNotFound, SourcePermissionError
+from .._blob import Blob, describe_size, read_regular
+from .._errors import ConfigError, DecodeError
+from .._redact import redact_url
 from ..pipeline.seeding import item_random
 from . import _jpeg
 from ._batch import IMAGENET_MEAN, IMAGENET_STD
@@ -41,12 +43,16 @@ from ._geometry import (
 )
 from ._modes import Affine, Layout, before_resize, write_rgb
 
-__all__ = ["DEFAULT_MAX_PIXELS", "Source", "augmentation", "decode"]
+__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_PIXELS", "Source", "augmentation", "decode"]
 
 Source = bytes | bytearray | memoryview | str | os.PathLike[str]
 
 #: PIL's own default limit (about 89.5 million pixels, a quarter GiB as RGBA).
 DEFAULT_MAX_PIXELS = 89_478_485
+
+#: The largest encoded image read or decoded (256 MiB): far above any real photograph, and
+#: below what a few decoders at once can hold.
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 
 _DRAFTABLE = frozenset({"JPEG", "MPO"})
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -74,6 +80,7 @@ def decode(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     background: tuple[int, int, int] | None = _WHITE,
     name: str | None = None,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> np.ndarray:
     """Decode an image to RGB uint8, resized and cropped to ``size``.
 
@@ -99,7 +106,11 @@ def decode(
             alone, before any pixel is decoded.
         background: Colour that transparent pixels are composited onto; ``None`` drops the
             alpha channel as ``PIL.Image.convert("RGB")`` does.
-        name: How errors name the image when ``src`` is bytes (a path names itself).
+        name: How errors name the image when ``src`` is bytes (a path names itself, and so
+            do the bytes ``read_bytes`` returns: they carry their URL).
+        max_bytes: Refuse encoded data larger than this (default :data:`DEFAULT_MAX_BYTES`,
+            256 MiB; ``None``: no limit): a path is checked before it is read, and only a
+            regular file is read (not a FIFO, a device such as ``/dev/zero``, a socket).
 
     Returns:
         ``out``, or a new array: ``H x W x 3`` (or ``3 x H x W``), RGB, upright; uint8, or
@@ -109,10 +120,11 @@ def decode(
         DecodeError: The data is not a complete, decodable image of at most ``max_pixels``
             (truncated, empty, a bad PNG checksum, not an image; a JPEG whose scan data ends
             early, even with an end-of-image marker after it, or whose header claims more
-            pixels than its data holds). The message names the image; ``out`` is left
-            untouched, never half written.
+            pixels than its data holds), or bytes over ``max_bytes``. The message names the
+            image; ``out`` is left untouched, never half written.
         SourceError: ``src`` is a path that cannot be read (``SourceNotFound`` and
-            ``SourcePermissionError`` for the usual two).
+            ``SourcePermissionError`` for the usual two), is not a regular file, or holds
+            more than ``max_bytes``.
         ConfigError: An argument is invalid.
     """
     dims = None if size is None else target_size(size)
@@ -121,7 +133,7 @@ def decode(
     if train:
         _check_train(dims, scale, ratio)
     affine = _affine(tuple(mean), tuple(std)) if normalize else None
-    label, data = _read(src, name)
+    label, data = _read(src, name, max_bytes=max_bytes)
     if train and rng is None:
         rng = random.Random() if seed is None else item_random(seed, epoch, index)
     try:
@@ -147,6 +159,7 @@ def augmentation(
     index: int = 0,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     name: str | None = None,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> Crop:
     """The crop and flip that :func:`decode` draws for this image and key, from its header.
 
@@ -155,8 +168,8 @@ def augmentation(
     ``asyncflow.explain`` names the augmentation a batch held.
 
     Args:
-        src, size, resize, train, scale, ratio, flip, seed, epoch, index, max_pixels, name:
-            As for :func:`decode` (``seed`` is required with ``train``).
+        src, size, resize, train, scale, ratio, flip, seed, epoch, index, max_pixels, name,
+        max_bytes: As for :func:`decode` (``seed`` is required with ``train``).
 
     Returns:
         ``Crop(box, flip)``: ``box`` is ``(left, top, right, bottom)`` in the upright
@@ -172,7 +185,7 @@ def augmentation(
         _check_train(dims, scale, ratio)
         if seed is None:
             raise ConfigError("augmentation(train=True) needs the seed the decoder used")
-    label, data = _read(src, name)
+    label, data = _read(src, name, max_bytes=max_bytes)
     try:
         with Image.open(io.BytesIO(data)) as im:
             width, height = im.size
@@ -209,24 +222,44 @@ def _affine(mean: tuple[float, ...], std: tuple[float, ...]) -> Affine:
     return scale, offset
 
 
-def _read(src: Source, name: str | None) -> tuple[str, bytes | memoryview]:
+def _read(
+    src: Source, name: str | None, *, max_bytes: int | None = DEFAULT_MAX_BYTES
+) -> tuple[str, bytes | memoryview]:
+    """``(label, data)``: how errors name ``src``, and its encoded bytes.
+
+    The one way the image kernels take their input (a GPU decoder may call it too): bytes
+    are used as they are (a :class:`~asyncflow._blob.Blob` from ``read_bytes`` is named by
+    its URL); a path is read with :func:`~asyncflow._blob.read_regular`: regular files only,
+    at most ``max_bytes``, and the open never blocks.
+
+    Raises:
+        DecodeError: ``src`` is bytes over ``max_bytes``.
+        SourceError: ``src`` is a path that cannot be read, is not a regular file, or holds
+            more than ``max_bytes`` (``SourceNotFound``, ``SourcePermissionError`` as usual).
+        ConfigError: ``src`` is neither bytes nor a path, or ``max_bytes`` is not an int
+            >= 0 or ``None``.
+
+    Cancellation:
+        Blocks for the read of a path (bounded by ``max_bytes``).
+    """
+    if max_bytes is not None and (
+        isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0
+    ):
+        raise ConfigError(f"max_bytes must be an int >= 0 or None, got {max_bytes!r}")
     if isinstance(src, bytes | bytearray | memoryview):
         data = src if isinstance(src, bytes) else memoryview(src)
-        return (name or f"<{len(data)} bytes>"), data
+        if name is None and isinstance(src, Blob):
+            name = redact_url(src.url)
+        size = data.nbytes if isinstance(data, memoryview) else len(data)
+        label = name or f"<{size} bytes>"
+        if max_bytes is not None and size > max_bytes:
+            raise DecodeError(f"cannot decode {label}: {describe_size(size)}, over "
+                              f"max_bytes={max_bytes:,}")
+        return label, data
     if not isinstance(src, str | os.PathLike):
         raise ConfigError(f"expected bytes or a path, got {type(src).__name__}")
     label = name or os.fspath(src)
-    try:
-        with open(src, "rb") as fh:
-            return label, fh.read()
-    except FileNotFoundError as exc:
-        raise SourceNotFound(f"{label}: no such file") from exc
-    except PermissionError as exc:
-        raise SourcePermissionError(f"{label}: permission denied") from exc
-    except IsADirectoryError as exc:
-        raise SourceError(f"{label}: is a directory") from exc
-    except OSError as exc:
-        raise SourceError(f"{label}: {exc.strerror or exc}") from exc
+    return label, read_regular(src, label, max_bytes)
 
 
 def _reason(exc: BaseException) -> str:

@@ -1,9 +1,12 @@
 """Local files (plain paths and ``file://`` URLs), read without blocking the event loop.
 
-Each open runs on a worker thread (:func:`~asyncflow.pipeline.run_thread`), cancellation-safe:
-a file whose open completes after its caller was cancelled is closed, not leaked. aiofiles then
-runs each read and close on the loop's default thread pool. Local reads are never retried: a
-missing or unreadable file fails at once. :class:`FileTransport` is the
+A whole file is read on a worker thread (:func:`~asyncflow.pipeline.run_thread`) by
+:func:`~asyncflow._blob.read_regular`, the reader ``image.decode`` uses too: regular files
+only (a FIFO, a device such as ``/dev/zero`` or a socket is refused without blocking), at most
+``max_bytes``. A stream opens its file on a worker thread, cancellation-safe: a file whose open
+completes after its caller was cancelled is closed, not leaked; aiofiles then runs each read
+and close on the loop's default thread pool. Local reads are never retried: a missing or
+unreadable file fails at once. :class:`FileTransport` is the
 ``file`` scheme's transport: whole files, files in chunks, and listings of folders, of path
 prefixes and of manifests.
 """
@@ -21,6 +24,7 @@ from urllib.parse import unquote, urlsplit
 
 import aiofiles.threadpool
 
+from .._blob import read_regular
 from .._errors import SourceError, SourceNotFound, SourcePermissionError
 from ..pipeline import run_thread
 from ._manifest import MANIFEST_SUFFIXES, local_entries
@@ -110,25 +114,21 @@ async def open_file(path: str) -> AsyncIterator[Any]:
         await fh.close()
 
 
-async def read_file(path: str | os.PathLike[str]) -> bytes:
-    """The whole file at ``path``.
+async def read_file(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> bytes:
+    """The whole regular file at ``path``, if it holds at most ``max_bytes``.
 
     Raises:
         SourceNotFound: No such file.
         SourcePermissionError: The file may not be read.
-        SourceError: Any other OS error (a directory, an I/O error), naming the path.
+        SourceError: Not a regular file (a directory, a FIFO, a device, a socket), over
+            ``max_bytes``, or any other OS error; the message names the path.
 
     Cancellation:
-        Cancelling the caller abandons the pending thread-pool call (which finishes on its own)
-        and closes the file, whether the open had completed or not (:func:`open_file`).
+        Cancelling the caller abandons the thread-pool call, which finishes on its own (the
+        open never blocks, the read is bounded) and closes the file.
     """
     name = os.fspath(path)
-    try:
-        async with open_file(name) as fh:
-            data: bytes = await fh.read()
-    except OSError as exc:
-        raise _translate(exc, name) from exc
-    return data
+    return await run_thread(read_regular, name, name, max_bytes)
 
 
 async def stream_file(path: str, offset: int = 0) -> AsyncGenerator[bytes, None]:

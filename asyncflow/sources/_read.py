@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
-from .._errors import ConfigError
+from .._blob import Blob, describe_size
+from .._errors import ConfigError, SourceError
 from .._scope import RunScope, use_scope
+from ._redact import redact_url
 from ._retry import Retry, Timeout, resolve_policy
-from ._transport import ObjectInfo, as_url, enabled_schemes, transport_for
+from ._transport import ObjectInfo, Transport, as_url, enabled_schemes, scheme_of, transport_for
 
 __all__ = ["ObjectInfo", "read_bytes", "session"]
+
 
 async def read_bytes(
     url: str | os.PathLike[str] | ObjectInfo,
@@ -26,8 +29,14 @@ async def read_bytes(
     timeout: Timeout | None = None,
     schemes: Iterable[str] | None = None,
     endpoint_url: str | None = None,
-) -> bytes:
+    max_bytes: int | None = None,
+) -> Blob:
     """The whole content of a local file, an HTTP(S) resource or an S3 object.
+
+    The bytes come back as a :class:`~asyncflow._blob.Blob`: ``bytes`` that carry their
+    ``url``, so that a later stage failing on them (``image.decode``, a parser) names the
+    object, not the payload. A local path is read only if it is a regular file (a FIFO, a
+    device such as ``/dev/zero`` or a socket is refused at once).
 
     Inside a pipeline run, every call shares one aiohttp session and one S3 client, closed
     when the run stops. Outside a run, each call opens and closes its own, unless the calls
@@ -41,6 +50,11 @@ async def read_bytes(
         schemes: The schemes that may be read; default: the pipeline's, else all.
         endpoint_url: An S3-compatible endpoint; default: the standard AWS configuration
             (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, the config file).
+        max_bytes: Refuse an object larger than this, before reading it where its size is
+            known (a local file, an :class:`ObjectInfo` with a size), else as soon as more
+            arrived (the body is then streamed, never held past the limit). Default
+            ``None``: no limit, as a generic byte reader (tar shards, checkpoints); give
+            one where the objects should be small (images: ``image.DEFAULT_MAX_BYTES``).
 
     Returns:
         The complete body; a truncated one is never returned.
@@ -49,8 +63,9 @@ async def read_bytes(
         SourceNotFound: No such file, object or URL (404), at once.
         SourcePermissionError: Access refused (401, 403), or the scheme is not enabled.
         SourceTimeout: The last try timed out, or ``timeout.total`` passed.
-        SourceError: Anything else; the message names the URL (credentials and query values
-            masked), the status and the number of attempts.
+        SourceError: Over ``max_bytes``, not a regular file, or anything else; the message
+            names the URL (credentials and query values masked), the status and the number
+            of attempts.
 
     Cancellation:
         Cancelling the caller cancels the request or back-off in progress; its connection is
@@ -59,7 +74,37 @@ async def read_bytes(
     text = as_url(url)
     transport = transport_for(text, schemes, endpoint_url)
     policy, deadlines = resolve_policy(retry, timeout)
-    return await transport.fetch(text, retry=policy, timeout=deadlines)
+    if max_bytes is None:
+        return Blob(await transport.fetch(text, retry=policy, timeout=deadlines), text)
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        raise ConfigError(f"max_bytes must be an int >= 0 or None, got {max_bytes!r}")
+    if isinstance(url, ObjectInfo) and url.size is not None and url.size > max_bytes:
+        raise _over(text, f"{describe_size(url.size)} (listed)", max_bytes)
+    if scheme_of(text) == "file":
+        from ._files import file_path, read_file
+
+        return Blob(await read_file(file_path(text), max_bytes=max_bytes), text)
+    return Blob(await _read_capped(transport, text, policy, deadlines, max_bytes), text)
+
+
+async def _read_capped(
+    transport: Transport, url: str, retry: Retry, timeout: Timeout, max_bytes: int
+) -> bytes:
+    """A remote body through the transport's resumable stream, given up past ``max_bytes``."""
+    chunks: list[bytes] = []
+    total = 0
+    async with aclosing(transport.stream(url, retry=retry, timeout=timeout)) as body:
+        async for chunk in body:
+            total += len(chunk)
+            if total > max_bytes:
+                raise _over(url, f"more than {describe_size(max_bytes)}", max_bytes)
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _over(url: str, size: str, max_bytes: int) -> SourceError:
+    return SourceError(f"{redact_url(url)}: {size}, over max_bytes={max_bytes:,} "
+                       "(pass a larger max_bytes= to read it)")
 
 
 @asynccontextmanager

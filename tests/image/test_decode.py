@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import threading
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from asyncflow import ConfigError, DecodeError, SourceNotFound, image
+from asyncflow import ConfigError, DecodeError, SourceError, SourceNotFound, image
+from asyncflow._blob import Blob
 
 from ._pictures import (
     PHOTOS,
@@ -443,3 +445,34 @@ def test_bad_arguments() -> None:
         image.decode(12345)  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         image.decode(jpeg(20, 20), normalize=True, std=(0.1, 0.0, 0.2))
+
+
+# -- only regular files, at most max_bytes (issue 25.6); bytes that name their URL (25.11) --
+
+
+def test_only_regular_files_are_read(tmp_path: Path) -> None:
+    (tmp_path / "odd.jpg").symlink_to("/dev/zero")  # read whole, it would never end
+    with pytest.raises(SourceError, match=r"odd\.jpg: is a character device"):
+        image.decode(tmp_path / "odd.jpg", size=8)
+    os.mkfifo(tmp_path / "pipe.jpg")  # opened for reading, it blocks until a writer comes
+    with pytest.raises(SourceError, match=r"pipe\.jpg: is a FIFO"):
+        image.decode(tmp_path / "pipe.jpg", size=8)
+
+
+def test_max_bytes_caps_paths_and_bytes(tmp_path: Path) -> None:
+    data = jpeg(64, 48)
+    (tmp_path / "a.jpg").write_bytes(data)
+    assert image.DEFAULT_MAX_BYTES == 256 * 1024 * 1024
+    assert image.decode(tmp_path / "a.jpg", max_bytes=len(data)).shape == (48, 64, 3)
+    with pytest.raises(SourceError, match=rf"a\.jpg: .*over max_bytes={len(data) - 1:,}"):
+        image.decode(tmp_path / "a.jpg", max_bytes=len(data) - 1)
+    with pytest.raises(DecodeError, match=rf"over max_bytes={len(data) - 1:,}"):
+        image.decode(data, max_bytes=len(data) - 1)
+    assert image.decode(data, max_bytes=None).shape == (48, 64, 3)
+    with pytest.raises(ConfigError, match="max_bytes"):
+        image.decode(data, max_bytes=-1)
+
+
+def test_bytes_read_by_read_bytes_are_named_by_their_url() -> None:
+    with pytest.raises(DecodeError, match=r"cannot decode https://host/a\.jpg\?sig=\*\*\*: "):
+        image.decode(Blob(b"junk", "https://host/a.jpg?sig=secret"))

@@ -313,3 +313,31 @@ def test_describe_and_stats_name_and_kind_each_stage_alike(tree: Path) -> None:
     described = [(s["name"], s["kind"]) for s in pipe.describe()]
     assert [(s.name, s.kind) for s in pipe.stats().stages] == described
     assert pipe.stats()["batch"].kind == "assemble"
+
+
+@pytest.mark.parametrize("workers", ["threads", "processes"])
+def test_unreadable_kinds_of_file_are_named_failures_under_max_failures(
+    tree: Path, leak_check: None, workers: str
+) -> None:
+    # issue 25.6: a link to /dev/zero once grew memory past 1.5 GB; a FIFO blocked forever
+    (tree / "cat" / "odd.jpg").symlink_to("/dev/zero")
+    os.mkfifo(tree / "dog" / "pipe.jpg")
+    (tree / "ant" / "huge.jpg").write_bytes(jpeg(96, 72, seed=5) + b"\0" * 4000)
+    pipe = image.folder(tree, batch_size=4, size=16, max_failures=3, max_bytes=4000,
+                        workers=workers)
+    _, ys = _collect(pipe)
+    assert sum(len(y) for y in ys) == 12
+    failures = {Path(re.findall(r"[\w./-]+\.jpg", f.item)[-1]).name: f
+                for f in pipe.stats().failures}
+    assert sorted(failures) == ["huge.jpg", "odd.jpg", "pipe.jpg"]
+    assert {f.error_type for f in failures.values()} == {"SourceError"}
+    assert "is a character device, not a regular file" in failures["odd.jpg"].message
+    assert "is a FIFO" in failures["pipe.jpg"].message
+    assert "over max_bytes=4,000" in failures["huge.jpg"].message
+
+
+def test_a_link_to_dev_zero_fails_the_run_naming_it(tree: Path) -> None:
+    (tree / "cat" / "odd.jpg").symlink_to("/dev/zero")
+    with pytest.raises(PipelineError) as info:
+        _collect(image.folder(tree, batch_size=4, size=16, workers="threads"))
+    assert "odd.jpg: is a character device" in str(info.value.exceptions[0])

@@ -1,8 +1,10 @@
-"""Opening a local file is cancellation-safe: an open that completes after its caller was
-cancelled (a run closed mid-read) closes its file instead of leaving it open.
+"""Opening a local file to stream it is cancellation-safe: an open that completes after its
+caller was cancelled (a run closed mid-read) closes its file instead of leaving it open.
 
 The files are FIFOs: opening one for reading blocks its thread until a writer opens it, so the
-test decides when each open completes: after the cancellation."""
+test decides when each open completes: after the cancellation. A whole-file read
+(``read_file``, ``read_bytes``) never blocks on one: it refuses anything but a regular file
+(tests/sources/test_read.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +19,13 @@ from typing import Any
 import pytest
 
 from asyncflow import Pipeline
-from asyncflow.sources._files import read_file
+from asyncflow.sources._files import stream_file
 
 pytestmark = pytest.mark.usefixtures("leak_check")
+
+
+async def read_file(path: str | pathlib.Path) -> bytes:
+    return b"".join([chunk async for chunk in stream_file(str(path))])
 
 
 def _fifo(tmp_path: pathlib.Path, name: str) -> str:
