@@ -476,3 +476,12 @@ async def test_a_tar_shard_replaced_mid_read_is_refused(
         async for member in sources.tar_members(url, retry=FAST):
             got.append(member)
     assert got == members[:len(got)]  # what came before is all of the first version
+
+
+async def test_max_bytes_stops_a_larger_body(http_server: FaultServer, unique: str) -> None:
+    # issue 25.6: a remote body is given up as soon as it passes max_bytes
+    path = f"/gen/70000/{unique}.bin"
+    url = http_server.url(path)
+    assert await asyncflow.read_bytes(url, max_bytes=70000) == generated(path, 70000)
+    with pytest.raises(SourceError, match=r"\.bin: more than 68\.4 KiB .*over max_bytes=69,999"):
+        await asyncflow.read_bytes(url, max_bytes=69999)

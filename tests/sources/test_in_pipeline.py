@@ -97,3 +97,24 @@ def test_breaking_out_closes_the_session(
         time.sleep(0.01)
     gc.collect()
     assert count_sessions[0].closed
+
+
+def test_a_failure_after_read_bytes_names_the_url_not_the_payload(
+    http_server: FaultServer, unique: str
+) -> None:
+    # issue 25.11: the README's pattern once said "cannot decode <1878 bytes>", and its note
+    # dumped the bytes
+    from asyncflow import DecodeError, image
+
+    url = http_server.url(f"/gen/1878/{unique}.jpg?X-Amz-Signature=secret")
+    pipe = (Pipeline([url]).map(asyncflow.read_bytes, concurrency=4, ordered=False)
+            .map(lambda data: image.decode(data, size=8), concurrency=2))
+    with pytest.raises(PipelineError) as info:
+        list(pipe)
+    (exc,) = info.value.exceptions
+    assert isinstance(exc, DecodeError)
+    shown = f"/gen/1878/{unique}.jpg?X-Amz-Signature=***"
+    assert str(exc).startswith(f"cannot decode {http_server.base}{shown}: ")
+    note = "\n".join(exc.__notes__)
+    assert f"failed on item <Blob of 1878 bytes from '{http_server.base}{shown}'>" in note
+    assert "secret" not in note + str(exc) and "\\x" not in note

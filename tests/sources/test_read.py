@@ -112,3 +112,32 @@ def test_importing_sources_loads_no_network_library() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "loaded: []" in result.stdout
+
+
+# -- issue 25.6: regular files only, at most max_bytes; 25.11: the bytes name their URL --
+
+
+async def test_only_regular_files_are_read(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "zero").symlink_to("/dev/zero")  # read whole, it would never end
+    with pytest.raises(SourceError, match="zero: is a character device, not a regular file"):
+        await asyncflow.read_bytes(tmp_path / "zero")
+    os.mkfifo(tmp_path / "pipe")  # a plain open() blocks until a writer comes
+    with pytest.raises(SourceError, match="pipe: is a FIFO"):
+        await asyncflow.read_bytes((tmp_path / "pipe").as_uri())
+
+
+async def test_max_bytes_refuses_a_larger_local_file(blob: pathlib.Path) -> None:
+    assert await asyncflow.read_bytes(blob, max_bytes=9) == b"\x00\x01payload"
+    with pytest.raises(SourceError, match=r"a%b\.bin: 9 bytes, over max_bytes=8"):
+        await asyncflow.read_bytes(blob, max_bytes=8)
+    with pytest.raises(SourceError, match=r"12 bytes \(listed\), over max_bytes=9"):
+        await asyncflow.read_bytes(ObjectInfo(str(blob), 12), max_bytes=9)
+    with pytest.raises(ConfigError, match="max_bytes"):
+        await asyncflow.read_bytes(blob, max_bytes=-1)
+
+
+async def test_the_bytes_name_the_object_they_came_from(blob: pathlib.Path) -> None:
+    data = await asyncflow.read_bytes(blob.as_uri())
+    assert data == b"\x00\x01payload"
+    assert data.url == blob.as_uri()
+    assert "a%25b.bin" in repr(data) and "payload" not in repr(data)
