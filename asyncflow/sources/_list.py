@@ -18,8 +18,9 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing
 from typing import Any, Literal, overload
 
-from .._errors import ConfigTypeError
+from .._errors import ConfigTypeError, SourceNotFound
 from .._split import Split
+from ._redact import redact_url
 from ._retry import Retry, Timeout, resolve_policy
 from ._transport import ObjectInfo, Transport, as_url, transport_for
 
@@ -36,6 +37,7 @@ def list_objects(
     schemes: Iterable[str] | None = ...,
     endpoint_url: str | None = ...,
     split: Split | None = ...,
+    allow_empty: bool = ...,
 ) -> AsyncIterator[str]: ...
 
 
@@ -49,6 +51,7 @@ def list_objects(
     schemes: Iterable[str] | None = ...,
     endpoint_url: str | None = ...,
     split: Split | None = ...,
+    allow_empty: bool = ...,
 ) -> AsyncIterator[ObjectInfo]: ...
 
 
@@ -61,6 +64,7 @@ def list_objects(
     schemes: Iterable[str] | None = None,
     endpoint_url: str | None = None,
     split: Split | None = None,
+    allow_empty: bool = False,
 ) -> AsyncIterator[str] | AsyncIterator[ObjectInfo]:
     """Every object under ``prefix_url``, as an async iterator of URLs.
 
@@ -87,11 +91,14 @@ def list_objects(
         split: Yield only this process's share of the listing (see :class:`Split`): the
             whole listing is read first (every rank lists the same objects, in the same
             order), then its part is yielded, with the same count on every rank.
+        allow_empty: Let a listing that finds nothing end quietly. By default it is an
+            error: a typo in a prefix would otherwise give epochs of no batches.
 
     Raises:
         ConfigTypeError: ``split`` is not a :class:`Split`.
         SourcePermissionError: The scheme is not enabled (raised at once, by this call).
-        SourceNotFound: The bucket, folder or manifest does not exist (raised on iteration).
+        SourceNotFound: The bucket, folder or manifest does not exist, or nothing is listed
+            under ``prefix_url`` (unless ``allow_empty``); raised on iteration.
         SourceError: A remote manifest is not a list of URLs (an HTML page, say); the
             message names the URL, the line and the format accepted (raised on iteration).
 
@@ -102,7 +109,8 @@ def list_objects(
     url = as_url(prefix_url)
     if split is not None and not isinstance(split, Split):
         raise ConfigTypeError(f"split must be an asyncflow.Split, got {split!r:.80}")
-    listing = _listing(transport_for(url, schemes, endpoint_url), url, detail, retry, timeout)
+    transport = transport_for(url, schemes, endpoint_url)
+    listing = _listing(transport, url, detail, retry, timeout, allow_empty)
     return listing if split is None else split(listing)
 
 
@@ -112,9 +120,18 @@ async def _listing(
     detail: bool,
     retry: Retry | None,
     timeout: Timeout | None,
+    allow_empty: bool,
 ) -> AsyncIterator[Any]:
     # Policies are resolved on iteration: a listing made before a run is read inside it.
     policy, deadlines = resolve_policy(retry, timeout)
+    empty = True
     async with aclosing(transport.list(url, retry=policy, timeout=deadlines)) as found:
         async for info in found:
+            empty = False
             yield info if detail else info.url
+    if empty and not allow_empty:
+        raise SourceNotFound(
+            f"{redact_url(url)}: nothing is listed there (a typo in the prefix? prefixes "
+            "match keys and paths exactly, case included); pass allow_empty=True to accept "
+            "an empty listing"
+        )

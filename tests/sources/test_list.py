@@ -44,7 +44,9 @@ async def test_file_url_lists_file_urls_with_detail(tree: pathlib.Path) -> None:
 async def test_a_path_prefix_lists_like_an_s3_prefix(tree: pathlib.Path) -> None:
     assert await collect(sources.list_objects(tree / "cat_")) == [
         str(tree / "cat_1.jpg"), str(tree / "cat_2.jpg")]
-    assert await collect(sources.list_objects(tree / "zzz")) == []
+    with pytest.raises(SourceNotFound, match="zzz: nothing is listed there"):
+        await collect(sources.list_objects(tree / "zzz"))
+    assert await collect(sources.list_objects(tree / "zzz", allow_empty=True)) == []
 
 
 async def test_missing_folder(tmp_path: pathlib.Path) -> None:

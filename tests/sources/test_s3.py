@@ -13,6 +13,7 @@ import pytest
 import asyncflow
 from asyncflow import (
     Pipeline,
+    PipelineError,
     Retry,
     SourceError,
     SourceNotFound,
@@ -104,6 +105,22 @@ async def test_lists_more_than_a_thousand_keys(
     assert all(i.size == len(b"x" + k.encode()) and i.etag for i, k in zip(infos, keys[1090:],
                                                                           strict=True))
     assert await asyncflow.read_bytes(infos[0]) == b"x" + keys[1090].encode()
+
+
+async def test_a_prefix_that_lists_nothing_is_an_error(s3: Any, bucket: str) -> None:
+    # issue 25.12: a typo in a prefix once gave an epoch of 0 batches, and no error
+    await put_many(s3, bucket, ["train/0.bin", "train/1.bin"])
+    with pytest.raises(SourceNotFound, match=rf"s3://{bucket}/trian/: nothing is listed") as info:
+        async for _ in sources.list_objects(f"s3://{bucket}/trian/"):
+            pass
+    assert "allow_empty=True" in str(info.value)
+    pipe = Pipeline(sources.list_objects(f"s3://{bucket}/Train/")).map(asyncflow.read_bytes)
+    with pytest.raises(PipelineError) as failed:  # not an epoch of 0 batches
+        async for _ in pipe:
+            pass
+    assert isinstance(failed.value.exceptions[0], SourceNotFound)
+    assert [u async for u in sources.list_objects(f"s3://{bucket}/x/", allow_empty=True)] == []
+    assert len([u async for u in sources.list_objects(f"s3://{bucket}/train/")]) == 2
 
 
 async def test_listing_a_missing_bucket(aws_env: S3Server) -> None:
