@@ -46,13 +46,14 @@ from .._errors import SourceError
 from ..pipeline import run_failed, run_thread
 from ._checks import ALL_CHECKED, Checks
 from ._fingerprint import describe_change
-from ._format import read_manifest
+from ._format import MANIFEST, read_manifest
 from ._lock import WriterLock
 from ._replay import BufferPool, KeptMapping, permutation, replay
 from ._store import (
     CacheInvalid,
     Reader,
     Writer,
+    headers_match,
     identity_of,
     leftovers,
     remove_cache,
@@ -165,7 +166,7 @@ class CacheSource:
                 return False
             identity = identity_of(self.path, manifest)
             return (self.checks.damage(identity) is None and identity not in self.refused
-                    and sizes_match(manifest, identity))
+                    and sizes_match(manifest, identity) and headers_match(self.path, manifest))
         except (FileNotFoundError, CacheInvalid):
             return False
 
@@ -186,6 +187,7 @@ class CacheSource:
         reader = await run_thread(self._open, True)
         if reader is None and upstream is None:
             await run_thread(self._refuse)
+            await run_thread(self._discard, None)
             raise SourceError(f"cache {self.path} was found unusable when its epoch began "
                               "(see the asyncflow.cache log); the next epoch rebuilds it")
         if reader is None:
@@ -239,9 +241,14 @@ class CacheSource:
                 yield item
             return
         size = 1 if copies else _CHUNK[reader.layout]
-        while chunk := await run_thread(_take, items, size):
-            for item in chunk:
-                yield item
+        try:
+            while chunk := await run_thread(_take, items, size):
+                for item in chunk:
+                    yield item
+        except SourceError:
+            if self.checks.damage(reader.identity) is not None:
+                await run_thread(self._discard, reader.identity)
+            raise
 
     def _mismatch(self, manifest: dict[str, Any]) -> str | None:
         """Why a cache with ``manifest`` is not this source's, else None."""
@@ -283,6 +290,27 @@ class CacheSource:
         """Remember the files of a cache found unusable, so :meth:`ready` says no to them."""
         with contextlib.suppress(FileNotFoundError, CacheInvalid):
             self.refused.add(identity_of(self.path, read_manifest(self.path)))
+
+    def _discard(self, identity: Any) -> None:
+        """Take a damaged cache out of use on disk (its manifest, the mark of a finished
+        cache, is removed), so that the next epoch rebuilds it in any process, not only in
+        this one. Only under the writer lock, and only while the files are still those
+        found damaged (``identity``; ``None``: those :meth:`_refuse` noted): a writer's new
+        cache is never removed."""
+        lock = WriterLock(self.path)
+        if not lock.acquire():
+            return  # a writer is at work: it replaces the cache anyway
+        try:
+            now = identity_of(self.path, read_manifest(self.path))
+            if now == identity or (identity is None and now in self.refused):
+                (self.path / MANIFEST).unlink()
+                why = (identity is not None and self.checks.damage(identity)) or "damaged"
+                log.warning("cache %s cannot be used: %s; its manifest is removed, "
+                            "rebuilding it in the next epoch (of any process)", self.path, why)
+        except (FileNotFoundError, CacheInvalid):
+            pass
+        finally:
+            lock.release()
 
     async def _fill(self, upstream: Upstream) -> AsyncGenerator[Any, None]:
         """Pass upstream's items through, writing each; commit when upstream ends.

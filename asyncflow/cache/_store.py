@@ -257,6 +257,21 @@ def identity_of(path: Path, manifest: dict[str, Any]) -> tuple[tuple[int, int, i
         raise CacheInvalid(f"its files cannot be found ({exc})") from None
 
 
+def headers_match(path: Path, manifest: dict[str, Any]) -> bool:
+    """Whether each field file at ``path`` starts with the ``.npy`` header ``manifest`` gives
+    it: a damaged header is found without mapping the files (one short read each)."""
+    try:
+        fields = [Field.from_json(f) for f in manifest["fields"]]
+        count = int(manifest["count"])
+        for name, field in zip(manifest["files"], fields, strict=True):
+            with open(path / str(name), "rb") as fh:
+                if fh.read(HEADER_BYTES) != npy_header(field, count):
+                    return False
+    except (OSError, KeyError, TypeError, ValueError):
+        return False
+    return True
+
+
 def sizes_match(manifest: dict[str, Any], identity: tuple[tuple[int, int, int, int], ...]
                 ) -> bool:
     """Whether the field files of ``identity`` (from :func:`identity_of`) have the sizes

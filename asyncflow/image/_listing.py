@@ -3,6 +3,10 @@
 Each item carries its epoch and position in the epoch's order, which fix its training crop and
 the batch row it is decoded into (see ``_slots.py``), and the number of its listing, which keeps
 the buffers of concurrent runs apart.
+
+What a listing *is*, for a resume state and a cache's fingerprint: the files by their path
+under the tree's root, their labels, sizes and a fingerprint of their bytes
+(:meth:`Listing.listing_identity`, :meth:`Listing.describe`); never how many epochs it listed.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._split import Part
-from ..pipeline import ItemGroup
+from ..pipeline import ItemGroup, listing_identity
 from ..pipeline.seeding import epoch_rng
+from ._digests import file_tokens, relative_names
 
 __all__ = ["Listing", "Sample"]
 
@@ -54,6 +59,30 @@ class Listing:
         self._runs = 0
         #: The epoch of each listing (run) made so far, for a journal.
         self.epochs: dict[int, int] = {}
+        self._identity: dict[str, Any] | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """What this listing's batches are made of, for a cache's fingerprint: the files and
+        labels, the shuffle, the seed and the rank's part; not the epochs listed so far."""
+        return {"samples": self.samples, "shuffle": self.shuffle, "seed": self.seed,
+                "part": self.part}
+
+    def listing_identity(self) -> dict[str, Any]:
+        """What a resume state must find again (``asyncflow/pipeline/_identity.py``): each
+        file by its path under the tree's root and its label, then its size and a fingerprint
+        of its first and last bytes (``_digests.py`` says why those). The same tree
+        moved to another root is the same listing. Taken once per listing, on first use.
+
+        Cancellation:
+            Blocks while it reads the files' ends (threads); once taken, returns at once.
+        """
+        with self._lock:
+            if self._identity is None:
+                paths = [path for path, _ in self.samples]
+                names = [f"{name} {label}" for name, (_, label)
+                         in zip(relative_names(paths), self.samples, strict=True)]
+                self._identity = listing_identity(names, file_tokens(paths))
+            return self._identity
 
     def count(self) -> int:
         """Images per epoch: this part's share, or every sample."""

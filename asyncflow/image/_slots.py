@@ -144,6 +144,12 @@ class BatchAssembler:
             returned="unreferenced",
         )
 
+    def describe(self) -> dict[str, Any]:
+        """What its batches are, for a cache's fingerprint: not what its runs did (``stalls``,
+        a journal's ``log``), which would make an unchanged pipeline's cache look stale."""
+        return {"batch_size": self.batch_size, "shape": list(self.shape), "count": self.count,
+                "dtype": str(self.dtype), "batches": self.batches}
+
     def claim(
         self, run: int, pos: int, label: int, *, wait: bool = True
     ) -> tuple[Ticket, np.ndarray]:

@@ -11,6 +11,7 @@ from ._core import HookFactory
 from ._current import run_failed
 from ._features import feature, register_feature
 from ._handle import ConsumerHook, Run
+from ._identity import listing_identity
 from ._merge import BranchEnd, Merge, MergeChooser, MergePolicy
 from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender, apply_hooks
 from ._options import RunOptions, RunPlan
@@ -66,6 +67,7 @@ __all__ = [
     "choose_workers",
     "feature",
     "label_stage",
+    "listing_identity",
     "register_feature",
     "register_reducer",
     "register_worker_setup",

@@ -18,10 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from .._errors import ConfigError
+from ._identity import describe_difference, sequence_identity
 from ._lineage import SourcePlan, received
 from ._merge import Merge
 from ._span import Span
@@ -30,7 +32,7 @@ __all__ = ["VERSION", "fingerprint", "load_state", "state_of"]
 
 #: The state format's version (states without one are a sampler's state plus ``offset``).
 VERSION = 2
-_SAMPLED = 16  # items of a sequence source hashed into its fingerprint
+_SAMPLED = 16  # items of a sequence source hashed by states saved before every item was
 
 
 def _is_sampler(source: Any) -> bool:
@@ -46,8 +48,16 @@ def _length(source: Any) -> int | None:
         return None
 
 
-def _token(item: Any) -> str:
-    """A cheap, stable text for an item of a listing (names, numbers), else its type."""
+def _sampled(source: Sequence[Any]) -> str:
+    """The listing hash of states saved before every item was hashed (16 items of it): such
+    a state is still checked against it."""
+    length = len(source)
+    step = max(1, length // _SAMPLED)
+    sample = "\n".join(_old_token(source[i]) for i in range(0, length, step))
+    return hashlib.sha256(sample.encode()).hexdigest()[:16]
+
+
+def _old_token(item: Any) -> str:
     if isinstance(item, str | int | float | bool) or item is None:
         return repr(item)
     if isinstance(item, bytes) and len(item) <= 256:
@@ -55,13 +65,32 @@ def _token(item: Any) -> str:
     if isinstance(item, os.PathLike):
         return repr(os.fspath(item))
     if isinstance(item, tuple) and len(item) <= 8:
-        return "(" + ",".join(_token(x) for x in item) + ")"
+        return "(" + ",".join(_old_token(x) for x in item) + ")"
     return type(item).__qualname__
 
 
-def fingerprint(source: Any, describe: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _identity(source: Any) -> dict[str, Any] | None:
+    """What ``source`` lists (``_identity.py``): its own ``listing_identity()``, or every
+    item of a sequence; ``None`` for a source that lists nothing it could show again (an
+    iterator, a factory without the method)."""
+    own = getattr(source, "listing_identity", None)
+    if callable(own):
+        identity: dict[str, Any] = own()
+        return identity
+    if isinstance(source, Sequence) and not isinstance(source, str | bytes):
+        return sequence_identity(source)
+    return None
+
+
+#: Each run's source identity, taken at its first state (a run reads its listing once; a
+#: long listing is not hashed again at every ``state_dict()``).
+_run_identities: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def fingerprint(source: Any, describe: Sequence[dict[str, Any]],
+                run: Any = None) -> dict[str, Any]:
     """What a state must match: each stage's kind and name, the source's type and length,
-    and a hash of a sample of a sequence source's items (a listing that changed)."""
+    and the identity of every item it lists (``_identity.py``), taken once per ``run``."""
     info: dict[str, Any] = {"type": type(source).__qualname__}
     if callable(source) and not hasattr(source, "__iter__"):  # a factory: which one
         info["type"] = getattr(source, "__qualname__", info["type"])
@@ -70,10 +99,14 @@ def fingerprint(source: Any, describe: Sequence[dict[str, Any]]) -> dict[str, An
     length = _length(source)
     if length is not None:
         info["len"] = length
-    if isinstance(source, Sequence) and not isinstance(source, str | bytes) and length:
-        step = max(1, length // _SAMPLED)
-        sample = "\n".join(_token(source[i]) for i in range(0, length, step))
-        info["listing"] = hashlib.sha256(sample.encode()).hexdigest()[:16]
+    try:
+        identity = _run_identities[run] if run is not None else _identity(source)
+    except KeyError:
+        identity = _run_identities[run] = _identity(source)
+    except TypeError:  # a run that takes no weak reference
+        identity = _identity(source)
+    if identity is not None:
+        info["listing"] = identity
     return {"source": info, "stages": [[d["kind"], d["name"]] for d in describe[1:]]}
 
 
@@ -142,7 +175,7 @@ def state_of(source: Any, describe: Sequence[dict[str, Any]], last: Any) -> dict
         failed = {c.name: c.counters.failures for c in last.contexts if c.counters.failures}
     body: dict[str, Any] = {
         "version": VERSION,
-        "pipeline": fingerprint(source, describe),
+        "pipeline": fingerprint(source, describe, last),
         "epoch": epoch,
         "positions": positions.to_json(),
         "nodes": extras,
@@ -157,21 +190,48 @@ def state_of(source: Any, describe: Sequence[dict[str, Any]], last: Any) -> dict
     return {**body, "check": _checksum(body, texts)}
 
 
-def _differs(saved: dict[str, Any], here: dict[str, Any]) -> str | None:
-    """What differs between two fingerprints, in words, or ``None``."""
-    for key in ("type", "len", "listing", "inputs"):
+def _differs(saved: dict[str, Any], here: dict[str, Any], source: Any) -> str | None:
+    """What differs between two fingerprints, in words, or ``None``.
+
+    Raises:
+        ConfigError: The saved fingerprint is not one (a forged or damaged state).
+    """
+    if not isinstance(saved, dict) or not isinstance(saved.get("source"), dict) \
+            or not isinstance(saved.get("stages"), list):
+        raise ConfigError("the state's pipeline must hold source and stages")
+    for key in ("type", "len", "inputs"):
         a, b = saved["source"].get(key), here["source"].get(key)
         if a != b:
-            what = {"type": "type", "len": "length", "listing": "items (its listing changed)",
-                    "inputs": "inputs (the pipelines merged)"}
+            what = {"type": "type", "len": "length", "inputs": "inputs (the pipelines merged)"}
             return f"the source's {what[key]} differs: {b!r} here, {a!r} in the state"
+    difference = _listing_differs(saved["source"].get("listing"),
+                                  here["source"].get("listing"), source)
+    if difference is not None:
+        return f"the source's items differ (its listing changed): {difference}"
     old, new = saved["stages"], here["stages"]
     for index, (a, b) in enumerate(zip(old, new, strict=False), 1):
-        if list(a) != list(b):
+        if not isinstance(a, list) or list(a) != list(b):
+            a = a if isinstance(a, list) and len(a) == 2 else ["?", a]
             return (f"stage {index} is {b[0]} {b[1]!r} here, {a[0]} {a[1]!r} in the state")
     if len(old) != len(new):
         return f"{len(new)} stage(s) here, {len(old)} in the state"
     return None
+
+
+def _listing_differs(saved: Any, here: Any, source: Any) -> str | None:
+    if saved is None and here is None:
+        return None
+    if isinstance(saved, str):  # a state saved when a sample of 16 items was hashed
+        same = isinstance(source, Sequence) and _sampled(source) == saved
+        return None if same else f"{saved!r} in the state (a hash of 16 of its items)"
+    if saved is None and here.get("items") == 0:
+        return None  # an empty source's state saved before: nothing to identify
+    if saved is None:
+        return ("the state does not identify the listing (it was saved by an older "
+                "asyncflow): resume from a state saved by this one")
+    if here is None:
+        return "the state identifies a listing, this source lists none it can show"
+    return describe_difference(saved, here)
 
 
 def load_state(
@@ -199,21 +259,84 @@ def load_state(
     missing = {"pipeline", "epoch", "positions", "nodes", "offset"} - set(state)
     if missing:
         raise ConfigError(f"the state lacks {sorted(missing)}")
-    difference = _differs(state["pipeline"], fingerprint(source, describe))
+    difference = _differs(state["pipeline"], fingerprint(source, describe), source)
     if difference is not None:
         raise ConfigError(f"the state is from another pipeline: {difference}")
     epoch = state["epoch"]
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
         raise ConfigError(f"the state's epoch must be an int >= 0, got {epoch!r}")
     positions = Span.from_json(state["positions"], "the state's positions", _length(source))
+    _check_body(state, describe, positions, _is_sampler(source))
     nodes = state["nodes"]
-    if not isinstance(nodes, dict) or not all(isinstance(v, dict) for v in nodes.values()):
-        raise ConfigError("the state's nodes must map stage names to dicts")
     first = 0
     if _is_sampler(source):
         source.load_state_dict({**state["sampler"], "offset": positions.mark})
         first = positions.mark
     return epoch, SourcePlan(first=first, skip=positions, nodes=nodes)
+
+
+def _check_body(state: dict[str, Any], describe: Sequence[dict[str, Any]],
+                positions: Span, sampler: bool) -> None:
+    """The state's fields have the structure :func:`state_of` gives them: a state whose
+    checksum was made again after an edit must fail here, naming the field, not mid-run.
+
+    Raises:
+        ConfigError: A field is malformed (it is named).
+    """
+    nodes = state["nodes"]
+    if not isinstance(nodes, dict) or not all(isinstance(v, dict) for v in nodes.values()):
+        raise ConfigError("the state's nodes must map stage names to dicts")
+    kinds = {str(d.get("name")): str(d.get("kind")) for d in describe[1:]}
+    for name, extras in nodes.items():
+        check = _EXTRAS.get(kinds.get(name, ""))
+        if check is not None:
+            check(extras, f"the state's nodes[{name!r}]")
+    failed = state.get("failed", {})
+    if not isinstance(failed, dict) or not all(
+            _count(v) for v in failed.values()):
+        raise ConfigError("the state's failed must map stage names to counts (ints >= 0)")
+    if state["offset"] != positions.mark:
+        raise ConfigError(f"the state's offset must be its positions' mark "
+                          f"({positions.mark}), got {state['offset']!r}")
+    if sampler and not isinstance(state.get("sampler"), dict):
+        raise ConfigError("the state's sampler must be the sampler's state (a dict)")
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _check_partial(extras: dict[str, Any], what: str) -> None:
+    """A ``flat_map`` / ``unbatch`` stage's extras: ``{"partial": [{"input": [[a, b],
+    ...], "done": span}, ...]}`` (``_expansion.py``)."""
+    if set(extras) - {"partial"}:
+        raise ConfigError(f"{what} has unknown fields {sorted(set(extras) - {'partial'})}")
+    partial = extras.get("partial", [])
+    if not isinstance(partial, list):
+        raise ConfigError(f"{what}['partial'] must be a list, got {type(partial).__name__}")
+    for index, entry in enumerate(partial):
+        where = f"{what}['partial'][{index}]"
+        if not isinstance(entry, dict) or set(entry) != {"input", "done"}:
+            raise ConfigError(f"{where} must be a dict of input and done")
+        pairs = entry["input"]
+        if not isinstance(pairs, list) or not pairs or not all(
+                isinstance(p, list) and len(p) == 2 and _count(p[0]) and _count(p[1])
+                and p[0] <= p[1] for p in pairs):
+            raise ConfigError(f"{where}['input'] must be a list of [start, stop] source "
+                              f"positions, got {pairs!r:.80}")
+        Span.from_json(entry["done"], f"{where}['done']")
+
+
+def _check_rows(extras: dict[str, Any], what: str) -> None:
+    """An ``assemble`` stage's extras: ``{"rows": span}`` (``_assemble.py``)."""
+    if set(extras) != {"rows"}:
+        raise ConfigError(f"{what} must hold rows only, got {sorted(extras)}")
+    Span.from_json(extras["rows"], f"{what}['rows']")
+
+
+#: The extras of the engine's own stages, by kind, and how to check them.
+_EXTRAS: dict[str, Any] = {"flat_map": _check_partial, "unbatch": _check_partial,
+                           "assemble": _check_rows}
 
 
 def _load_legacy(source: Any, state: dict[str, Any]) -> tuple[int | None, SourcePlan]:

@@ -82,3 +82,22 @@ def test_an_unseeded_evaluation_folder_has_the_same_fingerprint_in_every_process
     }
     assert len(prints) == 1, prints
     assert json.loads(prints.pop())
+
+
+@pytest.mark.parametrize("workers", ["threads", "processes"])
+def test_epochs_run_before_the_cache_do_not_change_its_fingerprint(
+    folder: Path, tmp_path: Path, caplog: Any, workers: str
+) -> None:
+    """Issue 25, point 16: the fingerprint describes the data, not the upstream's past runs
+    (its listing's epochs, its assembler's stalls or a journal's log)."""
+    pipe = image.folder(folder, batch_size=4, size=32, normalize=False, seed=0,
+                        workers=workers, decode_concurrency=2)
+    list(pipe.journal(tmp_path / "journal"))  # a run, and a journal's log on the assembler
+    caplog.set_level(logging.INFO, "asyncflow.cache")
+    filled = list(pipe.cache(tmp_path / "c"))
+    list(pipe)  # another run of the upstream
+    replayed = list(pipe.cache(tmp_path / "c"))
+    assert "written" in caplog.text
+    assert "cannot be used" not in caplog.text and "rebuilding" not in caplog.text
+    for (a, la), (b, lb) in zip(filled, replayed, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)

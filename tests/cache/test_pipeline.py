@@ -396,3 +396,42 @@ async def test_async_for_maps_and_checks_off_every_loop(
     assert flat([b async for b in pipe]) == list(range(12))
     assert sorted(flat([b async for b in pipe.shuffle(seed=2)])) == list(range(12))
     _assert_off_the_loops(calls, {"open", "write", "commit", "mmap", "verify"})
+
+
+@pytest.mark.parametrize(
+    ("field", "offset", "rows"),
+    [("field0.npy", HEADER_BYTES + 9 * 4800 + 100, "row 9"),
+     ("field1.npy", HEADER_BYTES + 8 * 5, "rows 0-11")],  # a label: its block holds them all
+)
+def test_a_flipped_byte_is_named_then_rebuilt_by_the_next_process(
+    tmp_path: Path, field: str, offset: int, rows: str
+) -> None:
+    """Issue 25, point 5: a fresh pipeline (the next run of a script) over a cache damaged
+    in a data or label byte raises naming the file and rows, and the one after rebuilds it,
+    rather than failing forever or replaying nothing."""
+    expected = labels(images(count=12, batch=4, decode=Decode(size=40)).cache(tmp_path / "c"))
+    with open(tmp_path / "c" / field, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0x10]))
+    with pytest.raises(PipelineError) as err:
+        list(images(count=12, batch=4, decode=Decode(size=40)).cache(tmp_path / "c"))
+    assert f"{field} (field item[{field[5]}]) is damaged: {rows}, bytes" in str(
+        err.value.exceptions[0])
+    decode = Decode(size=40)
+    assert labels(images(count=12, batch=4, decode=decode).cache(tmp_path / "c")) == expected
+    assert decode.calls == 12  # rebuilt
+    decode = Decode(size=40)
+    assert labels(images(count=12, batch=4, decode=decode).cache(tmp_path / "c")) == expected
+    assert decode.calls == 0  # replayed
+
+
+def test_a_damaged_header_in_a_fresh_pipeline_rebuilds_at_once(tmp_path: Path) -> None:
+    expected = labels(images(count=12, batch=4, decode=Decode(size=40)).cache(tmp_path / "c"))
+    with open(tmp_path / "c" / "field1.npy", "r+b") as fh:
+        fh.seek(20)
+        fh.write(b"\xff")
+    decode = Decode(size=40)
+    assert labels(images(count=12, batch=4, decode=decode).cache(tmp_path / "c")) == expected
+    assert decode.calls == 12

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from asyncflow import image
+from asyncflow import ConfigError, image
 
 from ._pictures import jpeg, write_tree
 
@@ -129,3 +131,62 @@ def test_the_state_is_small_and_names_the_settled_rows(tree: Path) -> None:
     rows = state["nodes"]["batch"]["rows"]
     assert rows == {"mark": 10, "ranges": []}
     assert len(json.dumps(state)) < 2000
+
+
+# -- the listing a state was taken over (issue 25, point 3) -------------------------------
+
+
+def _state_after_one_batch(tree: Path) -> dict[str, Any]:
+    return _take(_make(tree, "threads"), 1)[1]
+
+
+def _copy(tree: Path, where: Path) -> list[Path]:
+    shutil.copytree(tree, where)
+    return sorted(where.rglob("*.jpg"))
+
+
+def test_the_same_tree_at_another_root_resumes(tree: Path, tmp_path: Path,
+                                               leak_check: None) -> None:
+    reference = list(_make(tree, "threads"))
+    state = _state_after_one_batch(tree)
+    _copy(tree, tmp_path / "moved")
+    resumed = _make(tmp_path / "moved", "threads")
+    resumed.load_state_dict(state)
+    _same(list(resumed), reference[1:])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("add", r"24 items here, 23 in the state; the listing differs from item 6: item 6 is "
+                r"'ant/zz\.jpg 0' here, 'cat/000\.jpg 1'"),
+        ("remove", r"22 items here, 23 in the state; the listing differs from item 3: item 3 "
+                   r"is 'ant/004\.jpg 0' here, 'ant/003\.jpg 0'"),
+        ("swap", r"the same names, but the content of a file in item 2 \(from 'ant/002\.jpg"),
+        ("rewrite", r"the content of a file in item 7 \(from 'cat/001\.jpg 1'\) changed"),
+        ("another tree", r"the content of a file in item 0 \(from 'ant/000\.jpg 0'\)"),
+    ],
+)
+def test_a_state_of_another_tree_is_refused_saying_what_differs(
+    tree: Path, tmp_path: Path, change: str, message: str
+) -> None:
+    state = _state_after_one_batch(tree)
+    files = _copy(tree, tmp_path / "other")
+    if change == "add":
+        shutil.copy(files[3], files[3].parent / "zz.jpg")
+    elif change == "remove":
+        files[3].unlink()
+    elif change == "swap":  # one file's bytes for another's: the same count and names
+        first, second = files[2].read_bytes(), files[12].read_bytes()
+        files[2].write_bytes(second)
+        files[12].write_bytes(first)
+    elif change == "rewrite":  # the same size, other pixels, the time put back
+        data, stamp = bytearray(files[7].read_bytes()), files[7].stat()
+        data[-100] ^= 0xFF
+        files[7].write_bytes(bytes(data))
+        os.utime(files[7], ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    else:  # the same layout, other images
+        for index, path in enumerate(files):
+            path.write_bytes(jpeg(40 + index, 30, seed=100 + index))
+    with pytest.raises(ConfigError, match=message):
+        _make(tmp_path / "other", "threads").load_state_dict(state)

@@ -1,0 +1,92 @@
+"""Fingerprints of image files: what a resume state and a journal record of each file.
+
+A resume state must tell a tree it can resume from one it cannot, for a million files, when
+it is saved and when it is loaded. Hashing every byte would read the whole dataset (hours on
+ImageNet) each time, so each file stands by its **size** and a hash of its **first and last
+4 KiB** (one read for a file up to 8 KiB): a file added, removed, renamed or swapped for
+another image changes the listing; a file rewritten to another size, or with another header
+(dimensions, quantization tables) or end (the last scan data), changes its token. A change
+of pixels in the middle of a file of the same size, with the same ends, is not seen there:
+the journal (``asyncflow/_journal.py``) records a digest of each decoded file's whole bytes,
+which ``rebuild`` checks.
+
+The reads run on a few threads (they wait on the disk or the network, not the CPU).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+__all__ = ["END", "content_digest", "file_token", "file_tokens", "relative_names"]
+
+#: Bytes read at each end of a file for its token.
+END = 4096
+_THREADS = 16
+_CHUNK = 512  # files per task
+
+
+def relative_names(paths: Sequence[str]) -> list[str]:
+    """``paths`` under their common folder (``/data/train/cat/1.jpg`` -> ``cat/1.jpg`` when
+    every path is under ``/data/train``): the same tree at another root has the same names."""
+    if not paths:
+        return []
+    try:  # the lexical extremes share the prefix that every path between them has
+        common = os.path.commonpath([os.path.dirname(min(paths)),
+                                     os.path.dirname(max(paths))])
+    except ValueError:  # absolute and relative paths mixed: nothing in common
+        common = ""
+    cut = len(common) + 1 if common and not common.endswith(os.sep) else len(common)
+    return [p[cut:] for p in paths]
+
+
+def file_token(path: str) -> str:
+    """``"<size>:<hash of the first and last END bytes>"``; ``"missing"`` / ``"not a file"``
+    for a path that is gone or is not a regular file (its contents cannot be told)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return "missing"
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return "not a file"
+        size = info.st_size
+        digest = hashlib.blake2b(digest_size=8)
+        if size <= 2 * END:
+            digest.update(os.pread(fd, size, 0))
+        else:
+            digest.update(os.pread(fd, END, 0))
+            digest.update(os.pread(fd, END, size - END))
+        return f"{size}:{digest.hexdigest()}"
+    except OSError:
+        return "unreadable"
+    finally:
+        os.close(fd)
+
+
+def _tokens(paths: Sequence[str]) -> list[str]:
+    return [file_token(p) for p in paths]
+
+
+def file_tokens(paths: Sequence[str]) -> list[str]:
+    """:func:`file_token` of each path, in order, read on a few threads.
+
+    Cancellation:
+        Blocks until every file is read; the threads end with it.
+    """
+    if len(paths) <= _CHUNK:
+        return _tokens(paths)
+    chunks = [paths[i:i + _CHUNK] for i in range(0, len(paths), _CHUNK)]
+    with ThreadPoolExecutor(min(_THREADS, len(chunks)),
+                            thread_name_prefix="asyncflow-digest") as pool:
+        return [token for tokens in pool.map(_tokens, chunks) for token in tokens]
+
+
+def content_digest(data: bytes | memoryview) -> str:
+    """A digest of a file's whole bytes (BLAKE2b, 16 hex digits): what a journal records of
+    each file a batch decoded, so that a file rewritten in place is found."""
+    return hashlib.blake2b(data, digest_size=8).hexdigest()

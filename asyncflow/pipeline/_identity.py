@@ -1,0 +1,168 @@
+"""What a resumable source lists, as a small identity that a state carries, and what differs.
+
+A state resumes a run by source *positions*, so it is only right for the listing it was taken
+over: a file added, removed or swapped moves every position after it. Every item therefore
+counts, not a sample: each item's *token* (its value, for a list; for ``image.folder``, its
+path under the root and label, its size and a fingerprint of its bytes) is hashed, in parts of
+a fixed power-of-two size (at most :data:`PARTS` of them), each part keeping its first item's
+name and two digests: one of the names, one of the contents. That is about 2 KB however long
+the listing, and enough to say where two listings first differ and whether names or contents
+changed.
+
+A source says what it lists by a ``listing_identity()`` method returning
+:func:`listing_identity`'s dict; a sequence without one is identified by
+:func:`sequence_identity`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._errors import ConfigError
+
+__all__ = ["PARTS", "describe_difference", "item_token", "listing_identity",
+           "sequence_identity"]
+
+#: Parts a listing's identity is cut into, at most (each names its first item).
+PARTS = 32
+_NAME = 80  # characters of a part's first name kept
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_SMALL = 256  # characters of a token kept as they are; longer ones are hashed
+_OBJECT_REPR: Any = object.__repr__  # an object's default repr: its type and address
+
+
+def _part_size(n: int) -> int:
+    """A power of two, so that one item more or less keeps the parts' bounds."""
+    return 1 << max(0, math.ceil(math.log2(max(1, n) / PARTS)))
+
+
+def _digest(tokens: Sequence[str]) -> str:
+    return hashlib.sha256("\0".join(tokens).encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _NAME else text[: _NAME // 2 - 2] + "..." + text[-_NAME // 2 + 1:]
+
+
+def listing_identity(names: Sequence[str], contents: Sequence[str] | None = None
+                     ) -> dict[str, Any]:
+    """The identity of a listing of ``len(names)`` items.
+
+    Args:
+        names: Each item's name, which says which item it is (a path under the root, a
+            value's ``repr``).
+        contents: Each item's content token (a file's size and a fingerprint of its bytes),
+            or ``None`` when the name is the whole item.
+
+    Returns:
+        ``{"items": n, "digest": ..., "parts": [[start, first name, names digest, contents
+        digest], ...]}``, plain JSON.
+    """
+    n = len(names)
+    size = _part_size(n)
+    parts = []
+    for start in range(0, n, size):
+        stop = min(n, start + size)
+        parts.append([start, _clip(names[start]), _digest(names[start:stop]),
+                      "" if contents is None else _digest(contents[start:stop])])
+    whole = hashlib.sha256(repr((n, parts)).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return {"items": n, "digest": whole, "parts": parts}
+
+
+def item_token(item: Any) -> str:
+    """An item's value as text: what makes two items of a listing the same one.
+
+    Numbers, text, bytes, paths, and tuples, lists and dicts of them by value (long ones by
+    a hash of it); an array by its dtype, shape and bytes; another object by its ``repr``
+    without memory addresses (a dataclass's holds its fields), or by its type alone when its
+    class defines no ``repr``.
+    """
+    if isinstance(item, str | int | float | bool) or item is None:
+        text = repr(item)
+    elif isinstance(item, bytes | bytearray | memoryview):
+        text = "b:" + hashlib.sha256(item).hexdigest()[:16]
+    elif isinstance(item, os.PathLike):
+        text = repr(os.fspath(item))
+    elif isinstance(item, tuple | list):
+        text = "(" + ",".join(item_token(x) for x in item) + ")"
+    elif isinstance(item, Mapping):
+        text = "{" + ",".join(f"{item_token(k)}:{item_token(v)}" for k, v in item.items()) + "}"
+    elif hasattr(item, "__array__") and hasattr(item, "dtype") and hasattr(item, "shape"):
+        text = _array_token(item)
+    elif type(item).__repr__ is _OBJECT_REPR:
+        text = type(item).__qualname__
+    else:
+        try:
+            text = _ADDRESS.sub("", repr(item))
+        except Exception:
+            text = type(item).__qualname__
+    if len(text) > _SMALL:
+        text = text[:64] + "#" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
+    return text
+
+
+def _array_token(item: Any) -> str:
+    import numpy as np
+
+    value = item.detach().cpu().numpy() if hasattr(item, "detach") else np.asarray(item)
+    digest = hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()[:16]
+    return f"array({value.dtype},{list(value.shape)},{digest})"
+
+
+def sequence_identity(items: Sequence[Any]) -> dict[str, Any]:
+    """:func:`listing_identity` of a sequence source, each item by :func:`item_token`."""
+    return listing_identity([item_token(items[i]) for i in range(len(items))])
+
+
+def _check(identity: Any, what: str) -> None:
+    """``identity`` has :func:`listing_identity`'s structure (it comes from a state file)."""
+    if not isinstance(identity, Mapping) or set(identity) != {"items", "digest", "parts"}:
+        raise ConfigError(f"{what} must hold items, digest and parts")
+    n, parts = identity["items"], identity["parts"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ConfigError(f"{what}['items'] must be an int >= 0, got {n!r}")
+    if not isinstance(identity["digest"], str) or not isinstance(parts, list):
+        raise ConfigError(f"{what}: digest must be a str and parts a list")
+    for index, part in enumerate(parts):
+        if not (isinstance(part, list) and len(part) == 4 and type(part[0]) is int
+                and all(isinstance(x, str) for x in part[1:])):
+            raise ConfigError(f"{what}['parts'][{index}] must be [start, name, digest, digest]")
+
+
+def describe_difference(saved: Any, here: Mapping[str, Any]) -> str | None:
+    """How the listing the state was taken over (``saved``) differs from this one, in
+    words, or ``None`` when they are the same.
+
+    Raises:
+        ConfigError: ``saved`` is not an identity (the state was forged or damaged).
+    """
+    _check(saved, "the state's source listing")
+    if saved["digest"] == here["digest"] and saved["items"] == here["items"]:
+        return None
+    count = (f"{here['items']} items here, {saved['items']} in the state; "
+             if saved["items"] != here["items"] else "")
+    old, new = saved["parts"], here["parts"]
+    for a, b in zip(old, new, strict=False):
+        if a == b:
+            continue
+        if a[0] != b[0]:
+            break  # parts of other sizes: only the count can be compared
+        low = a[0]
+        high = min(low + _part_size(max(saved["items"], here["items"])),
+                   max(saved["items"], here["items"])) - 1
+        where = f"items {low}-{high}" if high > low else f"item {low}"
+        if a[1] != b[1]:
+            return (f"{count}the listing differs from {where}: item {low} is {b[1]!r} here, "
+                    f"{a[1]!r} in the state")
+        if a[2] != b[2]:
+            return f"{count}the listing differs in {where} (from {b[1]!r}): their names differ"
+        return (f"{count}the same names, but the content of a file in {where} (from "
+                f"{b[1]!r}) changed: its size or bytes differ")
+    if count:
+        return f"{count}the listing's length changed"
+    return "the listing differs (its digest does not match)"
