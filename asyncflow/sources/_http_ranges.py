@@ -3,15 +3,23 @@
 A try resumed with ``Range`` carries ``If-Range`` with the strong ETag or Last-Modified date
 of the first answer (:class:`Resume`), and without one the body starts again from zero.
 Content-Range is validated before use (well-formed, in bounds, the range asked for).
+
+An object with nothing to prove it unchanged (no strong validator, or a content-encoded
+body), or a server that ignores ``Range`` and answers 200, is read again from byte 0: the
+bytes already delivered are hashed as they go (only for such objects), and the new answer's
+first bytes must hash the same before the read continues past them; other bytes are an error
+that names the object, never a splice of two versions.
 """
 
 from __future__ import annotations
 
 import email.utils
+import hashlib
 import re
 import weakref
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from typing import Any
 
 import aiohttp
 
@@ -41,13 +49,16 @@ class Resume:
     server whose object changed answers with the new object whole instead of a piece of it.
     """
 
-    __slots__ = ("encoded", "etag", "last_modified", "total")
+    __slots__ = ("encoded", "etag", "last_modified", "prefix", "total")
 
     def __init__(self) -> None:
         self.etag: str | None = None
         self.last_modified: str | None = None
         self.total: int | None = None
         self.encoded = False
+        #: The digest of the bytes delivered so far, kept only while nothing else can prove
+        #: a later answer continues the same object (no :meth:`if_range`).
+        self.prefix: Any = None
 
     def learn(self, resp: aiohttp.ClientResponse, length: int | None) -> None:
         """Take the validators and size of a whole (non-range) answer."""
@@ -61,6 +72,7 @@ class Resume:
         self.last_modified = modified if strong else None
         self.total = length
         self.encoded = coding(resp) != "identity"
+        self.prefix = hashlib.sha256() if self.if_range() is None else None
 
     def if_range(self) -> str | None:
         """The ``If-Range`` value that proves a resumed answer continues this object."""
@@ -143,10 +155,34 @@ def _leave(session: aiohttp.ClientSession, url: str, offset: int, resume: Resume
         del left[next(iter(left))]
 
 
-def _cannot_resume(resume: Resume) -> str:
-    if resume.encoded:
-        return "its body was content-encoded"
-    return "no strong ETag or Last-Modified proves the object unchanged"
+class _Replay:
+    """Checks that an answer read again from byte 0 begins with the bytes already delivered:
+    their digest, over the first ``offset`` bytes of the new body, is the one kept."""
+
+    __slots__ = ("digest", "left", "offset", "want", "what")
+
+    def __init__(self, resume: Resume, offset: int, what: object) -> None:
+        self.want = resume.prefix.digest()
+        self.digest = hashlib.sha256()
+        self.left = self.offset = offset
+        self.what = what
+
+    def skip(self, chunk: bytes) -> bytes:
+        """The part of ``chunk`` past the replayed prefix (checked once it is all in)."""
+        cut = min(self.left, len(chunk))
+        self.digest.update(chunk[:cut])
+        self.left -= cut
+        if not self.left and self.digest.digest() != self.want:
+            raise Changed(f"{self.what}: the object changed: read again from byte 0 (nothing "
+                          f"proves a resumed range continues it), its first {self.offset} "
+                          "bytes differ from those already read; cannot continue")
+        return chunk[cut:]
+
+    def finish(self) -> None:
+        if self.left:
+            raise Changed(f"{self.what}: the object changed: read again from byte 0, it ends "
+                          f"after {self.offset - self.left} bytes, before the {self.offset} "
+                          "already read; cannot continue")
 
 
 async def stream(
@@ -169,8 +205,8 @@ async def stream(
 
     Raises:
         Transient: A failure worth resuming from where it stopped.
-        SourceError: The object changed since the read began, or cannot be proven unchanged
-            (no strong validator, or a content-encoded body), so the bytes already yielded
+        SourceError: The object changed since the read began (its validator, or, without
+            one, the digest of the bytes already yielded, read again from byte 0), so they
             cannot be continued; or the server answered another range than asked for.
     """
     own = resume is None
@@ -179,28 +215,36 @@ async def stream(
         resume = (left.pop((url, offset), None) if offset else None) or Resume()
     delivered = 0
     try:
-        if offset and resume.if_range() is None:
-            raise SourceError(f"{what}: cannot resume at byte {offset}: {_cannot_resume(resume)}")
         resp, start, expected = await open_from(
             session, url, offset, resume, what, retry, timeout
         )
         try:
+            replay = None
             if not offset:
                 resume.learn(resp, expected)
+            elif start == 0 and resume.prefix is not None:
+                replay = _Replay(resume, offset, what)
             elif start == 0 and not resume.same(resp, expected):
                 raise Changed(f"{what}: the object changed after {offset} bytes were read; "
                               "cannot resume")
-            skip = offset - start  # a server that ignores ranges sends the same object whole
+            # A server that ignores ranges sends the same object whole: skip what was read.
+            skip = 0 if replay is not None else offset - start
             async with aclosing(body(resp, expected, what, timeout)) as chunks:
                 async for chunk in chunks:
-                    if skip:
+                    if replay is not None and replay.left:
+                        chunk = replay.skip(chunk)
+                    elif skip:
                         cut = min(skip, len(chunk))
                         skip -= cut
                         chunk = chunk[cut:]
-                        if not chunk:
-                            continue
+                    if not chunk:
+                        continue
+                    if resume.prefix is not None:
+                        resume.prefix.update(chunk)
                     delivered += len(chunk)
                     yield chunk
+            if replay is not None:
+                replay.finish()
         finally:
             resp.release()
     except Transient:
