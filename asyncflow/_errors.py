@@ -140,3 +140,10 @@ class PipelineError(AsyncflowError, ExceptionGroup):  # type: ignore[type-arg,un
 
     def derive(self, excs: Sequence[Any]) -> PipelineError:  # type: ignore[override]
         return PipelineError(self.message, excs)
+
+
+# Errors print as ``asyncflow.DecodeError``, the name users import and catch, not as the
+# private module's ``asyncflow._errors.DecodeError``; pickles name that public path too.
+for _name in __all__:
+    globals()[_name].__module__ = "asyncflow"
+del _name

@@ -20,11 +20,15 @@ def scan(
     """Classes (sorted sub-folder names) and ``(path, class index)`` samples, as torchvision.
 
     Raises:
-        SourceNotFound: ``root`` is not a directory.
-        ConfigError: ``root`` has no class folder, or a class folder has no image file.
+        SourceNotFound: ``root`` does not exist.
+        ConfigError: ``root`` is a file, has no class folder, or a class folder has no image
+            file.
     """
     base = Path(root)
     if not base.is_dir():
+        if base.exists():
+            raise ConfigError(f"{os.fspath(root)}: is a file, not a directory (expected "
+                              "root/<class>/<image>)")
         raise SourceNotFound(f"{os.fspath(root)}: no such directory")
     classes = sorted(entry.name for entry in os.scandir(base) if entry.is_dir())
     if not classes:

@@ -176,6 +176,9 @@ def test_device_cuda(tree: Path) -> None:
 def test_bad_trees_and_arguments(tmp_path: Path, tree: Path) -> None:
     with pytest.raises(SourceNotFound):
         image.folder(tmp_path / "nope", batch_size=2, size=16)
+    (tmp_path / "one.jpg").write_bytes(jpeg(20, 20))  # issue 25.13: not "no such directory"
+    with pytest.raises(ConfigError, match=r"one\.jpg: is a file, not a directory"):
+        image.folder(tmp_path / "one.jpg", batch_size=2, size=16)
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "a.jpg").write_bytes(jpeg(20, 20))
     with pytest.raises(ConfigError, match="no class folders"):
