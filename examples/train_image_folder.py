@@ -84,9 +84,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = args.data
         if root is None:
-            from asyncflow._demo import make_sample_folder
+            from asyncflow.image import sample_folder
 
-            root = make_sample_folder(Path(tmp) / "images", args.images)
+            root = sample_folder(Path(tmp) / "images", args.images)
         asyncio.run(train(args, root))
 
 

@@ -32,6 +32,14 @@ def _example(
     return result
 
 
+def test_examples_use_only_public_names() -> None:
+    # issue 25.13: the notebook imported the private asyncflow._demo
+    for path in EXAMPLES.iterdir():
+        if path.suffix in (".py", ".ipynb"):
+            private = re.findall(r"asyncflow\._\w+", path.read_text())
+            assert not private, f"{path.name} uses {private}"
+
+
 def test_every_example_is_tested() -> None:
     source = Path(__file__).read_text()
     for path in EXAMPLES.iterdir():

@@ -19,12 +19,14 @@ _LAZY = {
     "IMG_EXTENSIONS": "asyncflow.image._scan",
     "ImageFolder": "asyncflow.image._folder",
     "folder": "asyncflow.image._folder",
+    "sample_folder": "asyncflow.image._samples",
 }
 
 __getattr__ = lazy_getattr(__name__, _LAZY)
 
 if TYPE_CHECKING:
     from ._folder import ImageFolder, folder
+    from ._samples import sample_folder
     from ._scan import IMG_EXTENSIONS
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "decode",
     "folder",
     "normalize",
+    "sample_folder",
 ]
 
 
