@@ -19,12 +19,17 @@ from typing import Any
 
 from ._channel import ALL, ChannelBase
 
-__all__ = ["Handoff"]
+__all__ = ["Handoff", "wake"]
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def wake(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> None:
+    """Resolve ``fut`` on ``loop`` from any thread (nothing if that loop is closed)."""
+    _notify(loop, _resolve, fut)
 
 
 def _resolve_all(futs: list[asyncio.Future[None]]) -> None:
@@ -74,7 +79,7 @@ class Handoff(ChannelBase):
                 self._cond.notify()
         reader, self._reader = self._reader, None
         if reader is not None:  # one wake-up per put, however many items it brought
-            _notify(reader[0], _resolve, reader[1])
+            wake(*reader)
 
     def _resolve_writers(self, waiters: list[asyncio.Future[None]]) -> None:
         if waiters:  # one call into the run's loop for all of them

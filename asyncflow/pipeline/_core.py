@@ -171,20 +171,18 @@ class PipelineCore(Generic[T_co]):
         """A new epoch of this pipeline, for a merge that builds it into its own run
         (``_merge.py``): as :meth:`_runtime`, without a runtime of its own."""
         plan = self.run_plan()
-        epoch = self._source.next_epoch()
-        start, self._source.resume_offset = self._source.resume_offset, 0
+        epoch, _, start = self._source.take_run(resume=False)
         stages = self._stages if plan.stages is None else plan.stages
         return Branch(plan=plan, stages=stages, epoch=epoch, start=start, pools=self._pools)
 
     def _runtime(self) -> Runtime:
         plan = self.run_plan()
-        epoch = self._source.next_epoch()
+        epoch, resume, offset = self._source.take_run()
         stages = self._stages if plan.stages is None else plan.stages
-        resume, self._source.resume_plan = self._source.resume_plan, None
-        start = self._source.resume_offset if resume is None else resume.base
+        start = offset if resume is None else resume.base
         rt = Runtime(plan.open_source, stages, plan.options, epoch, pools=self._pools,
                      start=start, resume=resume)
-        rt.start_offset, self._source.resume_offset = start, 0
+        rt.start_offset = start
         rt.receive_hooks[:0] = plan.receive_hooks
         self._last[:] = [rt]
         return rt

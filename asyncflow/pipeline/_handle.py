@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import weakref
+from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Protocol, Self
+from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, cast
 
 from .._errors import StallError
-from ._lineage import TAKEN, Lineage, received
+from ._bridge import wake
+from ._lineage import Lineage, received
 from ._run import Runtime
 from ._stats import FailureRecord, PipelineStats
 
@@ -42,6 +46,11 @@ class Run(Generic[T_co]):
     the iterator's release, or garbage collection stops every task and thread of the run.
 
     A run starts on first use: ``next()``, ``__anext__()``, or entering its context.
+
+    Iteration is thread-safe: threads (and tasks on any loops) sharing one run each get
+    different items, every item exactly once, in the order they ask; consumer-side hooks see
+    one item at a time. The run's error is raised in the consumer that reads it; the others
+    then end as at the end of the stream.
     """
 
     def __init__(
@@ -57,8 +66,9 @@ class Run(Generic[T_co]):
         self._hook_factories = hooks
         self._on_start = on_start
         self._rt: Runtime | None = None
-        self._chunk: list[Any] = []
-        self._pos = 0
+        # The items of the latest chunk not yet taken: ``popleft`` hands each to one consumer
+        # (atomic: several threads may take from it at once) and drops its reference.
+        self._chunk: deque[Any] = deque()
         self._closed = False
         self._apply: Callable[[Any], T_co] | None = None
         self._hooks: list[ConsumerHook] = []
@@ -66,6 +76,13 @@ class Run(Generic[T_co]):
         # Consumers inside a refill (from before the run starts to the hand-off's answer): a
         # stop from another thread leaves the run's error for them instead of reporting it.
         self._reading = 0
+        # Consumers in several threads or tasks share the chunk: one refills it at a time
+        # while the others wait (threads on the condition, tasks on futures of their loops).
+        self._lock = threading.Lock()
+        self._refilled = threading.Condition(self._lock)
+        self._refilling = False
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._start_lock = threading.Lock()
 
     # -- lifetime -----------------------------------------------------------------------
 
@@ -74,6 +91,14 @@ class Run(Generic[T_co]):
             return None  # a closed run yields nothing more, and raises nothing more
         if self._rt is not None:
             return self._rt
+        with self._start_lock:  # two threads starting it at once start one runtime
+            if self._closed:
+                return None
+            if self._rt is not None:
+                return self._rt
+            return self._start_runtime()
+
+    def _start_runtime(self) -> Runtime:
         rt = self._make_runtime()
         self._rt = rt
         self._finalizer = weakref.finalize(self, rt.request_stop)
@@ -103,7 +128,7 @@ class Run(Generic[T_co]):
         if self._closed:
             return
         self._closed = True
-        self._chunk, self._pos = [], 0
+        self._chunk = deque()
         rt = self._rt
         if rt is not None:
             if not rt.done:
@@ -122,7 +147,7 @@ class Run(Generic[T_co]):
         if self._closed:
             return
         self._closed = True
-        self._chunk, self._pos = [], 0
+        self._chunk = deque()
         rt = self._rt
         if rt is not None:
             if not rt.done:
@@ -136,7 +161,7 @@ class Run(Generic[T_co]):
     def _abandon(self) -> None:
         """Stop without waiting (for cancellation paths, where awaiting is not possible)."""
         self._closed = True
-        self._chunk, self._pos = [], 0
+        self._chunk = deque()
         if self._rt is not None:
             self._rt.request_stop()
             self._detach()
@@ -176,28 +201,69 @@ class Run(Generic[T_co]):
         return self
 
     def __next__(self) -> T_co:
-        pos, chunk = self._pos, self._chunk
-        if pos < len(chunk):
-            item = chunk[pos]
-            chunk[pos] = TAKEN  # the consumer owns it now: release our reference
-            self._pos = pos + 1
-            apply = self._apply
-            return item if apply is None else apply(item)
+        if self._apply is None:  # no hook to call one item at a time: no lock either
+            try:
+                return cast(T_co, self._chunk.popleft())
+            except IndexError:
+                pass
         return self._refill_sync()
 
-    def _refill_sync(self) -> T_co:
+    def _claim(self) -> Any:
+        """An item (hooks applied), the right to refill (``_REFILL``), or ``_EMPTY``: another
+        consumer is refilling (lock held)."""
+        chunk = self._chunk
+        if chunk:
+            item = chunk.popleft()
+            apply = self._apply
+            return item if apply is None else apply(item)
+        if self._refilling:
+            return _EMPTY
+        self._refilling = True
         self._reading += 1
-        try:
-            return self._refill_sync_reading()
-        finally:
+        return _REFILL
+
+    def _refilled_with(self, chunk: list[Any] | None) -> None:
+        """End a refill: hand the chunk to every consumer, wake the waiting ones."""
+        with self._lock:
+            self._refilling = False
             self._reading -= 1
+            rt = self._rt
+            if chunk and rt is not None and not self._closed:
+                # the chunk first: a state taken meanwhile counts it as not received yet
+                self._chunk = rt.chunk = deque(chunk)
+                rt.delivered += len(chunk)
+            self._refilled.notify_all()
+            waiters, self._waiters = self._waiters, []
+        for loop, fut in waiters:
+            wake(loop, fut)
+
+    def _refill_sync(self) -> T_co:
+        """Wait for the next chunk, or for another consumer's refill; then take an item.
+
+        Cancellation:
+            The wait is interruptible by signals (Ctrl-C raises ``KeyboardInterrupt``).
+        """
+        while True:
+            with self._lock:
+                item = self._claim()
+                if item is _EMPTY:
+                    self._refilled.wait()
+                    continue
+            if item is not _REFILL:
+                return cast(T_co, item)
+            chunk: list[Any] | None = None
+            try:
+                chunk = self._fetch_sync()
+            finally:
+                self._refilled_with(chunk)
 
     @property
     def reading(self) -> bool:
         """Whether a consumer is waiting for this run's next items now."""
         return self._reading > 0
 
-    def _refill_sync_reading(self) -> T_co:
+    def _fetch_sync(self) -> list[Any]:
+        """The next chunk from the run; ``StopIteration`` at its end (or once closed)."""
         rt = self._start()
         if rt is None:
             raise StopIteration
@@ -215,37 +281,46 @@ class Run(Generic[T_co]):
         if not chunk:
             self.close()
             raise StopIteration
-        rt.delivered += len(chunk)
-        self._chunk = rt.chunk = chunk
-        self._pos = 0
-        return self.__next__()
+        return chunk
 
     def __aiter__(self) -> Self:
         return self
 
     async def __anext__(self) -> T_co:
-        pos, chunk = self._pos, self._chunk
-        if pos < len(chunk):
-            item = chunk[pos]
-            chunk[pos] = TAKEN
-            self._pos = pos + 1
-            apply = self._apply
-            return item if apply is None else apply(item)
-        self._reading += 1
-        try:
-            rt = self._start()
-            chunk = [] if rt is None else await self._refill_async(rt)
-        finally:
-            self._reading -= 1
-        if rt is None or not chunk:
-            raise StopAsyncIteration
-        rt.delivered += len(chunk)
-        self._chunk = rt.chunk = chunk
-        self._pos = 1
-        item = chunk[0]
-        chunk[0] = TAKEN
-        apply = self._apply
-        return item if apply is None else apply(item)
+        if self._apply is None:
+            try:
+                return cast(T_co, self._chunk.popleft())
+            except IndexError:
+                pass
+        return await self._refill_async_claim()
+
+    async def _refill_async_claim(self) -> T_co:
+        """Like :meth:`_refill_sync`, waiting on the caller's loop.
+
+        Cancellation:
+            Safe while it waits for another consumer's refill; cancelled during its own,
+            it stops the run (see :meth:`_refill_async`).
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._lock:
+                item = self._claim()
+                wait = loop.create_future() if item is _EMPTY else None
+                if wait is not None:
+                    self._waiters.append((loop, wait))
+            if wait is not None:
+                await wait
+                continue
+            if item is not _REFILL:
+                return cast(T_co, item)
+            chunk: list[Any] | None = None
+            try:
+                rt = self._start()
+                chunk = [] if rt is None else await self._refill_async(rt)
+            finally:
+                self._refilled_with(chunk)
+            if not chunk:
+                raise StopAsyncIteration
 
     async def _refill_async(self, rt: Runtime) -> list[Any]:
         try:
@@ -302,6 +377,12 @@ class Run(Generic[T_co]):
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("running" if self._rt else "not started")
         return f"<asyncflow.Run {state}, {self.delivered} delivered>"
+
+
+#: What the chunk gives when it has no item left (``_take``, ``_claim``).
+_EMPTY: Any = object()
+#: What ``_claim`` gives the one consumer that is to refill the chunk.
+_REFILL: Any = object()
 
 
 def _compose(functions: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:

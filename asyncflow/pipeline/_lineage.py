@@ -23,10 +23,10 @@ from typing import Any
 
 from ._expansion import SplitLedger
 from ._ledger import FixedLedger, Ledger, MapLedger, Passthrough, ShuffleLedger
-from ._source_ledger import TAKEN, SourceLedger, SourcePlan, received
+from ._source_ledger import SourceLedger, SourcePlan, received
 from ._span import GrowingSpan, Span
 
-__all__ = ["TAKEN", "Lineage", "SourceLedger", "SourcePlan", "node_ledger", "received"]
+__all__ = ["Lineage", "SourceLedger", "SourcePlan", "node_ledger", "received"]
 
 #: Records written between compactions (amortizes their cost to O(1) a record).
 _COMPACT_EVERY = 512

@@ -79,6 +79,8 @@ class ProcessPool:
         self._waiting: list[Job] = []  # submitted while the only worker is being replaced
         self._closed = False
         self._started = False
+        self._start_lock = threading.Lock()  # held while the workers are spawned
+        self._start_error: BaseException | None = None
         self._reader: threading.Thread | None = None
         self._wake_r, self._wake_w = -1, -1
         self._status: mmap.mmap | None = None
@@ -87,13 +89,34 @@ class ProcessPool:
     # -- lifetime -----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the workers (blocking: call it off the run's loop). Idempotent."""
-        with self._lock:
-            if self._started:
-                return
+        """Start the workers (blocking: call it off the run's loop). Idempotent.
+
+        Runs sharing a persistent pool may call it at once: each returns once the workers
+        are spawned (a run that went on while another spawned them sent chunks to no
+        worker, and waited for them forever).
+
+        Raises:
+            WorkerError: An earlier start failed (it raised why).
+
+        Cancellation:
+            Blocks its thread until the workers are spawned (they boot on their own).
+        """
+        with self._start_lock:
+            if self._start_error is not None:
+                raise WorkerError(f"the workers of stage {self.stage!r} could not start: "
+                                  f"{self._start_error!r}") from self._start_error
             if self._closed:
                 raise RuntimeError("the process pool is shut down")
-            self._started = True
+            if not self._started:
+                try:
+                    self._start()
+                except BaseException as exc:
+                    self._start_error = exc
+                    self.shutdown(0.0)
+                    raise
+                self._started = True
+
+    def _start(self) -> None:
         _shm.sweep_stale()
         fd = os.open(self._status_path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
@@ -205,9 +228,10 @@ class ProcessPool:
             settle(job, None, exc)
             return
         with self._lock:
-            if self._broken is not None or self._closed:
+            if self._broken is not None or self._closed or not self._started:
                 _shm.discard(segments)
-                settle(job, None, self._broken or RuntimeError("the process pool is shut down"))
+                settle(job, None, self._broken or RuntimeError(
+                    f"the process pool is {'shut down' if self._closed else 'not started'}"))
                 return
             if not self._slots:  # the one worker died: its replacement sends this on
                 _shm.discard(segments)

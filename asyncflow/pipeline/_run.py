@@ -14,7 +14,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from typing import Any
 
 from .._redact import describe_exception, format_exception
@@ -77,7 +77,7 @@ class Runtime:
         self.scope = RunScope(dict(options.settings))
         self.errors: list[BaseException] = []
         self.delivered = 0  # handed over in chunks; taken: ``received(delivered, chunk)``
-        self.chunk: list[Any] = []  # the consumer's latest chunk
+        self.chunk: Sized = ()  # what the consumer has not taken of its latest chunk
         self.start_offset = start  # source items skipped by a resumed run
         self.consumer: Callable[[], Any] | None = None  # weak reference to the Run
         self.started_at = time.monotonic()
@@ -398,6 +398,8 @@ class Runtime:
         elapsed = max(0.0, end - self.started_at) if self._started else 0.0
         return snapshot(
             self.contexts, elapsed=elapsed, delivered=self.delivered,
-            running=self._started and not self._done.is_set(), notes=self.notes,
+            running=self._started and not self._done.is_set(),
+            notes=[*self.notes, *(line for scope in (self.scope, *self.graph.scopes)
+                                  for line in scope.reports())],
             loop_delay_max=self.monitor.loop_delay_max,
         )

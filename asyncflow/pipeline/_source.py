@@ -52,16 +52,27 @@ class SharedSource:
         self.resume_plan: Any = None  # a SourcePlan from load_state_dict(), for the next run
         self.lock = threading.Lock()
 
-    def next_epoch(self) -> int:
+    def take_run(self, *, resume: bool = True) -> tuple[int, Any, int]:
+        """The next run's epoch, resume plan (``None`` if none, or not ``resume``: a merge
+        branch's) and start offset, taken together: of two runs starting at once, one
+        resumes and the other reads the next epoch.
+
+        Raises:
+            ConfigError: A one-shot iterator was read by an earlier run.
+        """
         with self.lock:
             epoch, self.runs = self.runs, self.runs + 1
+            plan = None
+            if resume:
+                plan, self.resume_plan = self.resume_plan, None
+            offset, self.resume_offset = self.resume_offset, 0
         if self.one_shot and epoch > self.first:
             raise ConfigError(
                 f"the source {type(self.source).__name__} is an iterator, so it can be read "
                 "once, and an earlier run has read it; pass a list, or a zero-argument "
                 "callable that returns a fresh iterable, to iterate more than one epoch"
             )
-        return epoch
+        return epoch, plan, offset
 
     def open(self) -> Any:
         if not self.is_factory:

@@ -7,29 +7,22 @@ it took (:func:`received`). See :mod:`asyncflow.pipeline._lineage`.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sized
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._ledger import Ledger
 from ._span import Span
 
-__all__ = ["TAKEN", "SourceLedger", "SourcePlan", "received"]
-
-#: What the consumer's handle leaves in a slot of its chunk once it has taken the item.
-TAKEN: Any = object()
+__all__ = ["SourceLedger", "SourcePlan", "received"]
 
 
-def received(delivered: int, chunk: list[Any]) -> int:
+def received(delivered: int, chunk: Sized) -> int:
     """The items the consumer has taken, of the ``delivered`` handed to it in chunks;
-    ``chunk``: the latest, whose taken slots (a prefix) hold :data:`TAKEN`. Exact after the
-    run stopped too (``break``, ``close()``, garbage collection): the chunk outlives the
-    handle, and what it had not taken was never delivered."""
-    taken = 0
-    for item in chunk:
-        if item is not TAKEN:
-            break
-        taken += 1
-    return delivered - (len(chunk) - taken)
+    ``chunk``: what is left of the latest (the consumer's handle takes items out of it).
+    Exact after the run stopped too (``break``, ``close()``, garbage collection): the chunk
+    outlives the handle, and what it had not taken was never delivered."""
+    return delivered - len(chunk)
 
 
 @dataclass(frozen=True)
