@@ -25,11 +25,11 @@ import json
 import os
 import reprlib
 import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
+from ._journal_records import Failure, JournalRecord, TornHeader, lines, record
 from ._redact import redact
 from ._world import world
 
@@ -39,47 +39,6 @@ __all__ = ["Failure", "Journal", "JournalRecord", "explain", "journal", "rebuild
 _PENDING = 1024
 #: Stage kinds a generic rebuild can run again on a restricted source, output for output.
 _REPLAYABLE = frozenset({"map", "filter", "batch", "prefetch"})
-
-
-@dataclass(frozen=True)
-class Failure:
-    """An item that failed and was left out of an output."""
-
-    position: int | None  #: its source position (``None``: not known)
-    item: str  #: the item (a file, relative to the folder's root, for ``image.folder``)
-    error: str  #: the error's type and message
-
-
-@dataclass(frozen=True, kw_only=True)
-class JournalRecord:
-    """One delivered output, by its id ``(epoch, step, rank)``.
-
-    Attributes:
-        epoch, step, rank: The id.
-        kind: ``"image.folder"`` or ``"pipeline"``.
-        positions: The source positions behind the output, in its order (``None``: a stage
-            keeps no ledger, so they are not known).
-        items: ``image.folder``: ``(path relative to root, label, sample index)`` per row.
-        failed: The items that failed and were left out.
-        crops: ``image.folder`` from :func:`explain`: the ``Crop(box, flip)`` drawn per row.
-        config: The run's configuration (``image.folder``: root, seed, size, train, ...).
-    """
-
-    epoch: int
-    step: int
-    rank: int
-    kind: str
-    positions: tuple[int, ...] | None
-    items: tuple[tuple[str, int, int], ...] = ()
-    failed: tuple[Failure, ...] = ()
-    crops: tuple[Any, ...] = ()
-    config: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def files(self) -> list[str]:
-        """``image.folder``: the paths of the images in the batch, in row order."""
-        root = self.config.get("root", "")
-        return [os.path.join(root, path) for path, _, _ in self.items]
 
 
 def _file(path: str | os.PathLike[str], rank: int) -> Path:
@@ -114,7 +73,17 @@ class Journal:
         appending at once do not interleave their lines."""
         file = self.file()
         file.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(file, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                # A run that crashed mid-line left it cut: end it, so that this run's lines
+                # stay lines of their own (readers skip the cut one).
+                os.write(fd, b"\n")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def __call__(self, run: Any) -> _Hook:
         return _Hook(self, run)
@@ -158,12 +127,12 @@ class _Hook:
         if not file.exists():
             return 0
         steps = set()
-        for line in file.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            if record.get("epoch") != self.epoch or record.get("positions") is None:
+        for _, _, line in lines(file):
+            if not isinstance(line, dict) or line.get("epoch") != self.epoch \
+                    or not isinstance(line.get("positions"), list):
                 continue
-            if all(p < plan.base or p in plan.skip for p in record["positions"]):
-                steps.add(record["step"])
+            if all(p < plan.base or p in plan.skip for p in line["positions"]):
+                steps.add(line["step"])
         return len(steps)
 
     def __call__(self, item: Any) -> Any:
@@ -259,8 +228,14 @@ def explain(source: str | os.PathLike[str] | Journal, *, epoch: int, step: int,
     Returns:
         The latest record with that id (a resumed run writes again what it delivers again).
 
+    A crash can cut the line being written: a cut record is skipped (the records before it
+    are read as usual), and a lookup of it raises ``LookupError`` saying so; a cut run header
+    fails only the lookups of the records after it.
+
     Raises:
-        LookupError: The journal holds no such output.
+        LookupError: The journal holds no such output, or its record is cut.
+        ConfigError: The record, or the header of the run that wrote it, is damaged or cut
+            (the message names the file and line).
 
     Cancellation:
         Blocks while it reads the journal file (and, for ``image.folder``, each image's
@@ -269,48 +244,52 @@ def explain(source: str | os.PathLike[str] | Journal, *, epoch: int, step: int,
     folder = source.path if isinstance(source, Journal) else Path(source)
     file = _file(folder, rank)
     prefix = f'{{"epoch":{epoch},"step":{step},"rank":{rank},'
-    found: dict[str, Any] | None = None
-    config: dict[str, Any] = {}
-    current: dict[str, Any] = {}
+    found: tuple[int, dict[str, Any], Any] | None = None
+    current: Any = {}
+    cut: int | None = None  # the line of a cut record of this output
     if file.exists():
-        with open(file, encoding="utf-8") as fh:
-            for text in fh:
-                if text.startswith('{"run":'):
-                    run = json.loads(text)["run"]
-                    current = run["config"] if run["epoch"] == epoch or run["config"].get(
-                        "kind") == "image.folder" else {}
-                elif text.startswith(prefix):
-                    found, config = json.loads(text), current
+        for number, text, value in lines(file):
+            if text.startswith('{"run":'):
+                run = value.get("run") if isinstance(value, dict) else None
+                if not (isinstance(run, dict) and isinstance(run.get("config"), dict)):
+                    current = TornHeader(number, text)  # its records cannot be read
+                    continue
+                current = run["config"] if run.get("epoch") == epoch or run["config"].get(
+                    "kind") == "image.folder" else {}
+            elif text.startswith(prefix):
+                if isinstance(value, dict):
+                    found = (number, value, current)
+                else:
+                    cut = number
     if found is None:
+        if cut is not None:
+            raise LookupError(f"{file}:{cut}: the record of output (epoch={epoch}, "
+                              f"step={step}, rank={rank}) is cut (its run stopped while "
+                              "writing it)")
         raise LookupError(f"{file} holds no output (epoch={epoch}, step={step}, rank={rank})")
-    return _record(found, config)
-
-
-def _record(line: dict[str, Any], config: dict[str, Any]) -> JournalRecord:
-    items = tuple((str(p), int(label), int(s)) for p, label, s in line.get("items", ()))
-    crops: tuple[Any, ...] = ()
-    if line["kind"] == "image.folder":
-        from .image._explain import crops as crops_of
-
-        crops = tuple(crops_of(config, line["epoch"], [list(i) for i in items]))
-    positions = line.get("positions")
-    return JournalRecord(
-        epoch=line["epoch"], step=line["step"], rank=line["rank"], kind=line["kind"],
-        positions=None if positions is None else tuple(positions), items=items,
-        failed=tuple(Failure(*f) for f in line.get("failed", ())), crops=crops,
-        config=config,
-    )
+    number, line, config = found
+    if isinstance(config, TornHeader):
+        raise ConfigError(f"{file}:{config.line}: the header of the run that wrote output "
+                          f"(epoch={epoch}, step={step}, rank={rank}) is cut or damaged "
+                          f"({config.text[:60]!r}...): its configuration is lost")
+    try:
+        return record(line, config)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{file}:{number}: the record of output (epoch={epoch}, "
+                          f"step={step}, rank={rank}) is damaged ({exc!r})") from None
 
 
 def rebuild(pipe: Any, record: JournalRecord) -> Any:
     """The output ``record`` names, made again offline from its source items, bit for bit.
 
     ``image.folder``: its kept images decoded again with the same ``(seed, epoch, item)``
-    key, in the recorded row order. Any other pipeline: run again on a source of just the
+    key, in the recorded row order, each from a file that still holds the bytes the run
+    decoded (its recorded digest). Any other pipeline: run again on a source of just the
     record's positions (the pipeline's source must be a sequence), which gives the same
     output when every stage is deterministic per item.
 
     Raises:
+        SourceError: ``image.folder``: a file changed since the run (it is named).
         ConfigError: It cannot be rebuilt: the positions are unknown, a stage's output
             depends on more than its own items (it is named: a shuffle, an unordered map, a
             stage that splits or a custom one), the source is not a sequence, or the pipeline
@@ -324,7 +303,10 @@ def rebuild(pipe: Any, record: JournalRecord) -> Any:
         rebuild_batch = getattr(pipe, "_rebuild", None)
         if rebuild_batch is None:
             raise ConfigError("this record is of an image.folder batch: pass that pipeline")
-        return rebuild_batch(record.config, record.epoch, [list(i) for i in record.items])
+        items = [list(i) for i in record.items]
+        if len(record.digests) == len(items):  # each file must hold the bytes decoded
+            items = [[*i, d] for i, d in zip(items, record.digests, strict=True)]
+        return rebuild_batch(record.config, record.epoch, items)
     if record.positions is None:
         raise ConfigError("the journal holds no positions for this output: a stage kept no "
                           "ledger (see Pipeline.state_dict for which)")

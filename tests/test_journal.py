@@ -121,3 +121,65 @@ def test_a_late_failure_is_placed_in_its_output_and_a_filtered_item_is_not(
     step = failed[0][0]
     assert max(delivered[step - 1]) < 150 < max(delivered[step])
     assert all(af.rebuild(pipe, r) == batch for r, batch in zip(records, delivered, strict=True))
+
+
+# -- a journal torn by a crash (issue 25, point 15) ------------------------------------------
+
+
+def _cut(file: Path, keep: int) -> None:
+    """Cut ``file`` ``keep`` bytes into its last line, as a crash mid-write leaves it."""
+    data = file.read_bytes()
+    last = data.rstrip(b"\n").rfind(b"\n") + 1
+    file.write_bytes(data[:last + keep])
+
+
+def test_a_cut_last_record_is_skipped_and_looking_it_up_says_so(tmp_path: Path) -> None:
+    pipe = build().journal(tmp_path)
+    delivered = list(pipe)  # 5 outputs: steps 0-4
+    file = tmp_path / "rank-00000.jsonl"
+    _cut(file, 30)
+    for step in range(4):
+        assert af.rebuild(build(), af.explain(tmp_path, epoch=0, step=step)) == delivered[step]
+    with pytest.raises(LookupError, match=r"rank-00000\.jsonl:6: the record of output "
+                                          r"\(epoch=0, step=4, rank=0\) is cut"):
+        af.explain(tmp_path, epoch=0, step=4)
+    again = list(pipe)  # epoch 1 appends after the cut line, not onto it
+    assert af.explain(tmp_path, epoch=1, step=4).positions == (18, 19)
+    assert af.rebuild(build(), af.explain(tmp_path, epoch=1, step=4)) == again[4]
+    assert af.explain(tmp_path, epoch=0, step=3).positions == (14, 15, 16, 17)
+
+
+def test_a_cut_run_header_fails_only_the_lookups_that_need_it(tmp_path: Path) -> None:
+    file = tmp_path / "rank-00000.jsonl"
+    pipe = build().journal(tmp_path)
+    list(pipe)
+    first = file.read_bytes()
+    list(pipe)
+    second = file.read_bytes()[len(first):]
+    # the second run's header cut, and the lines after it glued on (as a journal written
+    # before cut lines were ended holds them): its records lost their configuration
+    header, rest = second.split(b"\n", 1)
+    file.write_bytes(first + header[:25] + rest)
+    assert af.explain(tmp_path, epoch=0, step=2).positions == (9, 10, 11, 12)
+    with pytest.raises(ConfigError, match=r"rank-00000\.jsonl:7: the header of the run that "
+                                          r"wrote output \(epoch=1, step=1, rank=0\) is cut"):
+        af.explain(tmp_path, epoch=1, step=1)
+    # a header cut as the run crashed, ended by the next run: it holds no records
+    file.write_bytes(first + header[:25])
+    list(pipe)  # epoch 2
+    assert af.explain(tmp_path, epoch=2, step=1).positions == (4, 6, 7, 8)
+    assert af.explain(tmp_path, epoch=0, step=1).positions == (4, 6, 7, 8)
+
+
+def test_a_damaged_record_is_named_and_unknown_fields_are_kept(tmp_path: Path) -> None:
+    list(build().journal(tmp_path))
+    file = tmp_path / "rank-00000.jsonl"
+    lines = file.read_text().splitlines()
+    record = json.loads(lines[2])
+    lines[2] = json.dumps({**record, "decoder": "nvjpeg"}, separators=(",", ":"))
+    lines[3] = lines[3].replace('"positions":[', '"positions":["x",')
+    file.write_text("\n".join(lines) + "\n")
+    assert af.explain(tmp_path, epoch=0, step=1).extra == {"decoder": "nvjpeg"}
+    with pytest.raises(ConfigError, match=r"rank-00000\.jsonl:4: the record of output "
+                                          r"\(epoch=0, step=2, rank=0\) is damaged"):
+        af.explain(tmp_path, epoch=0, step=2)

@@ -21,7 +21,7 @@ import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["END", "content_digest", "file_token", "file_tokens", "relative_names"]
+__all__ = ["END", "content_digest", "file_token", "file_tokens", "read_file", "relative_names"]
 
 #: Bytes read at each end of a file for its token.
 END = 4096
@@ -55,13 +55,13 @@ def file_token(path: str) -> str:
         if not stat.S_ISREG(info.st_mode):
             return "not a file"
         size = info.st_size
-        digest = hashlib.blake2b(digest_size=8)
+        digest = hashlib.sha256()
         if size <= 2 * END:
             digest.update(os.pread(fd, size, 0))
         else:
             digest.update(os.pread(fd, END, 0))
             digest.update(os.pread(fd, END, size - END))
-        return f"{size}:{digest.hexdigest()}"
+        return f"{size}:{digest.hexdigest()[:16]}"
     except OSError:
         return "unreadable"
     finally:
@@ -87,6 +87,27 @@ def file_tokens(paths: Sequence[str]) -> list[str]:
 
 
 def content_digest(data: bytes | memoryview) -> str:
-    """A digest of a file's whole bytes (BLAKE2b, 16 hex digits): what a journal records of
-    each file a batch decoded, so that a file rewritten in place is found."""
-    return hashlib.blake2b(data, digest_size=8).hexdigest()
+    """A digest of a file's whole bytes (the first 16 hex digits of its SHA-256, which
+    OpenSSL computes at about a byte a cycle): what a journal records of each file a batch
+    decoded, so that a file rewritten in place, even to the same size and time, is found."""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def read_file(path: str) -> bytes:
+    """The bytes of the regular file ``path`` (opened without blocking: a FIFO is refused).
+
+    Raises:
+        OSError: It cannot be read, or is not a regular file.
+
+    Cancellation:
+        Blocks for the read.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read()
+    finally:
+        os.close(fd)

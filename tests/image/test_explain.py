@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import json
 from pathlib import Path
 
@@ -145,3 +146,42 @@ def test_batches_made_anew_after_the_folder_are_journaled_without_positions(
     prefetched = pipe.prefetch(2)  # the same batch objects: still an image.folder record
     list(prefetched.journal(tmp_path / "k"))
     assert af.explain(tmp_path / "k", epoch=1, step=1).kind == "image.folder"  # 2nd listing
+
+
+# -- a file changed after the run (issue 25, point 4) --------------------------------------
+
+
+def _same_size_jpeg(size: int, seed: int) -> bytes:
+    """Another picture's JPEG padded with a comment to exactly ``size`` bytes."""
+    bare = jpeg(96, 72, seed=seed)
+    pad = size - len(bare) - 4  # a COM segment: marker, length, text
+    assert pad > 0
+    return bare[:2] + b"\xff\xfe" + (pad + 2).to_bytes(2, "big") + b"x" * pad + bare[2:]
+
+
+@pytest.mark.parametrize("change", ["pixels in place", "a larger picture"])
+def test_a_file_changed_after_the_run_is_found_and_its_crop_is_the_runs(
+    tree: Path, tmp_path: Path, change: str
+) -> None:
+    pipe = image.folder(tree, batch_size=4, size=24, train=True, seed=5, max_failures=1,
+                        workers="threads")
+    _epochs(pipe, tmp_path / "j", 1)
+    record = af.explain(tmp_path / "j", epoch=0, step=1)
+    path, _, sample = record.items[2]
+    file = tree / path
+    used = augmentation(file, size=24, train=True, seed=5, epoch=0, index=sample)
+    assert record.crops[2] == used and len(record.digests) == len(record.items)
+    stamp = file.stat()
+    if change == "pixels in place":  # the same size, other pixels, the time put back
+        file.write_bytes(_same_size_jpeg(stamp.st_size, seed=77))
+        os.utime(file, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        assert file.stat().st_size == stamp.st_size
+    else:
+        file.write_bytes(jpeg(400, 300, seed=78))
+    decode(file.read_bytes(), size=24)  # it still decodes
+    with pytest.raises(af.SourceError, match=rf"{path}: changed since the run"):
+        af.rebuild(pipe, record)
+    again = af.explain(tmp_path / "j", epoch=0, step=1)
+    assert again.crops[2] == used  # the crop the run used, not one drawn from the new file
+    if change == "a larger picture":
+        assert augmentation(file, size=24, train=True, seed=5, epoch=0, index=sample) != used
