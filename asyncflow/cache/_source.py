@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import SourceError
-from ..pipeline import run_failed, run_thread
+from ..pipeline import listing_identity, run_failed, run_thread
 from ._checks import ALL_CHECKED, Checks
 from ._fingerprint import describe_change
 from ._format import MANIFEST, read_manifest
@@ -143,6 +143,12 @@ class CacheSource:
 
     def __call__(self) -> AsyncGenerator[Any, None]:
         return self.run_epoch(self.upstream)
+
+    def listing_identity(self) -> dict[str, Any]:
+        """What a resume state must find again (``asyncflow/pipeline/_identity.py``): the
+        data the cache holds, named by its upstream's fingerprint (the source's listing with
+        each file's size and time, each stage's settings, the key), wherever it lies."""
+        return listing_identity([f"upstream {self.fingerprint[:16]}"])
 
     def run_epoch(self, upstream: Upstream | None, *, defer: bool = False
                   ) -> AsyncGenerator[Any, None]:

@@ -69,3 +69,19 @@ def test_a_shuffled_replay_resumes_a_later_epochs_order(tmp_path: Path) -> None:
         resumed.load_state_dict(state)
         assert head + labels(resumed) == orders[2], k
         assert labels(resumed) == orders[3]
+
+
+def test_a_state_of_another_caches_replay_is_refused(tmp_path: Path) -> None:
+    """Issue 25, point 3: a replay's state names the data its cache holds; the same data
+    in a cache at another path resumes, other data is refused."""
+    for name, key in (("a", 1), ("moved", 1), ("b", 2)):
+        list(images(count=40, batch=8).cache(tmp_path / name, key=key))
+    first = images(count=40, batch=8).cache(tmp_path / "a", key=1)
+    with first.open() as run:
+        next(run)
+        state = json.loads(json.dumps(first.state_dict()))
+    moved = images(count=40, batch=8).cache(tmp_path / "moved", key=1)
+    moved.load_state_dict(state)
+    assert len(labels(moved)) == 4
+    with pytest.raises(ConfigError, match="its listing changed"):
+        images(count=40, batch=8).cache(tmp_path / "b", key=2).load_state_dict(state)
