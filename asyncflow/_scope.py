@@ -43,6 +43,18 @@ class RunScope:
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._closed = False
         self._closing: asyncio.Task[None] | None = None
+        self._reports: list[Callable[[], Iterable[str]]] = []
+
+    def add_report(self, report: Callable[[], Iterable[str]]) -> None:
+        """Have ``report()`` add lines to the run's ``stats().notes`` (a host's window, say).
+
+        It is called at every snapshot, from any thread, during the run and after it.
+        """
+        self._reports.append(report)
+
+    def reports(self) -> list[str]:
+        """The lines of every report added, in order."""
+        return [line for report in list(self._reports) for line in report()]
 
     async def get(self, key: str, factory: Callable[[], AbstractAsyncContextManager[T]]) -> T:
         """Return the resource stored under ``key``, entering ``factory()`` on first use.

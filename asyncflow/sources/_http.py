@@ -13,20 +13,22 @@ and must reach the end of its stream.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from contextlib import aclosing
 
 import aiohttp
 
 from ._http_body import body
 from ._http_ranges import Changed, Resume, open_from, stream
-from ._http_session import http_session, with_session
+from ._http_session import http_session, session_limit, with_session
+from ._limiter import limiter_for
 from ._manifest import remote_entries
 from ._redact import Operation, redact_url
-from ._retry import Retry, Timeout, Transient, retry_stream, with_retries
+from ._retry import Retry, Timeout, Transient, with_retries
+from ._retry_stream import retry_stream
 from ._transport import ObjectInfo
 
-__all__ = ["HttpTransport", "fetch"]
+__all__ = ["HttpTransport", "fetch", "host_of"]
 
 
 class _Partial:
@@ -76,6 +78,8 @@ async def _fetch_once(
 async def fetch(url: str, *, retry: Retry, timeout: Timeout) -> bytes:
     """GET ``url`` and return the whole body, retrying as ``retry`` says.
 
+    Each try goes through the host's adaptive window (:mod:`._limiter`), and the first may be
+    hedged (:mod:`._hedge`): the hedge is a whole request of its own, checked as any other.
     A try that breaks mid-body resumes where it stopped, with ``Range`` and ``If-Range``; a
     server that answers with the whole object instead (it changed, or ignores ranges), or an
     object with no strong validator, starts the body again from zero.
@@ -90,14 +94,30 @@ async def fetch(url: str, *, retry: Retry, timeout: Timeout) -> bytes:
     """
     what = Operation("GET", url)
     partial = _Partial()
+    host = host_of(url)
 
     async def retrying(session: aiohttp.ClientSession) -> bytes:
-        return await with_retries(
-            lambda: _fetch_once(session, url, what, retry, timeout, partial),
-            what=what, retry=retry, timeout=timeout,
-        )
+        gate = await limiter_for(host, host, session_limit(session))
+
+        def attempt() -> Awaitable[bytes]:
+            return _fetch_once(session, url, what, retry, timeout, partial)
+
+        def hedge() -> Awaitable[bytes]:
+            # A whole request with its own record: it never shares (or splices) the bytes of
+            # the try it races.
+            return _fetch_once(session, url, what, retry, timeout, _Partial())
+
+        return await with_retries(attempt, what=what, retry=retry, timeout=timeout,
+                                  gate=gate, hedge=hedge)
 
     return await with_session(retrying)
+
+
+def host_of(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``, without any user name or password."""
+    scheme, sep, rest = url.partition("://")
+    netloc = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    return f"{scheme.lower()}{sep}{netloc.rpartition('@')[2].lower()}"
 
 
 class HttpTransport:

@@ -23,7 +23,7 @@ from yarl import URL
 from .._errors import SourceError, SourceNotFound, SourcePermissionError
 from .._scope import RunScope, current_scope
 from ._redact import describe_exception, redact_url
-from ._retry import Retry, Timeout, Transient, parse_retry_after
+from ._retry import THROTTLE_STATUSES, Retry, Timeout, Transient, parse_retry_after
 
 __all__ = [
     "HTTP_KEY",
@@ -31,6 +31,7 @@ __all__ = [
     "get",
     "http_session",
     "new_session",
+    "session_limit",
     "translate",
     "with_session",
 ]
@@ -62,6 +63,13 @@ def new_session(connections: int = DEFAULT_CONNECTIONS) -> aiohttp.ClientSession
         # cut short, so bodies are decoded here, after Content-Length is checked.
         auto_decompress=False,
     )
+
+
+def session_limit(session: aiohttp.ClientSession) -> int:
+    """The most connections ``session`` opens at once: the ceiling of each host's window."""
+    connector = session.connector
+    limit = connector.limit if connector is not None else 0
+    return limit or DEFAULT_CONNECTIONS
 
 
 @asynccontextmanager
@@ -128,7 +136,7 @@ def _check_status(resp: aiohttp.ClientResponse, what: object, retry: Retry) -> N
     if status in retry.statuses:
         retry_after = parse_retry_after(resp.headers.get("Retry-After"))
         raise Transient(f"HTTP {status} {resp.reason or ''}".rstrip(), status=status,
-                        retry_after=retry_after)
+                        retry_after=retry_after, throttled=status in THROTTLE_STATUSES)
     raise SourceError(text)
 
 

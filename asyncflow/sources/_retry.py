@@ -3,12 +3,14 @@
 A :class:`Retry` and a :class:`Timeout` can be given per call (``read_bytes(url, retry=...)``)
 or per pipeline (``Pipeline(..., retry=..., timeout=...)``, which the run publishes in its
 scope's settings); a per-call value wins. Backends (``_http``, ``_s3``) signal a failure worth
-another try by raising :class:`Transient`; anything else they raise is final.
+another try by raising :class:`Transient` (``throttled=True`` for 429, 503 and S3's
+``SlowDown``); anything else they raise is final.
 
 :func:`with_retries` is the one retry loop. A whole read (``fetch``, a listing page) is one
-call of it; a stream (a tar shard) is one call per chunk, through :func:`retry_stream`, which
-reopens the stream at the byte where a try broke: its budget of tries is per stall, and its
-``total`` deadline spans the whole stream.
+call of it, through the host's adaptive limiter (``_limiter.HostLimiter``, the ``gate``); a
+stream (a tar shard) is one call per chunk, through :func:`~._retry_stream.retry_stream`.
+Throttling never uses up ``attempts``: a throttled read gives up only when nothing from its
+host has succeeded for ``Retry.patience`` seconds.
 """
 
 from __future__ import annotations
@@ -20,20 +22,23 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._errors import ConfigError, SourceError, SourceTimeout
 from .._scope import current_scope
 
+if TYPE_CHECKING:
+    from ._limiter import HostLimiter
+
 __all__ = [
+    "THROTTLE_STATUSES",
     "Retry",
     "Timeout",
     "Transient",
     "parse_retry_after",
     "resolve_policy",
-    "retry_stream",
     "with_retries",
 ]
 
@@ -42,6 +47,12 @@ T = TypeVar("T")
 log = logging.getLogger("asyncflow.sources")
 
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+#: The statuses that mean "too many requests": they shrink the host's window and never use up
+#: ``Retry.attempts`` (when they are in ``Retry.statuses``).
+THROTTLE_STATUSES = frozenset({429, 503})
+#: Throttled tries back off as if this were at most their failure count: the host's window,
+#: not a growing wait, paces them (0.8 s at most by default).
+_THROTTLE_BACKOFF_STEPS = 4
 
 
 def _check_seconds(name: str, value: float | None, *, allow_zero: bool = False) -> None:
@@ -53,28 +64,51 @@ def _check_seconds(name: str, value: float | None, *, allow_zero: bool = False) 
         raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
+def _check_fraction(name: str, value: float, *, low: float, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be between {low} and {high}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Retry:
-    """How often, and after how long, a failed remote read is tried again.
+    """How often, and after how long, a failed remote read is tried again; hedged reads.
 
     Retried: HTTP 429, 500, 502, 503 and 504 (``statuses``), S3 ``SlowDown`` and other
     throttling or internal errors, connection resets, truncated bodies and timeouts. Never
     retried: 401, 403 and 404 (and their S3 equivalents), which fail at once.
 
+    Throttling (429, 503, S3 ``SlowDown`` and its kin) is not a failure of the read: the host's
+    window of requests in flight halves, the throttled read gives up its place and waits, then
+    goes before the reads not yet sent. It never uses up ``attempts``; it gives up only when no
+    read from the same host (or S3 bucket and prefix) has succeeded for ``patience`` seconds.
+
     The wait before try ``n + 1`` is drawn uniformly from ``[0, min(max_backoff,
     backoff * 2 ** (n - 1))]`` ("full jitter"), so that many clients throttled together do
-    not come back together. A ``Retry-After`` from the server (seconds or an HTTP date) is a
-    floor on that wait, capped at ``max_retry_after``.
+    not come back together. A ``Retry-After`` of ``R`` seconds from the server (seconds or an
+    HTTP date, capped at ``max_retry_after``) makes the wait ``R`` plus a jitter drawn from
+    ``[0, max(R / 2, that cap)]``: never earlier than asked, and never all at once.
 
     One HTTP attempt may hold two requests: aiohttp reconnects once by itself when a
     connection drops before the response begins, as a stale keep-alive connection does.
 
     Args:
-        attempts: Tries in all, the first included; ``1`` turns retrying off.
+        attempts: Tries in all, the first included, of a read that fails other than by
+            throttling; ``1`` turns retrying off, after throttling too.
         backoff: Base of the exponential back-off, in seconds.
         max_backoff: Cap on the jittered wait, in seconds.
         max_retry_after: Cap on a server's ``Retry-After``, in seconds.
         statuses: HTTP statuses worth another try.
+        patience: Seconds of throttling with no read from the host succeeding before a
+            throttled read gives up (with a ``SourceError`` naming the URL and the status).
+        hedge: Hedged reads: the most extra requests they may add, as a fraction of the
+            requests sent (``0.15``: 15%); ``0`` turns hedging off. A read still running when
+            the host's recent latencies say it should be done (see ``hedge_quantile``) sends a
+            second request; the first complete, checked answer wins and the other is
+            cancelled and its connection closed.
+        hedge_quantile: The quantile of the host's recent latencies after which a read is
+            hedged (and at least twice their median).
     """
 
     attempts: int = 5
@@ -82,6 +116,9 @@ class Retry:
     max_backoff: float = 10.0
     max_retry_after: float = 60.0
     statuses: frozenset[int] = field(default=_RETRY_STATUSES)
+    patience: float = 60.0
+    hedge: float = 0.15
+    hedge_quantile: float = 0.95
 
     def __post_init__(self) -> None:
         if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
@@ -91,6 +128,11 @@ class Retry:
         _check_seconds("backoff", self.backoff, allow_zero=True)
         _check_seconds("max_backoff", self.max_backoff, allow_zero=True)
         _check_seconds("max_retry_after", self.max_retry_after, allow_zero=True)
+        _check_seconds("patience", self.patience, allow_zero=True)
+        if self.patience is None:
+            raise ConfigError("patience must be a number of seconds, got None")
+        _check_fraction("hedge", self.hedge, low=0.0, high=1.0)
+        _check_fraction("hedge_quantile", self.hedge_quantile, low=0.5, high=0.999)
         object.__setattr__(self, "statuses", frozenset(self.statuses))
         if any(s in (401, 403, 404) for s in self.statuses):
             raise ConfigError("401, 403 and 404 are never retried; remove them from statuses")
@@ -98,10 +140,10 @@ class Retry:
     def delay(self, failures: int, retry_after: float | None = None) -> float:
         """Seconds to wait after the ``failures``-th failed try (``failures >= 1``)."""
         cap = min(self.max_backoff, self.backoff * 2.0 ** max(failures - 1, 0))
-        wait = random.uniform(0.0, cap)
-        if retry_after is not None:
-            wait = max(wait, min(max(retry_after, 0.0), self.max_retry_after))
-        return wait
+        if retry_after is None:
+            return random.uniform(0.0, cap)
+        floor = min(max(retry_after, 0.0), self.max_retry_after)
+        return floor + random.uniform(0.0, max(floor / 2, cap))
 
 
 @dataclass(frozen=True)
@@ -128,7 +170,10 @@ class Timeout:
 
 
 class Transient(Exception):
-    """One try failed in a way worth another; ``reason`` is already free of secrets."""
+    """One try failed in a way worth another; ``reason`` is already free of secrets.
+
+    ``throttled``: the server said it gets too many requests (429, 503, S3 ``SlowDown``).
+    """
 
     def __init__(
         self,
@@ -137,12 +182,14 @@ class Transient(Exception):
         status: int | None = None,
         retry_after: float | None = None,
         timeout: bool = False,
+        throttled: bool = False,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.status = status
         self.retry_after = retry_after
         self.timeout = timeout
+        self.throttled = throttled
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
@@ -197,6 +244,8 @@ async def with_retries(
     retry: Retry,
     timeout: Timeout,
     deadline: float | None = None,
+    gate: HostLimiter | None = None,
+    hedge: Callable[[], Awaitable[T]] | None = None,
 ) -> T:
     """Run ``attempt()`` until it returns, fails for good, or ``retry`` gives up.
 
@@ -207,39 +256,64 @@ async def with_retries(
         deadline: The event loop time by which ``timeout.total`` runs out, when it bounds an
             operation of several calls (a stream's chunks); default: ``timeout.total`` from
             now.
+        gate: The host's limiter: each try waits for a place in its window (a retried one
+            before fresh ones), and tells it how the try went. ``None``: no limit.
+        hedge: A whole request for the same object, independent of ``attempt``'s state: the
+            first try may be raced by it (``retry.hedge``, through ``gate``).
 
     Raises:
         SourceTimeout: The last try timed out, or ``timeout.total`` passed.
-        SourceError: The last try failed with a retryable error; the message names ``what``,
-            the reason (status) and the number of attempts.
+        SourceError: The last try failed with a retryable error, or throttling went on for
+            ``retry.patience`` with no progress; the message names ``what``, the reason
+            (status) and the number of attempts.
 
     Cancellation:
-        Cancelling the caller cancels the try or the back-off in progress; nothing is left
-        running.
+        Cancelling the caller cancels the try (and its hedge) or the back-off in progress,
+        and gives its place in the window back; nothing is left running.
     """
-    tries = 0
+    loop = asyncio.get_running_loop()
+    tries = errors = throttles = 0
+    started = loop.time()
     failure: Transient | None = None
     fatal: SourceError | None = None
+    stalled = False
     # No total deadline (the default): no timeout context to enter for every read.
     if deadline is None and timeout.total is not None:
-        deadline = asyncio.get_running_loop().time() + timeout.total
+        deadline = loop.time() + timeout.total
     limit = None if deadline is None else asyncio.timeout_at(deadline)
     try:
         async with limit or _NO_DEADLINE:
             while True:
                 tries += 1
                 try:
-                    return await attempt()
+                    if gate is None:
+                        return await attempt()
+                    return await gate.run(attempt, retried=tries > 1, retry=retry,
+                                          hedge=hedge if tries == 1 else None)
                 except Transient as exc:
                     failure = exc
                 except SourceError as exc:
                     fatal = exc
                     break
-                if tries >= retry.attempts:
-                    break
-                wait = retry.delay(tries, failure.retry_after)
-                log.debug("%s: %s; try %d of %d in %.2fs", what, failure.reason, tries + 1,
-                          retry.attempts, wait)
+                if failure.throttled and retry.attempts > 1:
+                    throttles += 1
+                    progress = started if gate is None else max(started, gate.last_success)
+                    if stalled := loop.time() - progress >= retry.patience:
+                        break
+                    wait = retry.delay(min(throttles, _THROTTLE_BACKOFF_STEPS),
+                                       failure.retry_after)
+                    log.debug("%s: %s (throttled %d times); try again in %.2fs", what,
+                              failure.reason, throttles, wait)
+                else:
+                    errors += 1
+                    if errors >= retry.attempts:
+                        break
+                    wait = retry.delay(errors, failure.retry_after)
+                    # The first retry is a WARNING: a stalled body otherwise waits attempts x
+                    # Timeout.read (about 151 s by default) in silence.
+                    log.log(logging.WARNING if errors == 1 else logging.DEBUG,
+                            "%s: %s; try %d of %d in %.2fs", what, failure.reason,
+                            errors + 1, retry.attempts, wait)
                 await asyncio.sleep(wait)
     except TimeoutError:
         if limit is None or not limit.expired():
@@ -250,78 +324,8 @@ async def with_retries(
     if fatal is not None:
         raise type(fatal)(f"{fatal} ({_plural(tries)}; not retryable)")
     reason = failure.reason if failure is not None else "failed"
-    message = f"{what}: {reason} (gave up after {_plural(tries)})"
+    why = f"; throttled, nothing from this host succeeded for {retry.patience}s" if stalled else ""
+    message = f"{what}: {reason} (gave up after {_plural(tries)}{why})"
     if failure is not None and failure.timeout:
         raise SourceTimeout(message)
     raise SourceError(message)
-
-
-class _Reopening:
-    """A ranged read's current try, reopened at the byte where the last one broke."""
-
-    __slots__ = ("_it", "_open_at", "offset")
-
-    def __init__(self, open_at: Callable[[int], AsyncGenerator[bytes, None]]) -> None:
-        self._open_at = open_at
-        self._it: AsyncGenerator[bytes, None] | None = None
-        self.offset = 0
-
-    async def next(self) -> bytes | None:
-        """The next chunk (``None`` at the end); a broken try raises :class:`Transient`."""
-        if self._it is None:
-            self._it = self._open_at(self.offset)
-        try:
-            chunk = await anext(self._it, None)
-        except Transient as exc:
-            self._it = None  # it ended by raising: nothing to close
-            raise Transient(f"{exc.reason} at byte {self.offset}", status=exc.status,
-                            retry_after=exc.retry_after, timeout=exc.timeout) from None
-        if chunk is None:
-            self._it = None
-        else:
-            self.offset += len(chunk)
-        return chunk
-
-    async def aclose(self) -> None:
-        if self._it is not None:
-            await self._it.aclose()
-            self._it = None
-
-
-async def retry_stream(
-    open_at: Callable[[int], AsyncGenerator[bytes, None]],
-    *,
-    what: object,
-    retry: Retry,
-    timeout: Timeout,
-) -> AsyncGenerator[bytes, None]:
-    """The bytes of a ranged read, each chunk fetched through :func:`with_retries`.
-
-    Args:
-        open_at: One try at the bytes from an offset on; raises :class:`Transient` when it
-            breaks, and is then called again at the byte where it stopped.
-
-    Raises:
-        SourceError: A try failed for good, or ``retry.attempts`` tries in a row delivered
-            nothing; the message names ``what``, the reason and the byte where it stalled.
-        SourceTimeout: The last try timed out, or ``timeout.total`` (for the whole stream)
-            passed.
-
-    Cancellation:
-        Cancelling the consumer cancels the try or back-off in progress; closing the
-        generator closes the try's connection.
-    """
-    deadline = None
-    if timeout.total is not None:
-        deadline = asyncio.get_running_loop().time() + timeout.total
-    reader = _Reopening(open_at)
-    try:
-        while True:
-            chunk = await with_retries(
-                reader.next, what=what, retry=retry, timeout=timeout, deadline=deadline
-            )
-            if chunk is None:
-                return
-            yield chunk
-    finally:
-        await reader.aclose()

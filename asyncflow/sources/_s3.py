@@ -9,7 +9,7 @@ final error) covers HTTP and S3 alike. :class:`S3Transport` is the ``s3`` scheme
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from typing import Any
 
@@ -31,8 +31,17 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from .._errors import SourceError, SourceNotFound, SourcePermissionError
 from .._scope import current_scope
+from ._limiter import limiter_for
 from ._redact import describe_exception, redact_url
-from ._retry import Retry, Timeout, Transient, parse_retry_after, retry_stream, with_retries
+from ._retry import (
+    THROTTLE_STATUSES,
+    Retry,
+    Timeout,
+    Transient,
+    parse_retry_after,
+    with_retries,
+)
+from ._retry_stream import retry_stream
 from ._transport import ObjectInfo
 
 __all__ = ["S3Transport", "fetch", "list_page", "s3_client", "split_s3_url", "stream"]
@@ -45,13 +54,16 @@ _DENIED = frozenset({
     "ExpiredToken", "InvalidToken", "TokenRefreshRequired", "InvalidClientTokenId",
     "UnrecognizedClientException", "AccountProblem", "401", "403",
 })
+#: "Too many requests": shrinks the prefix's window, never uses up ``Retry.attempts``.
 _THROTTLED = frozenset({
     "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
     "TooManyRequests", "TooManyRequestsException", "RequestThrottled",
-    "ProvisionedThroughputExceededException", "InternalError", "ServiceUnavailable",
-    "RequestTimeout", "RequestTimeoutException", "BandwidthLimitExceeded",
-    "429", "500", "502", "503", "504",
+    "ProvisionedThroughputExceededException", "ServiceUnavailable",
+    "BandwidthLimitExceeded", "429", "503",
 })
+_RETRIED = _THROTTLED | {
+    "InternalError", "RequestTimeout", "RequestTimeoutException", "500", "502", "504",
+}
 _TRANSPORT_ERRORS = (
     BotoConnectionError, HTTPClientError, IncompleteReadError, ResponseStreamingError
 )
@@ -117,9 +129,10 @@ def _translate(exc: BaseException, what: object, retry: Retry) -> Exception:
             return SourceNotFound(f"{what}: {label}")
         if code in _DENIED or status in (401, 403):
             return SourcePermissionError(f"{what}: {label}")
-        if code in _THROTTLED or (status is not None and status in retry.statuses):
+        if code in _RETRIED or (status is not None and status in retry.statuses):
             headers = (exc.response or {}).get("ResponseMetadata", {}).get("HTTPHeaders", {})
-            return Transient(label, status=status,
+            throttled = code in _THROTTLED or status in THROTTLE_STATUSES
+            return Transient(label, status=status, throttled=throttled,
                              retry_after=parse_retry_after(headers.get("retry-after")))
         return SourceError(f"{what}: {label}")
     if isinstance(exc, NoCredentialsError | PartialCredentialsError):
@@ -157,13 +170,24 @@ async def fetch(
         SourceError: Any other failure, naming the URL, the error code and the attempts.
     """
     what = f"GET {url}"
+    bucket, key = split_s3_url(url)
+    prefix = key.split("/", 1)[0] + "/" if "/" in key else ""
+    host = f"s3://{bucket}/{prefix}"
+    where = f"{endpoint_url or ''}|{host}"
     async with s3_client(endpoint_url, timeout) as client:
-        return await with_retries(
-            lambda: _get_once(client, url, what, retry),
-            what=what,
-            retry=retry,
-            timeout=timeout,
-        )
+        gate = await limiter_for(where, host, _connections())
+
+        def attempt() -> Awaitable[bytes]:
+            return _get_once(client, url, what, retry)
+
+        return await with_retries(attempt, what=what, retry=retry, timeout=timeout,
+                                  gate=gate, hedge=attempt)
+
+
+def _connections() -> int:
+    scope = current_scope()
+    connections = scope.settings.get("connections") if scope is not None else None
+    return connections or DEFAULT_CONNECTIONS
 
 
 class S3Resume:

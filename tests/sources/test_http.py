@@ -94,14 +94,32 @@ async def test_fails_at_once_without_retry(
 async def test_final_error_names_url_status_and_attempts(
     http_server: FaultServer, unique: str
 ) -> None:
-    url = http_server.url(f"/status/503/{unique}?token=abc")
+    url = http_server.url(f"/status/502/{unique}?token=abc")
     with pytest.raises(SourceError) as info:
         await asyncflow.read_bytes(url, retry=Retry(attempts=3, backoff=0))
     assert str(info.value) == (
-        f"GET {http_server.base}/status/503/{unique}?token=***: "
-        "HTTP 503 Service Unavailable (gave up after 3 attempts)"
+        f"GET {http_server.base}/status/502/{unique}?token=***: "
+        "HTTP 502 Bad Gateway (gave up after 3 attempts)"
     )
     assert http_server.hits(url) == 3
+
+
+@pytest.mark.parametrize("status", [429, 503])
+async def test_throttling_gives_up_only_without_progress(
+    http_server: FaultServer, unique: str, status: int
+) -> None:
+    url = http_server.url(f"/status/{status}/{unique}?token=abc")
+    retry = Retry(attempts=2, backoff=0.01, patience=0.5)
+    with pytest.raises(SourceError) as info:
+        async with asyncio.timeout(10):
+            await asyncflow.read_bytes(url, retry=retry)
+    hits = http_server.hits(url)
+    assert hits > 2  # throttled tries never use up attempts
+    named = f"GET {http_server.base}/status/{status}/{unique}?token=***: HTTP {status}"
+    assert str(info.value).startswith(named)
+    assert str(info.value).endswith(
+        f"(gave up after {hits} attempts; throttled, nothing from this host succeeded for 0.5s)"
+    )
 
 
 async def test_connection_resets_are_retried(http_server: FaultServer, unique: str) -> None:
@@ -213,7 +231,7 @@ async def test_secrets_never_reach_errors_or_logs(
         url = (f"http://alice:hunter2@{host}{path}{sep}X-Amz-Signature=SIGsecret"
                "&X-Amz-Security-Token=TOKsecret")
         with pytest.raises(SourceError) as info:
-            await asyncflow.read_bytes(url, retry=Retry(attempts=2, backoff=0),
+            await asyncflow.read_bytes(url, retry=Retry(attempts=2, backoff=0, patience=0.2),
                                        timeout=Timeout(read=0.3))
         seen = everything_about(info.value)
         assert "X-Amz-Signature=***" in seen

@@ -16,9 +16,9 @@ from asyncflow.sources._retry import (
     Transient,
     parse_retry_after,
     resolve_policy,
-    retry_stream,
     with_retries,
 )
+from asyncflow.sources._retry_stream import retry_stream
 
 
 @pytest.mark.parametrize(
@@ -32,6 +32,12 @@ from asyncflow.sources._retry import (
         {"max_retry_after": "1"},
         {"statuses": {503, 404}},
         {"statuses": {403}},
+        {"patience": None},
+        {"patience": -1},
+        {"hedge": 1.5},
+        {"hedge": -0.1},
+        {"hedge_quantile": 0.2},
+        {"hedge_quantile": 1.0},
     ],
 )
 def test_retry_rejects_bad_values(kwargs: dict[str, object]) -> None:
@@ -65,10 +71,13 @@ def test_delay_is_full_jitter_within_an_exponential_cap() -> None:
         assert min(waits) < cap * 0.3
 
 
-def test_retry_after_is_a_floor_and_is_capped() -> None:
+def test_retry_after_is_a_floor_with_jitter_above_it_and_is_capped() -> None:
     retry = Retry(backoff=0.01, max_backoff=0.01, max_retry_after=5.0)
-    assert all(2.0 <= retry.delay(1, retry_after=2.0) <= 2.01 for _ in range(50))
-    assert retry.delay(1, retry_after=3600) == 5.0
+    waits = [retry.delay(1, retry_after=2.0) for _ in range(300)]
+    assert all(2.0 <= w <= 3.0 for w in waits)
+    # Never all at once: the throttled come back spread over half the server's wait.
+    assert max(waits) > 2.7 and min(waits) < 2.3
+    assert all(5.0 <= retry.delay(1, retry_after=3600) <= 7.5 for _ in range(50))
     assert retry.delay(1, retry_after=-3) <= 0.01
 
 
@@ -102,16 +111,65 @@ async def test_with_retries_counts_attempts_and_names_the_reason() -> None:
     async def flaky() -> str:
         nonlocal calls
         calls += 1
-        raise Transient("HTTP 503 Service Unavailable", status=503)
+        raise Transient("HTTP 500 Internal Server Error", status=500)
 
     with pytest.raises(SourceError) as info:
         await with_retries(flaky, what="GET http://h/x", retry=Retry(attempts=3, backoff=0),
                            timeout=Timeout())
     assert calls == 3
     assert str(info.value) == (
-        "GET http://h/x: HTTP 503 Service Unavailable (gave up after 3 attempts)"
+        "GET http://h/x: HTTP 500 Internal Server Error (gave up after 3 attempts)"
     )
     assert info.value.__cause__ is None and info.value.__context__ is None
+
+
+async def test_throttling_never_uses_up_attempts() -> None:
+    calls = 0
+
+    async def throttled_a_while() -> str:
+        nonlocal calls
+        calls += 1
+        if calls <= 12:
+            raise Transient("HTTP 503 Slow Down", status=503, throttled=True)
+        return "ok"
+
+    retry = Retry(attempts=3, backoff=0)
+    assert await with_retries(throttled_a_while, what="GET x", retry=retry,
+                              timeout=Timeout()) == "ok"
+    assert calls == 13
+
+
+async def test_throttling_gives_up_after_patience_without_progress() -> None:
+    calls = 0
+
+    async def throttled() -> str:
+        nonlocal calls
+        calls += 1
+        raise Transient("HTTP 429 Too Many Requests", status=429, throttled=True)
+
+    with pytest.raises(SourceError) as info:
+        async with asyncio.timeout(10):
+            await with_retries(throttled, what="GET http://h/x",
+                               retry=Retry(attempts=2, backoff=0.01, patience=0.3),
+                               timeout=Timeout())
+    assert calls > 2  # not stopped by attempts
+    assert str(info.value) == (
+        f"GET http://h/x: HTTP 429 Too Many Requests (gave up after {calls} attempts; "
+        "throttled, nothing from this host succeeded for 0.3s)"
+    )
+
+
+async def test_one_attempt_turns_retrying_off_for_throttling_too() -> None:
+    calls = 0
+
+    async def throttled() -> str:
+        nonlocal calls
+        calls += 1
+        raise Transient("HTTP 503", status=503, throttled=True)
+
+    with pytest.raises(SourceError, match=r"gave up after 1 attempt\)"):
+        await with_retries(throttled, what="GET x", retry=Retry(attempts=1), timeout=Timeout())
+    assert calls == 1
 
 
 async def test_with_retries_stops_at_a_final_error() -> None:

@@ -158,11 +158,27 @@ async def test_slowdown_is_retried(
 async def test_slowdown_forever_names_code_and_attempts(
     http_server: FaultServer, unique: str, aws_env: S3Server
 ) -> None:
-    url = f"s3://f/fail=99,status=503,code=SlowDown/gen/10/{unique}"
+    url = f"s3://f/fail=9999,status=503,code=SlowDown/gen/10/{unique}"
+    with pytest.raises(SourceError) as info:
+        async with asyncio.timeout(10):
+            await asyncflow.read_bytes(url, endpoint_url=http_server.base,
+                                       retry=Retry(attempts=3, backoff=0.01, patience=0.5))
+    hits = http_server.hits(f"/f/fail=9999,status=503,code=SlowDown/gen/10/{unique}")
+    assert hits > 3  # throttling never uses up attempts
+    assert str(info.value) == (
+        f"GET {url}: SlowDown (HTTP 503) (gave up after {hits} attempts; throttled, nothing "
+        "from this host succeeded for 0.5s)"
+    )
+
+
+async def test_internal_error_forever_uses_up_attempts(
+    http_server: FaultServer, unique: str, aws_env: S3Server
+) -> None:
+    url = f"s3://f/fail=99,status=500,code=InternalError/gen/10/{unique}"
     with pytest.raises(SourceError) as info:
         await asyncflow.read_bytes(url, endpoint_url=http_server.base,
                                    retry=Retry(attempts=3, backoff=0))
-    assert str(info.value) == f"GET {url}: SlowDown (HTTP 503) (gave up after 3 attempts)"
+    assert str(info.value) == f"GET {url}: InternalError (HTTP 500) (gave up after 3 attempts)"
 
 
 @pytest.mark.parametrize("fault", ["truncate=1", "reset=1", "fail=1,status=500,code=InternalError"])

@@ -1,0 +1,192 @@
+"""Hedged reads: a second request for an object that is slower than its host usually is.
+
+A read still running when the host's recent latencies say it should be done (their
+``Retry.hedge_quantile``, p95 by default, and at least twice their median) sends one more
+request for the same object. The first complete answer wins; the other request is cancelled
+and its connection closed. Each answer is checked as any other (Content-Length, decoding, the
+transport's validators), so a hedge never changes the bytes delivered. Hedges are budgeted:
+each request earns ``Retry.hedge`` of one (0.15 by default), and a hedge spends one, so they
+never add more than that share of a host's requests, counted over the run (a budget saved in
+the middle of a run pays for the stragglers at its end, when no new request earns any). None
+are sent to a host that throttled in the last two seconds, nor before it has answered
+:data:`MIN_SAMPLES` requests; a request sent before then is hedged once it is late by the
+estimate taken later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from .._errors import SourceError
+from ._retry import Transient
+
+if TYPE_CHECKING:
+    from ._limiter import HostLimiter
+
+__all__ = ["MIN_SAMPLES", "RECHECK", "Latencies", "race"]
+
+T = TypeVar("T")
+
+log = logging.getLogger("asyncflow.sources")
+
+MIN_SAMPLES = 32
+_KEEP = 512  # the latencies a quantile is taken over: the host's recent behaviour
+_EVERY = 32  # the quantiles are recomputed after this many new samples
+#: Seconds between looks at a request that has no estimate yet, or cannot be hedged now.
+RECHECK = 0.1
+
+
+class Latencies:
+    """The recent latencies of one host's requests, and the quantiles hedging needs."""
+
+    __slots__ = ("_added", "_median", "_quantile", "_ring", "_sorted")
+
+    def __init__(self) -> None:
+        self._ring: list[float] = []
+        self._added = 0
+        self._sorted: list[float] = []
+        self._quantile = 0.0
+        self._median = 0.0
+
+    def add(self, seconds: float) -> None:
+        """One request's time, from its start to its whole body."""
+        if len(self._ring) < _KEEP:
+            self._ring.append(seconds)
+        else:
+            self._ring[self._added % _KEEP] = seconds
+        self._added += 1
+        if self._added % _EVERY == 0 or self._added == MIN_SAMPLES:
+            self._sorted = sorted(self._ring)
+
+    def hedge_after(self, quantile: float) -> float | None:
+        """Seconds after which a request is late: ``quantile`` of the recent ones, at least
+        twice the median; ``None`` until :data:`MIN_SAMPLES` have been seen."""
+        ranked = self._sorted
+        if len(ranked) < MIN_SAMPLES:
+            return None
+        at = ranked[min(len(ranked) - 1, int(quantile * len(ranked)))]
+        return max(at, 2.0 * ranked[len(ranked) // 2])
+
+
+class _Hedge(Generic[T]):
+    """The second request of one hedged try, and the primary's timeout scope it cuts short."""
+
+    __slots__ = ("_backup", "_gate", "_loop", "_quantile", "_start", "result", "scope",
+                 "task", "timer", "won")
+
+    def __init__(
+        self, backup: Callable[[], Awaitable[T]], gate: HostLimiter, quantile: float
+    ) -> None:
+        self._backup, self._gate, self._quantile = backup, gate, quantile
+        self._loop = asyncio.get_running_loop()
+        self._start = self._loop.time()
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.scope: asyncio.Timeout | None = None
+        self.won = False
+        self.result: Any = None
+
+    def arm(self) -> None:
+        """Send the hedge if the primary is late now, else look again when it will be.
+
+        The estimate is taken again each time: a request sent before the host had answered
+        enough others (the first few hundred of a run) is still hedged once it is late.
+        """
+        if self.scope is None:  # the primary has ended
+            return
+        gate = self._gate
+        late = gate.latencies.hedge_after(self._quantile)
+        if late is None:
+            wait = RECHECK
+        else:
+            wait = self._start + late - self._loop.time()
+            if wait <= 0:
+                if self._tail(late) and gate.may_hedge() and gate.spend_hedge():
+                    self.task = self._loop.create_task(self._run())
+                    return
+                wait = max(RECHECK, late)  # over budget, or congested: look again later
+        self.timer = self._loop.call_later(wait, self.arm)
+
+    def _tail(self, late: float) -> bool:
+        """Whether this request is late on its own, as a latency tail is, rather than with
+        many others at once: congestion (of the host, or of this process) delays them all,
+        and a second request would only add to it. Of the requests sent in the ``late``
+        seconds before the last one now due, the estimate says ``1 - quantile`` are still
+        in flight; hedge while at most twice that share are (so that a burst sent together,
+        before the estimate settled, does not pass for a tail, while the last stragglers of
+        a run do)."""
+        share = 2.0 * (1.0 - self._quantile)
+        return not self._gate.overdue(self._loop.time() - late, late, share)
+
+    async def _run(self) -> None:
+        gate, loop = self._gate, self._loop
+        start = loop.time()
+        try:
+            result = await self._backup()
+        except Transient as exc:  # the primary goes on; it will meet any lasting failure itself
+            if exc.throttled:
+                gate.throttle()
+            log.debug("hedge of %s failed: %s", gate.name, exc.reason)
+            return
+        except SourceError:
+            return
+        gate.latencies.add(loop.time() - start)
+        self.result, self.won = result, True
+        gate.hedges_won += 1
+        if self.scope is not None:  # cut the primary short: the hedge's answer is the read's
+            self.scope.reschedule(loop.time())
+
+    async def rescued(self) -> bool:
+        """After the primary failed: whether a hedge still running delivers instead."""
+        self.scope = None
+        if self.task is not None and not self.task.done():
+            await asyncio.wait([self.task])
+        return self.won
+
+    async def close(self) -> None:
+        self.scope = None
+        if self.timer is not None:
+            self.timer.cancel()
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])  # its connection is closed before the read returns
+
+
+async def race(
+    attempt: Callable[[], Awaitable[T]],
+    backup: Callable[[], Awaitable[T]],
+    gate: HostLimiter,
+    quantile: float,
+) -> T:
+    """``attempt()``, raced by ``backup()`` if it runs late (see the module).
+
+    ``backup`` must be a whole request of its own, sharing no state with ``attempt``.
+
+    Raises:
+        Transient, SourceError: The primary's failure, when no hedge delivered.
+
+    Cancellation:
+        Cancelling the caller cancels both requests and waits until the hedge has ended.
+    """
+    hedge: _Hedge[T] = _Hedge(backup, gate, quantile)
+    try:
+        # A timeout scope that only the hedge sets off: asyncio cancels the primary and
+        # turns that into a TimeoutError here, leaving any other cancellation untouched.
+        async with asyncio.timeout(None) as scope:
+            hedge.scope = scope
+            hedge.arm()
+            try:
+                return await attempt()
+            except (Transient, SourceError):
+                if not await hedge.rescued():
+                    raise
+    except TimeoutError:
+        if not (hedge.won and scope.expired()):
+            raise
+    finally:
+        await hedge.close()
+    return hedge.result  # type: ignore[no-any-return]

@@ -1,0 +1,240 @@
+"""Adaptive concurrency per host: a window of requests in flight that grows while the host
+answers and halves when it throttles, as TCP's congestion window does.
+
+Every whole read (``read_bytes``) from one host (``http(s)://host:port``) or one S3 bucket and
+prefix (``s3://bucket/top-level-prefix/``) goes through that key's :class:`HostLimiter`. The
+``concurrency`` a user gives ``map`` (and the run's connection pool) stays the ceiling; below
+it the window:
+
+- starts at :data:`INITIAL_WINDOW` and grows by one per success while it is full ("slow
+  start", doubling each round trip) until the first throttle, then by one per window of
+  successes (additive increase);
+- halves on 429, 503 or S3 ``SlowDown`` (multiplicative decrease), at most once per window of
+  requests: the throttles of requests sent before the last decrease are not counted again;
+- gives a throttled request's place back at once, so its wait holds no slot, and serves
+  retried requests before fresh ones, so that no object starves behind newcomers.
+
+The limiters of a run live in its scope (one :class:`Hosts` per run), and each adds a line to
+the run's ``stats().notes``: its window, requests, throttles and hedges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from .._scope import current_scope
+from ._hedge import Latencies, race
+from ._retry import Retry, Transient
+
+__all__ = ["HOSTS_KEY", "INITIAL_WINDOW", "HostLimiter", "Hosts", "limiter_for"]
+
+T = TypeVar("T")
+
+HOSTS_KEY = "asyncflow.hosts"
+INITIAL_WINDOW = 16
+#: No hedges for a host that throttled within this many seconds: a hedge is one more request.
+HEDGE_QUIET = 2.0
+_KEEP_SENT = 8192  # send times kept for hedging's congestion check
+
+
+class HostLimiter:
+    """The window of requests in flight to one host, and what it has seen.
+
+    Args:
+        name: The host's label in ``stats().notes`` (free of credentials).
+        ceiling: The window never grows past this (the run's connection pool).
+    """
+
+    def __init__(self, name: str, ceiling: int) -> None:
+        self.name = name
+        self.ceiling = ceiling
+        self.window = float(min(INITIAL_WINDOW, ceiling))
+        self.in_flight = 0
+        self.requests = self.throttled = self.hedges = self.hedges_won = 0
+        self.latencies = Latencies()
+        loop = asyncio.get_running_loop()
+        self._time = loop.time
+        self._create_future = loop.create_future
+        self.last_success = self._time()
+        self.last_throttle = float("-inf")
+        self._slow_start = True
+        self._sent = 0  # requests sent, numbered; see throttle()
+        self._recovered = 0  # throttles of requests numbered below this were answered already
+        self._retried: deque[asyncio.Future[None]] = deque()
+        self._fresh: deque[asyncio.Future[None]] = deque()
+        # Hedges earned: Retry.hedge per request sent, one spent per hedge, so that hedges
+        # never pass that share of the requests, counted over the whole run.
+        self._tokens = 0.0
+        self._starts: dict[int, float] = {}  # requests in flight: when each began, oldest first
+        self._sent_at: list[float] = []  # when the recent requests were sent, in order
+
+    async def run(
+        self,
+        attempt: Callable[[], Awaitable[T]],
+        *,
+        retried: bool,
+        retry: Retry,
+        hedge: Callable[[], Awaitable[T]] | None = None,
+    ) -> T:
+        """One try of a read, within the window; ``retried`` tries go before fresh ones.
+
+        ``hedge``, a whole request of its own, may race ``attempt`` (see :mod:`._hedge`).
+
+        Raises:
+            Transient: The try failed (a throttled one shrinks the window first).
+
+        Cancellation:
+            Cancelling the caller while it waits for a place leaves the queue; while the
+            try runs, cancels it (and its hedge) and frees its place.
+        """
+        if self.in_flight < self.window and not (self._retried or (self._fresh and not retried)):
+            self.in_flight += 1
+        else:
+            await self._wait(self._retried if retried else self._fresh)
+        seq = self._sent
+        self._sent += 1
+        self.requests += 1
+        self._tokens += retry.hedge
+        start = self._starts[seq] = self._time()
+        self._sent_at.append(start)
+        if len(self._sent_at) > _KEEP_SENT:
+            del self._sent_at[: _KEEP_SENT // 2]
+        ok = throttled = False
+        try:
+            if hedge is not None and retry.hedge > 0:
+                result = await race(attempt, hedge, self, retry.hedge_quantile)
+            else:
+                result = await attempt()
+            ok = True
+            return result
+        except Transient as exc:
+            throttled = exc.throttled
+            raise
+        finally:
+            del self._starts[seq]
+            self._release(seq, self._time() - start, ok=ok, throttled=throttled)
+
+    async def _wait(self, queue: deque[asyncio.Future[None]]) -> None:
+        fut = self._create_future()
+        queue.append(fut)
+        handed = False
+        try:
+            await fut
+            handed = True
+        finally:
+            if not handed:
+                if fut.done() and not fut.cancelled():
+                    self._give_back()  # the place was handed over as the caller was cancelled
+                else:
+                    fut.cancel()
+                    with contextlib.suppress(ValueError):
+                        queue.remove(fut)
+
+    def _release(self, seq: int, elapsed: float, *, ok: bool, throttled: bool) -> None:
+        if ok:
+            self.last_success = self._time()
+            self.latencies.add(elapsed)
+            if self.in_flight >= int(self.window) or self._retried or self._fresh:
+                # Grow only a window that limits: a host asked for less proves nothing.
+                self.window = min(
+                    float(self.ceiling),
+                    self.window + (1.0 if self._slow_start else 1.0 / self.window),
+                )
+        elif throttled:
+            self.throttle(seq)
+        self._give_back()
+
+    def throttle(self, seq: int | None = None) -> None:
+        """A request numbered ``seq`` (``None``: a hedge, just sent) was throttled."""
+        self.throttled += 1
+        self.last_throttle = self._time()
+        if seq is None or seq >= self._recovered:
+            self.window = max(1.0, self.window / 2)
+            self._slow_start = False
+            self._recovered = self._sent
+
+    def _give_back(self) -> None:
+        self.in_flight -= 1
+        while self.in_flight < self.window and (self._retried or self._fresh):
+            fut = (self._retried or self._fresh).popleft()
+            if not fut.done():
+                self.in_flight += 1
+                fut.set_result(None)
+
+    def may_hedge(self) -> bool:
+        """Whether a hedge is within the budget and the host has not throttled lately."""
+        return self._tokens >= 1.0 and self._time() - self.last_throttle >= HEDGE_QUIET
+
+    def overdue(self, due: float, span: float, share: float) -> bool:
+        """Whether more than ``share`` of the requests sent from ``due - span`` to ``due``
+        (and more than one) are still in flight."""
+        sent = self._sent_at
+        total = bisect.bisect_right(sent, due) - bisect.bisect_left(sent, due - span)
+        pending, low = 0, due - span
+        for start in self._starts.values():  # oldest first: stops at the first later one
+            if start > due:
+                break
+            pending += start >= low
+        return pending > share * total + 1
+
+    def spend_hedge(self) -> bool:
+        """Take one hedge from the budget; ``False`` when none is left."""
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        self.hedges += 1
+        return True
+
+    def report(self) -> str:
+        """One line for ``stats().notes``."""
+        phase = "growing" if self._slow_start else "adapting"
+        line = (f"remote reads from {self.name}: window {int(self.window)} of {self.ceiling} "
+                f"({phase}), {self.requests} requests, {self.throttled} throttled")
+        if self.hedges:
+            line += f", {self.hedges} hedged ({self.hedges_won} won)"
+        return line
+
+
+class Hosts:
+    """The limiters of one run (or one ``sources.session()``), by host key."""
+
+    def __init__(self, ceiling: int) -> None:
+        self.ceiling = ceiling
+        self._limiters: dict[str, HostLimiter] = {}
+
+    def get(self, key: str, name: str) -> HostLimiter:
+        """The limiter of ``key``, made on first use (labelled ``name``)."""
+        limiter = self._limiters.get(key)
+        if limiter is None:
+            limiter = self._limiters[key] = HostLimiter(name, self.ceiling)
+        return limiter
+
+    def report(self) -> list[str]:
+        """A line per host that was read (any thread: the dict is copied in one step)."""
+        return [limiter.report() for limiter in list(self._limiters.values()) if limiter.requests]
+
+
+async def limiter_for(key: str, name: str, ceiling: int) -> HostLimiter:
+    """The running pipeline's (or session's) limiter for ``key``; a private one outside.
+
+    Args:
+        key: The host (or S3 bucket and prefix) the window is kept for.
+        name: Its label in ``stats().notes``, free of credentials.
+        ceiling: The connection limit, used when the scope's limiters are first made.
+    """
+    scope = current_scope()
+    if scope is None:
+        return HostLimiter(name, ceiling)
+
+    def open_hosts() -> contextlib.nullcontext[Hosts]:
+        hosts = Hosts(ceiling)
+        scope.add_report(hosts.report)
+        return contextlib.nullcontext(hosts)
+
+    hosts = await scope.get(HOSTS_KEY, open_hosts)
+    return hosts.get(key, name)

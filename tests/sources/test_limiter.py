@@ -1,0 +1,215 @@
+"""The per-host adaptive window (``_limiter``) and the latencies hedging reads (``_hedge``),
+driven directly, without a server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from asyncflow import Retry, SourceError, Timeout
+from asyncflow._scope import RunScope, use_scope
+from asyncflow.sources._hedge import MIN_SAMPLES, Latencies
+from asyncflow.sources._limiter import INITIAL_WINDOW, HostLimiter, limiter_for
+from asyncflow.sources._retry import Transient, with_retries
+
+RETRY = Retry(backoff=0)
+
+
+async def ok() -> str:
+    await asyncio.sleep(0)
+    return "ok"
+
+
+async def throttled() -> str:
+    raise Transient("HTTP 503 Slow Down", status=503, throttled=True)
+
+
+async def test_window_grows_by_one_per_success_while_full_then_halves_on_throttle() -> None:
+    gate = HostLimiter("http://h", ceiling=256)
+    assert gate.window == INITIAL_WINDOW
+    # A host asked for less than its window proves nothing: the window stays.
+    for _ in range(5):
+        await gate.run(ok, retried=False, retry=RETRY)
+    assert gate.window == INITIAL_WINDOW
+    # Full: each success adds one (slow start, doubling each round trip).
+    await asyncio.gather(*(gate.run(ok, retried=False, retry=RETRY) for _ in range(64)))
+    assert gate.window > INITIAL_WINDOW * 2
+    before = gate.window
+    with pytest.raises(Transient):
+        await gate.run(throttled, retried=False, retry=RETRY)
+    assert gate.window == before / 2 and gate.throttled == 1
+    assert gate.in_flight == 0
+
+
+async def test_a_burst_of_throttles_halves_the_window_once() -> None:
+    gate = HostLimiter("http://h", ceiling=64)
+    gate.window = 32.0
+    sent = asyncio.Event()
+
+    async def throttled_once_all_are_sent() -> str:
+        await sent.wait()
+        raise Transient("HTTP 503 Slow Down", status=503, throttled=True)
+
+    tries = [asyncio.create_task(gate.run(throttled_once_all_are_sent, retried=False,
+                                          retry=RETRY)) for _ in range(32)]
+    while gate.in_flight < 32:
+        await asyncio.sleep(0)
+    sent.set()
+    results = await asyncio.gather(*tries, return_exceptions=True)
+    assert all(isinstance(r, Transient) for r in results)
+    # All 32 were sent before the first answer: one decrease, not 32.
+    assert gate.window == 16.0 and gate.throttled == 32
+    # A request sent after that decrease, throttled too, halves it again.
+    with pytest.raises(Transient):
+        await gate.run(throttled, retried=False, retry=RETRY)
+    assert gate.window == 8.0
+
+
+async def test_window_stays_within_one_and_the_ceiling() -> None:
+    gate = HostLimiter("http://h", ceiling=4)
+    assert gate.window == 4
+    await asyncio.gather(*(gate.run(ok, retried=False, retry=RETRY) for _ in range(50)))
+    assert gate.window == 4
+    for _ in range(10):
+        with pytest.raises(Transient):
+            await gate.run(throttled, retried=False, retry=RETRY)
+    assert gate.window == 1.0
+
+
+async def test_retried_tries_go_before_fresh_ones() -> None:
+    gate = HostLimiter("http://h", ceiling=1)
+    release = asyncio.Event()
+    order: list[str] = []
+
+    async def hold() -> str:
+        await release.wait()
+        return "held"
+
+    def tagged(tag: str) -> asyncio.Task[str]:
+        async def attempt() -> str:
+            order.append(tag)
+            return tag
+        return asyncio.create_task(gate.run(attempt, retried=tag.startswith("retry"),
+                                            retry=RETRY))
+
+    holder = asyncio.create_task(gate.run(hold, retried=False, retry=RETRY))
+    await asyncio.sleep(0)
+    waiting = [tagged("fresh-1"), tagged("fresh-2"), tagged("retry-1"), tagged("retry-2")]
+    await asyncio.sleep(0)
+    release.set()
+    async with asyncio.timeout(5):
+        await asyncio.gather(holder, *waiting)
+    assert order == ["retry-1", "retry-2", "fresh-1", "fresh-2"]
+
+
+async def test_a_cancelled_waiter_gives_its_place_back(async_leak_check: None) -> None:
+    gate = HostLimiter("http://h", ceiling=1)
+    release = asyncio.Event()
+
+    async def hold() -> str:
+        await release.wait()
+        return "held"
+
+    holder = asyncio.create_task(gate.run(hold, retried=False, retry=RETRY))
+    await asyncio.sleep(0)
+    waiter = asyncio.create_task(gate.run(ok, retried=False, retry=RETRY))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    release.set()
+    await holder
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert gate.in_flight == 0
+    async with asyncio.timeout(5):
+        assert await gate.run(ok, retried=False, retry=RETRY) == "ok"
+
+
+async def test_a_throttled_read_waits_without_holding_a_place(async_leak_check: None) -> None:
+    gate = HostLimiter("http://h", ceiling=1)
+    tries = 0
+
+    async def throttled_then_ok() -> str:
+        nonlocal tries
+        tries += 1
+        if tries == 1:
+            raise Transient("HTTP 503", status=503, throttled=True, retry_after=30)
+        return "late"
+
+    slow = asyncio.create_task(
+        with_retries(throttled_then_ok, what="GET a", retry=Retry(), timeout=Timeout(),
+                     gate=gate)
+    )
+    while tries == 0:
+        await asyncio.sleep(0)
+    # The throttled read sleeps out its Retry-After; the only place is free for others.
+    async with asyncio.timeout(5):
+        assert await with_retries(ok, what="GET b", retry=Retry(), timeout=Timeout(),
+                                  gate=gate) == "ok"
+    assert tries == 1
+    slow.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await slow
+    assert gate.in_flight == 0
+
+
+async def test_patience_counts_from_the_hosts_last_success(async_leak_check: None) -> None:
+    gate = HostLimiter("http://h", ceiling=8)
+    calls = 0
+
+    async def throttled_a_while() -> str:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.01)
+        if calls < 30:
+            raise Transient("HTTP 503", status=503, throttled=True)
+        return "done"
+
+    async def others() -> None:
+        while True:  # other reads of the host keep succeeding
+            await gate.run(ok, retried=False, retry=RETRY)
+            await asyncio.sleep(0.005)
+
+    # 30 tries take over 0.3 s, six times the patience, but the host makes progress all along.
+    retry = Retry(backoff=0.001, patience=0.05)
+    progress = asyncio.create_task(others())
+    try:
+        assert await with_retries(throttled_a_while, what="GET a", retry=retry,
+                                  timeout=Timeout(), gate=gate) == "done"
+    finally:
+        progress.cancel()
+        await asyncio.wait([progress])
+    assert calls == 30
+    with pytest.raises(SourceError, match=r"nothing from this host succeeded for 0\.05s"):
+        async with asyncio.timeout(5):
+            await with_retries(throttled, what="GET a", retry=retry, timeout=Timeout(),
+                               gate=gate)
+
+
+async def test_limiters_are_shared_within_a_scope_and_reported() -> None:
+    scope = RunScope()
+    with use_scope(scope):
+        one = await limiter_for("http://h:1", "http://h:1", 256)
+        assert await limiter_for("http://h:1", "http://h:1", 256) is one
+        other = await limiter_for("http://h:2", "http://h:2", 256)
+        assert other is not one
+        await one.run(ok, retried=False, retry=RETRY)
+    assert scope.reports() == [
+        "remote reads from http://h:1: window 16 of 256 (growing), 1 requests, 0 throttled"
+    ]
+    await scope.aclose()
+    assert len(scope.reports()) == 1  # still there after the run
+
+
+def test_hedge_delay_is_a_high_quantile_and_at_least_twice_the_median() -> None:
+    lat = Latencies()
+    for i in range(MIN_SAMPLES - 1):
+        lat.add(0.01 + i * 1e-4)
+    assert lat.hedge_after(0.95) is None  # too few answers to know what is late
+    lat = Latencies()
+    for i in range(100):
+        lat.add(1.0 if i % 10 == 0 else 0.01)  # a tail of 10%
+    for _ in range(28):
+        lat.add(0.01)
+    assert lat.hedge_after(0.95) == 1.0
+    assert lat.hedge_after(0.5) == pytest.approx(0.02)  # twice the median
