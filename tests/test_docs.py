@@ -120,7 +120,7 @@ _DOCUMENTED_ELSEWHERE = {
     "PipelineError", "SourceError",
     "SourceNotFound", "SourcePermissionError", "SourceTimeout", "StallError", "WorkerError",
     "FailureBudgetExceeded", "image", "sources", "__version__", "DEFAULT_MAX_PIXELS",
-    "IMAGENET_MEAN", "IMAGENET_STD", "IMG_EXTENSIONS", "default_collate",
+    "DEFAULT_MAX_BYTES", "IMAGENET_MEAN", "IMAGENET_STD", "IMG_EXTENSIONS", "default_collate",
 }
 
 

@@ -168,8 +168,9 @@ def augmentation(
     ``asyncflow.explain`` names the augmentation a batch held.
 
     Args:
-        src, size, resize, train, scale, ratio, flip, seed, epoch, index, max_pixels, name,
-        max_bytes: As for :func:`decode` (``seed`` is required with ``train``).
+        src, size, resize, train, scale, ratio, flip, seed, epoch, index, max_pixels, name:
+            As for :func:`decode` (``seed`` is required with ``train``).
+        max_bytes: As for :func:`decode`.
 
     Returns:
         ``Crop(box, flip)``: ``box`` is ``(left, top, right, bottom)`` in the upright
