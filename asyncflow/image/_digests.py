@@ -3,14 +3,16 @@
 A resume state must tell a tree it can resume from one it cannot, for a million files, when
 it is saved and when it is loaded. Hashing every byte would read the whole dataset (hours on
 ImageNet) each time, so each file stands by its **size** and a hash of its **first and last
-4 KiB** (one read for a file up to 8 KiB): a file added, removed, renamed or swapped for
-another image changes the listing; a file rewritten to another size, or with another header
-(dimensions, quantization tables) or end (the last scan data), changes its token. A change
-of pixels in the middle of a file of the same size, with the same ends, is not seen there:
-the journal (``asyncflow/_journal.py``) records a digest of each decoded file's whole bytes,
-which ``rebuild`` checks.
+KiB** (one read for a file up to 2 KiB): a file added, removed, renamed or swapped for
+another image changes the listing; a file rewritten to another size, or with another start
+(the header's first bytes) or end (the last scan data, which any other picture changes),
+changes its token. A change of pixels in the middle of a file of the same size, with the same
+ends, is not seen there: the journal (``asyncflow/_journal.py``) records a digest of each
+decoded file's whole bytes, which ``rebuild`` checks.
 
-The reads run on a few threads (they wait on the disk or the network, not the CPU).
+That costs about 14 microseconds a file from the page cache on our two-core machine (an
+open, two small reads, a hash): about as much as a ``stat`` and an ``open``. The reads run on
+a few threads, for a network file system, where each waits on a round trip.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 __all__ = ["END", "content_digest", "file_token", "file_tokens", "read_file", "relative_names"]
 
 #: Bytes read at each end of a file for its token.
-END = 4096
+END = 1024
 _THREADS = 16
 _CHUNK = 512  # files per task
 
