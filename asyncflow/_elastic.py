@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._errors import ConfigError
-from .pipeline import Span
+from .pipeline import Span, sequence_identity
 
 __all__ = [
     "Partial", "Remaining", "listing_hash", "remaining", "resumed_ordinals", "settled_of",
@@ -34,13 +34,20 @@ __all__ = [
 ]
 
 Partial = Literal["refuse", "repeat"]
-_SAMPLED = 64  # items of a list hashed into its fingerprint
+_SAMPLED = 64  # items of a list hashed by states saved before every item was
 #: What every rank's ``split`` must agree on, in the order a difference is reported.
 _AGREED = ("n", "listing", "remainder", "shuffle", "seed", "epoch", "count", "history")
 
 
 def listing_hash(items: Sequence[Any]) -> str:
-    """A hash of the length and a sample of ``items`` (their ``repr``): the list changed."""
+    """A hash of every item of ``items`` (``sequence_identity``'s digest): the list changed,
+    wherever it changed."""
+    digest: str = sequence_identity(items)["digest"]
+    return digest
+
+
+def _sampled_hash(items: Sequence[Any]) -> str:
+    """The hash states saved before every item was hashed hold: the length and a sample."""
     n = len(items)
     step = max(1, n // _SAMPLED)
     sample = "\n".join([str(n), *(repr(items[i])[:200] for i in range(0, n, step))])
@@ -115,7 +122,8 @@ class Remaining:
         Raises:
             ConfigError: One differs (the message says which).
         """
-        if len(listed) != self.n or listing_hash(listed) != self.listing:
+        if len(listed) != self.n or self.listing not in (listing_hash(listed),
+                                                         _sampled_hash(listed)):
             raise ConfigError(
                 f"the states were taken over another list ({self.n} items, hash "
                 f"{self.listing}), not these {len(listed)} (hash {listing_hash(listed)})"

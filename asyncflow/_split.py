@@ -39,7 +39,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 from ._dealt import AsyncDealt, Dealt
 from ._errors import ConfigError, ConfigTypeError
 from ._world import env_int, process_group
-from .pipeline import Span
+from .pipeline import Span, sequence_identity
 
 __all__ = ["Part", "Share", "Split", "cut", "padding"]
 
@@ -320,6 +320,7 @@ class Share(Generic[T]):
         self._history = list(history)
         self._last: Sequence[T] | None = None
         self._done: int | None = None
+        self._identity: tuple[Sequence[T], dict[str, Any]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the order of ``epoch`` from the next iteration on (with ``shuffle``)."""
@@ -353,17 +354,24 @@ class Share(Generic[T]):
             self._done = len(Span(0, list(settled.within(0, n))))
         return self.split.part().size(n - self._done)
 
+    def listing_identity(self) -> dict[str, Any]:
+        """What a resume state must find again: every item of the whole list, the same on
+        every rank (``asyncflow/pipeline/_identity.py``). Hashed once per list read."""
+        # an iterable that is not a sequence is read whole once per iteration, not again here
+        listed = self._last if self._last is not None else self._listed()
+        if self._identity is None or self._identity[0] is not listed:
+            self._identity = (listed, sequence_identity(listed))
+        return self._identity[1]
+
     def split_state(self) -> dict[str, Any]:
         """This share's part, as a pipeline's state records it (``state["split"]``): what
         :meth:`Split.resume` needs to map the pipeline's settled positions to the list's."""
-        from ._elastic import listing_hash
-
-        # an iterable that is not a sequence is read whole once per iteration, not again here
         listed = self._last if self._last is not None else self._listed()
         part, settled = self.split.part(), self._resumed()
         return {
             "index": part.index, "count": part.count, "rank": part.rank,
-            "world_size": part.world_size, "n": len(listed), "listing": listing_hash(listed),
+            "world_size": part.world_size, "n": len(listed),
+            "listing": self.listing_identity()["digest"],
             "remainder": part.remainder, "shuffle": part.shuffle, "seed": part.seed,
             "epoch": self.epoch, "history": [] if settled is None else self._history,
         }

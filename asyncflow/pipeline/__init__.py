@@ -11,7 +11,7 @@ from ._core import HookFactory
 from ._current import run_failed
 from ._features import feature, register_feature
 from ._handle import ConsumerHook, Run
-from ._identity import listing_identity
+from ._identity import listing_identity, sequence_identity
 from ._merge import BranchEnd, Merge, MergeChooser, MergePolicy
 from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender, apply_hooks
 from ._options import RunOptions, RunPlan
@@ -73,6 +73,7 @@ __all__ = [
     "register_worker_setup",
     "run_failed",
     "run_thread",
+    "sequence_identity",
     "usable_cpus",
     "worker_info",
 ]

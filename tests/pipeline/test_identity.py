@@ -135,3 +135,21 @@ def test_forged_fields_are_refused_on_load_naming_them(changes: dict[str, Any],
     state = _state(_flat(), 4)
     with pytest.raises(ConfigError, match=message):
         _flat().load_state_dict(_forged(state, **changes))
+
+
+def test_a_split_share_identifies_every_item_of_its_list() -> None:
+    """A ``Split`` share's state (``load_state_dict``, and ``Split.resume`` on another world
+    size) refuses a list changed anywhere, not only at the 64 items it used to hash."""
+    from asyncflow import Split
+
+    items = list(range(1000))
+    changed = [*items[:501], -1, *items[502:]]  # not one of the items every 15th
+    pipe = Pipeline(Split(rank=0, world_size=2)(items)).batch(4)
+    state = _state(pipe, 2)
+    Pipeline(Split(rank=0, world_size=2)(list(items))).batch(4).load_state_dict(state)
+    with pytest.raises(ConfigError, match="its listing changed"):
+        Pipeline(Split(rank=0, world_size=2)(changed)).batch(4).load_state_dict(state)
+    other = _state(Pipeline(Split(rank=1, world_size=2)(items)).batch(4), 2)
+    Split(rank=0, world_size=3).resume(items, [state, other])
+    with pytest.raises(ConfigError, match="another list"):
+        Split(rank=0, world_size=3).resume(changed, [state, other])
