@@ -58,6 +58,19 @@ async def test_reads_objects_through_the_standard_chain(s3: Any, bucket: str) ->
     assert await asyncflow.read_bytes(f"s3://{bucket}/odd?key#with%chars") == b"odd"
 
 
+async def test_max_bytes_and_the_url_the_bytes_carry(s3: Any, bucket: str) -> None:
+    # issue 25.6 / 25.11: an object over max_bytes is refused; the bytes name their object
+    await s3.put_object(Bucket=bucket, Key="big.bin", Body=b"z" * 300_000)
+    url = f"s3://{bucket}/big.bin"
+    data = await asyncflow.read_bytes(url, max_bytes=300_000)
+    assert data == b"z" * 300_000 and data.url == url
+    with pytest.raises(SourceError, match=rf"{url}: more than .*over max_bytes=299,999"):
+        await asyncflow.read_bytes(url, max_bytes=299_999)
+    listed = [i async for i in sources.list_objects(url, detail=True)]
+    with pytest.raises(SourceError, match=r"\(listed\), over max_bytes=1,000"):
+        await asyncflow.read_bytes(listed[0], max_bytes=1000)
+
+
 async def test_endpoint_from_argument_or_service_variable(
     s3: Any, bucket: str, monkeypatch: pytest.MonkeyPatch, aws_env: S3Server
 ) -> None:
