@@ -288,7 +288,9 @@ class CacheSource:
             return None
         except CacheInvalid as exc:
             if say_why:
-                log.warning("cache %s cannot be used: %s; rebuilding it", self.path, exc)
+                # its text only: a log record keeping the exception would keep its traceback,
+                # and with it the mapped files of the cache that failed its checks
+                log.warning("cache %s cannot be used: %s; rebuilding it", self.path, str(exc))
             return None
         return reader
 
