@@ -17,10 +17,10 @@ import os
 import stat
 from typing import Any
 
-from ._errors import SourceError, SourceNotFound, SourcePermissionError
+from ._errors import ConfigError, SourceError, SourceNotFound, SourcePermissionError
 from ._redact import redact_url
 
-__all__ = ["Blob", "describe_size", "read_regular"]
+__all__ = ["Blob", "check_max_bytes", "describe_size", "read_regular"]
 
 _CHUNK = 1 << 20
 _KINDS = (
@@ -51,6 +51,14 @@ class Blob(bytes):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return Blob, (bytes(self), self.url)
+
+
+def check_max_bytes(max_bytes: object) -> None:
+    """Refuse a ``max_bytes`` that is not an int >= 0 or ``None`` (``ConfigError``)."""
+    if max_bytes is not None and (
+        isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0
+    ):
+        raise ConfigError(f"max_bytes must be an int >= 0 or None, got {max_bytes!r}")
 
 
 def describe_size(size: int) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from .._blob import Blob, describe_size, read_regular
+from .._blob import Blob, check_max_bytes, describe_size, read_regular
 from .._errors import ConfigError, DecodeError
 from .._redact import redact_url
 from ..pipeline.seeding import item_random
@@ -243,10 +243,7 @@ def _read(
     Cancellation:
         Blocks for the read of a path (bounded by ``max_bytes``).
     """
-    if max_bytes is not None and (
-        isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0
-    ):
-        raise ConfigError(f"max_bytes must be an int >= 0 or None, got {max_bytes!r}")
+    check_max_bytes(max_bytes)
     if isinstance(src, bytes | bytearray | memoryview):
         data = src if isinstance(src, bytes) else memoryview(src)
         if name is None and isinstance(src, Blob):

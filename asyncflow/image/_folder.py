@@ -28,6 +28,7 @@ from typing import Any, cast
 
 import torch
 
+from .._blob import check_max_bytes
 from .._split import Part, Split
 from ..pipeline import ItemGroup, Pipeline, Processes
 from ..pipeline.seeding import fresh_seed
@@ -237,6 +238,7 @@ def folder(
     """
     out_h, out_w = target_size(size)
     threads = check_arguments(batch_size, mean, std, decode_concurrency)
+    check_max_bytes(max_bytes)
     gpu_device, gpu_decoder, decode_note = decode_path(decode, device, workers)
     if gpu_device is not None:
         processes, note = None, None

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
-from .._blob import Blob, describe_size
+from .._blob import Blob, check_max_bytes, describe_size
 from .._errors import ConfigError, SourceError
 from .._scope import RunScope, use_scope
 from ._redact import redact_url
@@ -76,8 +76,7 @@ async def read_bytes(
     policy, deadlines = resolve_policy(retry, timeout)
     if max_bytes is None:
         return Blob(await transport.fetch(text, retry=policy, timeout=deadlines), text)
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
-        raise ConfigError(f"max_bytes must be an int >= 0 or None, got {max_bytes!r}")
+    check_max_bytes(max_bytes)
     if isinstance(url, ObjectInfo) and url.size is not None and url.size > max_bytes:
         raise _over(text, f"{describe_size(url.size)} (listed)", max_bytes)
     if scheme_of(text) == "file":

@@ -188,7 +188,8 @@ def test_bad_trees_and_arguments(tmp_path: Path, tree: Path) -> None:
         image.folder(tree, batch_size=2, size=16)
     (tree / "empty_class").rmdir()
     for bad in ({"batch_size": 0}, {"size": -1}, {"decode_concurrency": 0},
-                {"mean": (0.5, 0.5)}, {"std": (1.0, 1.0, 0.0)}):
+                {"mean": (0.5, 0.5)}, {"std": (1.0, 1.0, 0.0)}, {"max_bytes": -1},
+                {"max_bytes": "1MB"}):
         kwargs = {"batch_size": 2, "size": 16, **bad}
         with pytest.raises(ConfigError):
             image.folder(tree, **kwargs)  # type: ignore[arg-type]
