@@ -153,3 +153,11 @@ def test_a_split_share_identifies_every_item_of_its_list() -> None:
     Split(rank=0, world_size=3).resume(items, [state, other])
     with pytest.raises(ConfigError, match="another list"):
         Split(rank=0, world_size=3).resume(changed, [state, other])
+
+
+def test_a_range_is_identified_by_its_bounds() -> None:
+    state = _state(Pipeline(range(1000)).batch(4), 3)
+    Pipeline(range(1000)).batch(4).load_state_dict(state)
+    with pytest.raises(ConfigError, match="item 0 is '1' here, '0' in the state"):
+        Pipeline(range(1, 1001)).batch(4).load_state_dict(state)
+    assert sequence_identity(range(10**9))["items"] == 10**9  # nothing listed one by one
