@@ -11,7 +11,7 @@ Where the positions come from:
 * ``image.folder``: its batch assembler notes each released batch (listing, number, failed
   rows); the step is the batch's number in the epoch, the positions its rows' places in the
   epoch's order (``asyncflow/image/_explain.py``), and the record names the files, labels
-  and decode errors. :func:`explain` adds the crop and flip each image got.
+  and decode errors, with a digest of each file's bytes and the crop and flip it got.
 * Any other pipeline: the run's lineage (``Lineage.trace``) while the output is in flight;
   the journal holds the lineage's compaction back to the output it will trace next
   (``Lineage.hold``). The step counts the epoch's outputs in delivery order; a run that
