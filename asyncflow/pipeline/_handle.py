@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, cast
 
 from .._errors import StallError
-from ._bridge import wake
+from ._bridge import Handoff
+from ._cursor import REFILL, Cursor
 from ._lineage import Lineage, received
 from ._run import Runtime
 from ._stats import FailureRecord, PipelineStats
@@ -61,27 +62,17 @@ class Run(Generic[T_co]):
         hooks: tuple[Callable[[Run[Any]], ConsumerHook], ...] = (),
         on_start: Callable[[Runtime, Run[Any]], None] | None = None,
     ) -> None:
-        self._make_runtime = make_runtime
+        self._make_runtime: Callable[[], Runtime] | None = make_runtime
         self._timeout = timeout
         self._hook_factories = hooks
         self._on_start = on_start
         self._rt: Runtime | None = None
-        # The items of the latest chunk not yet taken: ``popleft`` hands each to one consumer
-        # (atomic: several threads may take from it at once) and drops its reference.
-        self._chunk: deque[Any] = deque()
+        self._ended: _Ended | None = None  # what a closed run keeps (see _shed)
+        # The latest chunk, shared by the consumers (``_cursor.py``).
+        self._cursor = Cursor()
         self._closed = False
-        self._apply: Callable[[Any], T_co] | None = None
         self._hooks: list[ConsumerHook] = []
         self._finalizer: weakref.finalize[Any, Any] | None = None
-        # Consumers inside a refill (from before the run starts to the hand-off's answer): a
-        # stop from another thread leaves the run's error for them instead of reporting it.
-        self._reading = 0
-        # Consumers in several threads or tasks share the chunk: one refills it at a time
-        # while the others wait (threads on the condition, tasks on futures of their loops).
-        self._lock = threading.Lock()
-        self._refilled = threading.Condition(self._lock)
-        self._refilling = False
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._start_lock = threading.Lock()
 
     # -- lifetime -----------------------------------------------------------------------
@@ -99,6 +90,7 @@ class Run(Generic[T_co]):
             return self._start_runtime()
 
     def _start_runtime(self) -> Runtime:
+        assert self._make_runtime is not None  # dropped only when closed
         rt = self._make_runtime()
         self._rt = rt
         self._finalizer = weakref.finalize(self, rt.request_stop)
@@ -107,7 +99,7 @@ class Run(Generic[T_co]):
         self._hooks = [factory(self) for factory in self._hook_factories]
         functions: list[Callable[[Any], Any]] = [*rt.receive_hooks, *self._hooks]
         if functions:
-            self._apply = _compose(functions)
+            self._cursor.apply = _compose(functions)
         rt.start()
         return rt
 
@@ -128,7 +120,7 @@ class Run(Generic[T_co]):
         if self._closed:
             return
         self._closed = True
-        self._chunk = deque()
+        self._cursor.clear()
         rt = self._rt
         if rt is not None:
             if not rt.done:
@@ -137,6 +129,7 @@ class Run(Generic[T_co]):
             if not self.reading:  # else the waiting consumer gets the error itself
                 rt.report_undelivered()
             self._detach()
+        self._shed()
 
     async def aclose(self) -> None:
         """Like :meth:`close`, waiting on the caller's loop instead of blocking it.
@@ -147,7 +140,7 @@ class Run(Generic[T_co]):
         if self._closed:
             return
         self._closed = True
-        self._chunk = deque()
+        self._cursor.clear()
         rt = self._rt
         if rt is not None:
             if not rt.done:
@@ -157,14 +150,30 @@ class Run(Generic[T_co]):
             if not self.reading:
                 rt.report_undelivered()
             self._detach()
+        self._shed()
 
     def _abandon(self) -> None:
         """Stop without waiting (for cancellation paths, where awaiting is not possible)."""
         self._closed = True
-        self._chunk = deque()
+        self._cursor.clear()
         if self._rt is not None:
             self._rt.request_stop()
             self._detach()
+
+    def _shed(self) -> None:
+        """Keep only the figures of a closed run whose thread has ended: its pipeline (and
+        so the pipeline's persistent workers and batch slabs), runtime, stages and
+        undelivered items are released when the run ends, not when the last reference to
+        this handle goes (a kept ``PipelineError``'s traceback holds it)."""
+        self._make_runtime, self._hook_factories, self._on_start = None, (), None
+        self._cursor.apply = None
+        rt = self._rt
+        if rt is None or not rt.done:
+            return  # still stopping (a stage abandoned): it keeps what it holds until then
+        rt.delivered -= len(rt.chunk)  # first: a state taken meanwhile counts less, not more
+        rt.chunk = ()
+        self._ended = _Ended(rt.epoch, rt.delivered, rt.snapshot(), self.failure_records())
+        self._rt = None
 
     def _detach(self) -> None:
         if self._finalizer is not None:
@@ -201,74 +210,49 @@ class Run(Generic[T_co]):
         return self
 
     def __next__(self) -> T_co:
-        if self._apply is None:  # no hook to call one item at a time: no lock either
-            try:
-                return cast(T_co, self._chunk.popleft())
-            except IndexError:
-                pass
-        return self._refill_sync()
-
-    def _claim(self) -> Any:
-        """An item (hooks applied), the right to refill (``_REFILL``), or ``_EMPTY``: another
-        consumer is refilling (lock held)."""
-        chunk = self._chunk
-        if chunk:
-            item = chunk.popleft()
-            apply = self._apply
-            return item if apply is None else apply(item)
-        if self._refilling:
-            return _EMPTY
-        self._refilling = True
-        self._reading += 1
-        return _REFILL
-
-    def _refilled_with(self, chunk: list[Any] | None) -> None:
-        """End a refill: hand the chunk to every consumer, wake the waiting ones."""
-        with self._lock:
-            self._refilling = False
-            self._reading -= 1
-            rt = self._rt
-            if chunk and rt is not None and not self._closed:
-                # the chunk first: a state taken meanwhile counts it as not received yet
-                self._chunk = rt.chunk = deque(chunk)
-                rt.delivered += len(chunk)
-            self._refilled.notify_all()
-            waiters, self._waiters = self._waiters, []
-        for loop, fut in waiters:
-            wake(loop, fut)
-
-    def _refill_sync(self) -> T_co:
-        """Wait for the next chunk, or for another consumer's refill; then take an item.
-
-        Cancellation:
-            The wait is interruptible by signals (Ctrl-C raises ``KeyboardInterrupt``).
-        """
-        while True:
-            with self._lock:
-                item = self._claim()
-                if item is _EMPTY:
-                    self._refilled.wait()
-                    continue
-            if item is not _REFILL:
-                return cast(T_co, item)
+        try:  # no lock: with hooks to call one item at a time, this chunk is always empty
+            return cast(T_co, self._cursor.free.popleft())
+        except IndexError:
+            pass
+        while (item := self._cursor.claim_sync()) is REFILL:
             chunk: list[Any] | None = None
             try:
                 chunk = self._fetch_sync()
             finally:
                 self._refilled_with(chunk)
+        return cast(T_co, item)
+
+    def _refilled_with(self, chunk: list[Any] | None) -> None:
+        """End a refill: hand the chunk to every consumer, wake the waiting ones."""
+        cursor = self._cursor
+        with cursor.lock:
+            rt = self._rt
+            if chunk and rt is not None and not self._closed:
+                # the chunk first: a state taken meanwhile counts it as not received yet
+                rt.chunk = items = deque(chunk)
+                cursor.install(items)
+                rt.delivered += len(chunk)
+            cursor.refilled()
 
     @property
     def reading(self) -> bool:
-        """Whether a consumer is waiting for this run's next items now."""
-        return self._reading > 0
+        """Whether a consumer is waiting for this run's next items now (a stop from
+        another thread then leaves the run's error to it instead of reporting it)."""
+        return self._cursor.reading > 0
+
+    def _handoff(self) -> Handoff | None:
+        """The run's hand-off, starting the run; ``None`` once it is closed. (The frames an
+        error passes through hold it, not the runtime: see :meth:`_shed`.)"""
+        rt = self._start()
+        return None if rt is None else rt.handoff
 
     def _fetch_sync(self) -> list[Any]:
         """The next chunk from the run; ``StopIteration`` at its end (or once closed)."""
-        rt = self._start()
-        if rt is None:
+        handoff = self._handoff()
+        if handoff is None:
             raise StopIteration
         try:
-            chunk = rt.handoff.get_chunk(self._timeout)
+            chunk = handoff.get_chunk(self._timeout)
         except TimeoutError:
             self.close()
             raise StallError(
@@ -287,44 +271,24 @@ class Run(Generic[T_co]):
         return self
 
     async def __anext__(self) -> T_co:
-        if self._apply is None:
-            try:
-                return cast(T_co, self._chunk.popleft())
-            except IndexError:
-                pass
-        return await self._refill_async_claim()
-
-    async def _refill_async_claim(self) -> T_co:
-        """Like :meth:`_refill_sync`, waiting on the caller's loop.
-
-        Cancellation:
-            Safe while it waits for another consumer's refill; cancelled during its own,
-            it stops the run (see :meth:`_refill_async`).
-        """
-        loop = asyncio.get_running_loop()
-        while True:
-            with self._lock:
-                item = self._claim()
-                wait = loop.create_future() if item is _EMPTY else None
-                if wait is not None:
-                    self._waiters.append((loop, wait))
-            if wait is not None:
-                await wait
-                continue
-            if item is not _REFILL:
-                return cast(T_co, item)
+        try:
+            return cast(T_co, self._cursor.free.popleft())
+        except IndexError:
+            pass
+        while (item := await self._cursor.claim_async()) is REFILL:
             chunk: list[Any] | None = None
             try:
-                rt = self._start()
-                chunk = [] if rt is None else await self._refill_async(rt)
+                handoff = self._handoff()
+                chunk = [] if handoff is None else await self._refill_async(handoff)
             finally:
                 self._refilled_with(chunk)
             if not chunk:
                 raise StopAsyncIteration
+        return cast(T_co, item)
 
-    async def _refill_async(self, rt: Runtime) -> list[Any]:
+    async def _refill_async(self, handoff: Handoff) -> list[Any]:
         try:
-            chunk = await rt.handoff.aget_chunk(self._timeout)
+            chunk = await handoff.aget_chunk(self._timeout)
         except TimeoutError:
             await self.aclose()
             raise StallError(f"no item arrived within timeout={self._timeout} s") from None
@@ -345,19 +309,23 @@ class Run(Generic[T_co]):
     @property
     def epoch(self) -> int:
         """The epoch this run reads, as its stages see it (``0`` before it starts)."""
-        return 0 if self._rt is None else self._rt.epoch
+        ended = self._ended
+        return ended.epoch if ended else 0 if self._rt is None else self._rt.epoch
 
     @property
     def lineage(self) -> Lineage | None:
-        """The run's lineage (``None`` before it starts): which source positions the output
-        numbered ``ordinal`` was made from (``trace(ordinal)``), keeping records from
-        ``ordinal`` on until traced (``hold(ordinal)``), and where a resumed run started
-        (``resumed``). For features that record what each output was made from."""
+        """The run's lineage (``None`` before it starts and once closed): which source
+        positions the output numbered ``ordinal`` was made from (``trace(ordinal)``),
+        keeping records from ``ordinal`` on until traced (``hold(ordinal)``), and where a
+        resumed run started (``resumed``). For features that record what each output was
+        made from."""
         return None if self._rt is None else self._rt.lineage
 
     def failure_records(self) -> list[list[FailureRecord]]:
         """Each stage's failures so far, in run order (copies; the first ones of each stage,
         as ``stats().failures`` lists them)."""
+        if self._ended is not None:
+            return [list(records) for records in self._ended.failures]
         return [] if self._rt is None else [list(c.counters.records) for c in self._rt.contexts]
 
     @property
@@ -367,11 +335,15 @@ class Run(Generic[T_co]):
     @property
     def delivered(self) -> int:
         """Items handed to the consumer so far."""
+        if self._ended is not None:
+            return self._ended.delivered
         rt = self._rt
-        return 0 if rt is None else received(rt.delivered, rt.chunk)  # after a close too
+        return 0 if rt is None else received(rt.delivered, rt.chunk)
 
     def stats(self) -> PipelineStats:
         """Statistics of this run so far."""
+        if self._ended is not None:
+            return self._ended.stats
         return PipelineStats() if self._rt is None else self._rt.snapshot()
 
     def __repr__(self) -> str:
@@ -379,10 +351,14 @@ class Run(Generic[T_co]):
         return f"<asyncflow.Run {state}, {self.delivered} delivered>"
 
 
-#: What the chunk gives when it has no item left (``_take``, ``_claim``).
-_EMPTY: Any = object()
-#: What ``_claim`` gives the one consumer that is to refill the chunk.
-_REFILL: Any = object()
+@dataclass(frozen=True)
+class _Ended:
+    """What a closed run keeps of its runtime (``Run._shed``)."""
+
+    epoch: int
+    delivered: int
+    stats: PipelineStats
+    failures: list[list[FailureRecord]]
 
 
 def _compose(functions: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
+from types import TracebackType
 from typing import Any
 
 from .._errors import PipelineError
 from .._redact import describe_exception, format_exception
 
-__all__ = ["final_error", "flatten", "make_error", "mark_abandoned", "note_stage"]
+__all__ = [
+    "final_error", "flatten", "make_error", "mark_abandoned", "note_stage", "release_frames",
+]
 
 logger = logging.getLogger("asyncflow")
+
+#: The packages whose frames :func:`release_frames` clears: asyncflow's own and asyncio's.
+_OURS = tuple(
+    os.path.dirname(os.path.abspath(module.__file__ or "")) + os.sep
+    for module in (__import__("asyncflow"), asyncio)
+)
 
 
 def flatten(exc: BaseException) -> list[BaseException]:
@@ -86,3 +97,36 @@ def mark_abandoned(stuck: list[str], contexts: Sequence[Any], timeout: float) ->
         logger.warning("asyncflow: %s", note)
         notes.append(note)
     return notes
+
+
+def release_frames(errors: Iterable[BaseException]) -> None:
+    """Clear the local variables of asyncflow's and asyncio's finished frames in the
+    tracebacks of ``errors`` (their groups, causes and contexts too).
+
+    Those frames hold the run's nodes and, through them, what the pipeline owns (persistent
+    workers, batch slabs, the stages' functions): an error kept after the run (a
+    ``PipelineError`` stored for later) must not keep them alive. The tracebacks still
+    print in full; the locals of the user's own frames are kept, for debugging.
+    """
+    seen: set[int] = set()
+    todo = list(errors)
+    while todo:
+        exc = todo.pop()
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        _clear(exc.__traceback__)
+        todo.extend(e for e in (exc.__cause__, exc.__context__) if e is not None)
+        if isinstance(exc, BaseExceptionGroup):
+            todo.extend(exc.exceptions)
+
+
+def _clear(tb: TracebackType | None) -> None:
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_filename.startswith(_OURS):
+            try:
+                frame.clear()
+            except RuntimeError:  # still running (a call abandoned on its thread)
+                pass
+        tb = tb.tb_next

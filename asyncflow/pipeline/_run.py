@@ -29,7 +29,7 @@ from ._merge import Merge
 from ._monitor import Monitor, snapshot
 from ._node import NodeContext, ReceiveHook
 from ._options import RunOptions
-from ._outcome import final_error, flatten, mark_abandoned, note_stage
+from ._outcome import final_error, flatten, mark_abandoned, note_stage, release_frames
 from ._pools import PoolHolder
 from ._spec import StageSpec
 from ._stats import PipelineStats
@@ -245,6 +245,7 @@ class Runtime:
         finally:
             # Whatever failed above, the consumer's loop must end.
             self.finished_at = time.monotonic()
+            release_frames(self.errors)  # a kept error keeps nothing the run used
             self.handoff.close(self._final_error())
             if self._stop_requested:
                 self.report_undelivered()
