@@ -76,13 +76,13 @@ class Listing:
         Cancellation:
             Blocks while it reads the files' ends (threads); once taken, returns at once.
         """
-        with self._lock:
-            if self._identity is None:
-                paths = [path for path, _ in self.samples]
-                names = [f"{name} {label}" for name, (_, label)
-                         in zip(relative_names(paths), self.samples, strict=True)]
-                self._identity = listing_identity(names, file_tokens(paths))
-            return self._identity
+        identity = self._identity
+        if identity is None:  # outside the lock: a run listing its epoch does not wait
+            paths = [path for path, _ in self.samples]
+            names = [f"{name} {label}" for name, (_, label)
+                     in zip(relative_names(paths), self.samples, strict=True)]
+            identity = self._identity = listing_identity(names, file_tokens(paths))
+        return identity
 
     def count(self) -> int:
         """Images per epoch: this part's share, or every sample."""
