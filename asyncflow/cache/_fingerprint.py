@@ -60,9 +60,11 @@ def state_of(value: Any, depth: int = _DEPTH) -> Any:
     ``size`` share those names. This looks inside: a function's code, defaults and closure;
     a ``functools.partial``'s arguments; an object's public attributes (a listing of files,
     decode options); a long sequence as a digest of its items. Private attributes (``_x``)
-    are skipped: they hold run-time state such as counters and locks. An object with a
-    ``describe()`` method is described by what it returns instead (so it can leave out what
-    does not change its output, such as a seed it does not use).
+    are skipped: they hold run-time state such as counters and locks, and so is the
+    ``epoch`` of an object with a ``set_epoch()`` method (a sampler: where its runs are). An
+    object with a ``describe()`` method is described by what it returns instead (so it can
+    leave out what does not change its output, such as a seed it does not use, or the
+    counters its runs keep).
     """
     return _state(value, depth, set())
 
@@ -112,6 +114,10 @@ def _state(value: Any, depth: int, seen: set[int]) -> Any:
     attrs = getattr(value, "__dict__", None)
     if isinstance(attrs, dict) and not isinstance(value, type | types.ModuleType):
         public = {k: v for k, v in attrs.items() if not k.startswith("_")}
+        if callable(getattr(value, "set_epoch", None)):
+            # a sampler's (or any epoch-aware object's) epoch says where its runs are, not
+            # what it lists: iterating the upstream before .cache() must not rebuild it
+            public.pop("epoch", None)
         return {"object": _type_name(value), **{k: _state(v, inner, seen)
                                                 for k, v in sorted(public.items())}}
     return canonical(value)

@@ -212,3 +212,18 @@ def test_names_that_are_not_local_files_are_left_as_they_are(tmp_path: Path) -> 
     (tmp_path / "d").mkdir()
     names = ["https://host/a.jpg", "s3://bucket/a.jpg", "no/such/file.jpg", str(tmp_path / "d")]
     assert state_of(names) == names
+
+
+def test_runs_of_the_upstream_do_not_change_the_fingerprint() -> None:
+    """Issue 25, point 16: a sampler's epoch (set by each run) is where its runs are, not
+    what it lists."""
+    from asyncflow.sources import RandomSampler, SequentialSampler
+
+    for sampler in (SequentialSampler(10), RandomSampler(10, seed=1)):
+        pipe = Pipeline(sampler).map(float)
+        before = fingerprint(_description(pipe))
+        list(pipe)
+        list(pipe)
+        assert fingerprint(_description(pipe)) == before
+        sampler.seed = 2  # what it lists: a change
+        assert fingerprint(_description(pipe)) != before
