@@ -42,8 +42,9 @@ class JournalRecord:
         items: ``image.folder``: ``(path relative to root, label, sample index)`` per row.
         failed: The items that failed and were left out.
         crops: ``image.folder``: the ``Crop(box, flip)`` each row got, as the run recorded
-            it (drawn from the file's bytes it read; a journal written before crops were
-            recorded: drawn again from the file as it is now).
+            it (drawn from the file's bytes it read; ``None`` where the file could not be
+            read again after its decode; a journal written before crops were recorded:
+            drawn again from the file as it is now).
         digests: ``image.folder``: a digest of each row's file, as the run read it
             (``None``: it could not be read again after its decode); :func:`rebuild`
             refuses a file that no longer matches.
