@@ -30,6 +30,7 @@ from typing import Any
 
 from .._errors import ConfigError
 from ._channel import nbytes_of
+from ._hand import Hand
 from ._ledger import MapLedger
 from ._node import NodeContext, Receiver, Sender
 from ._offload import FAILED, run_chunk, run_chunk_remote
@@ -78,6 +79,10 @@ class MapNode:
         self._max_bytes = getattr(ctx.counters.output, "max_bytes", None)
         self._holders = holders
         self._out_size: float | None = None
+        # What a sync stage holds, wherever it is (in workers, on its way back from a worker
+        # process, in the reorder buffer), stays within half its output queue's capacity and
+        # half its byte budget: taken before its items are, given back once they are put out.
+        self._hand = None if self.is_async else Hand(self._hand_limit())
         # Inline-on-the-loop state of a sync stage (see the module docstring): chunks seen cheap
         # on threads so far, -1 once the stage may never run inline (again).
         self._cheap_chunks = 0 if (
@@ -120,6 +125,20 @@ class MapNode:
         if self._out_size > 0 and self._max_bytes is not None:
             share = self._max_bytes / 2 / self._holders
             self._chunk = max(1, min(self._chunk, int(share / self._out_size)))
+        if self._hand is not None:
+            self._hand.resize(self._hand_limit())
+
+    def _hand_limit(self) -> int:
+        """The most items a sync stage holds: half its output queue, and with a byte budget
+        as many as half of it holds at the measured size per result (one until measured)."""
+        half = max(1, self.ctx.counters.capacity // 2)
+        if self._max_bytes is None:
+            return half
+        if self._out_size is None:
+            return 1
+        if self._out_size <= 0:
+            return half
+        return max(1, min(half, int(self._max_bytes / 2 / self._out_size)))
 
     def _check_result(self, values: list[Any]) -> None:
         self._checked = True
@@ -145,20 +164,24 @@ class MapNode:
         self, items: list[Any], values: list[Any], failures: list[tuple[int, BaseException]],
         out: Sender,
     ) -> None:
-        self.ledger.emit(items, values, failures)
-        for index, exc in failures:
-            try:
-                self.ctx.item_failed(items[index], exc)
-            except BaseException:
-                before = self._outputs(items, values, index, clean=False)
-                if before:
-                    await out.put_many(before)
-                    _progress(self.ctx, count_items(before))
-                raise
-        outs = self._outputs(items, values, len(values), clean=not failures)
-        if outs:
-            await out.put_many(outs)
-        _progress(self.ctx, count_items(outs))
+        try:
+            self.ledger.emit(items, values, failures)
+            for index, exc in failures:
+                try:
+                    self.ctx.item_failed(items[index], exc)
+                except BaseException:
+                    before = self._outputs(items, values, index, clean=False)
+                    if before:
+                        await out.put_many(before)
+                        _progress(self.ctx, count_items(before))
+                    raise
+            outs = self._outputs(items, values, len(values), clean=not failures)
+            if outs:
+                await out.put_many(outs)
+            _progress(self.ctx, count_items(outs))
+        finally:
+            if self._hand is not None:  # a sync stage's chunk: out of its hands now
+                self._hand.give(len(items))
 
     async def _deliver(self, ticket: int, result: _Single, out: Sender) -> None:
         if self._reorder is not None:
@@ -220,7 +243,14 @@ class MapNode:
 
     async def _sync_chunk(self, inp: Receiver, out: Sender) -> bool:
         """Take, run and hand on one chunk; ``False`` at the end of the input."""
-        ticket, items = await self._take(inp, self._chunk)
+        hand = self._hand
+        assert hand is not None  # a sync stage's
+        room = hand.take_now(self._chunk) or await hand.take(self._chunk)
+        items: list[Any] = []
+        try:
+            ticket, items = await self._take(inp, room)
+        finally:
+            hand.give(room - len(items))  # all of it if the take failed
         if not items:
             return False
         counters = self.ctx.counters
@@ -239,7 +269,7 @@ class MapNode:
         self._adapt(elapsed, len(items))
         self._note_cost(elapsed, len(items), inline)
         if self._max_bytes is not None:
-            self._fit_bytes(values)
+            self._fit_bytes(items if self.filter else values)  # a filter hands its inputs on
         if not self._checked:
             self._check_result(values)
         await self._deliver(ticket, (items, values, failures), out)

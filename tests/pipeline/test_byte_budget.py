@@ -6,11 +6,12 @@ import asyncio
 import threading
 import time
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
 
-from asyncflow import ConfigError, Pipeline
+from asyncflow import ConfigError, Pipeline, Processes
 from asyncflow.pipeline._channel import Channel, nbytes_of
 
 MB = 2**20
@@ -68,10 +69,10 @@ def _live_peak(budget: int | None, *, consumer_pause: float = 0.005) -> int:
 
 def test_a_byte_budget_bounds_the_arrays_alive_at_once() -> None:
     # 16 MB per queue: 4 arrays waiting in each of the two queues (the consumer's chunk
-    # counts in the last), plus what each ordered stage holds in hand: its reorder window of
-    # 2 x concurrency chunks, which the budget shrinks to one item each; plus the one array
-    # the consumer holds. docs/concepts.md states this bound.
-    bound = 4 + 4 + 2 * (2 * 2) + 1
+    # counts in the last), plus what each stage holds in hand (in its threads and its
+    # reorder buffer): half the budget, 2 arrays; plus the one array the consumer holds.
+    # docs/concepts.md states this bound.
+    bound = 4 + 4 + 2 + 2 + 1
     assert _live_peak(16 * MB) <= bound
     assert _live_peak(None) > bound  # without a budget the item counts (64 per queue) rule
 
@@ -96,3 +97,56 @@ def test_a_fast_consumer_over_a_tight_budget_never_deadlocks() -> None:
     # the budget: the chunk must count as returned, or the writer waits for it forever.
     for _ in range(20):
         assert _live_peak(4 * MB, consumer_pause=0.0) >= 1
+
+
+_alive = {"now": 0, "peak": 0}
+_alive_lock = threading.Lock()
+
+
+def _gone() -> None:
+    with _alive_lock:
+        _alive["now"] -= 1
+
+
+def make_4mb(i: int) -> np.ndarray:
+    """A 4 MB array; in this process (threads), counted while alive."""
+    arr = np.full(MB, i, np.float32)
+    with _alive_lock:
+        _alive["now"] += 1
+        _alive["peak"] = max(_alive["peak"], _alive["now"])
+    weakref.finalize(arr, _gone)
+    return arr
+
+
+def _mapped_results() -> int:
+    """Worker results mapped into this process (one shared-memory segment per array)."""
+    with open("/proc/self/maps") as fh:
+        return sum("/dev/shm/asyncflow-" in line and "status" not in line for line in fh)
+
+
+@pytest.mark.usefixtures("leak_check")
+@pytest.mark.parametrize("workers", ["threads", "processes"])
+@pytest.mark.parametrize("budget", ["buffer_bytes", "buffer"])
+def test_a_slow_consumer_bounds_what_the_parent_holds(workers: str, budget: str) -> None:
+    # docs/concepts.md's bound for a map stage making 4 MB arrays from a source of ints:
+    # - buffer_bytes=16 MB: its queue holds 4 (the consumer's chunk included), its hands 2
+    #   (half the budget: in threads or worker processes, results on their way back,
+    #   the reorder buffer), the consumer's hand 1;
+    # - buffer=8: its queue holds 8, its hands 4, the consumer's chunk 4 and hand 1.
+    options: dict[str, Any] = {"buffer_bytes": 16 * MB} if budget == "buffer_bytes" else {}
+    stage: dict[str, Any] = {"buffer": 8} if budget == "buffer" else {}
+    bound = 4 + 2 + 1 if budget == "buffer_bytes" else 8 + 4 + 4 + 1
+    _alive.update(now=0, peak=0)
+    pipe = Pipeline(range(40), **options).map(
+        make_4mb, concurrency=2, workers=Processes() if workers == "processes" else "threads",
+        **stage,
+    )
+    peak, total = 0, 0
+    for item in pipe:
+        time.sleep(0.02)  # a slow consumer: the queues and the stage's hands fill up
+        peak = max(peak, _mapped_results())
+        total += int(item[0] == total)
+        del item
+    assert total == 40
+    held = peak if workers == "processes" else _alive["peak"]
+    assert 1 <= held <= bound, f"{held} arrays held at once, bound {bound}"
