@@ -6,6 +6,13 @@ How to run::
     python benchmarks/bench_gpu_train.py --quick         # fewer steps and images
     python benchmarks/bench_gpu_train.py --root /data/imagenet/train --batch-size 256
     python benchmarks/bench_gpu_train.py --dry-run-cpu   # smoke test anywhere: tiny model, CPU
+    python benchmarks/bench_gpu_train.py --windows       # issue 22's protocol (_gpu_windows.py)
+
+``--windows`` times each loader over a long window (30 s at batch 64, 20 s at 256) against the
+GPU-alone rate timed just before and just after it in the same process, with the process
+tree's CPU over the window and its peak PSS over the trainer's own: ResNet-50 at batch 64
+(``image.folder`` with its defaults on a CUDA device, torch DataLoader, ``decode="cpu"``) and
+256, ResNet-18 at 256. Its table goes to ``benchmarks/results/bench_gpu_windows.md``.
 
 It needs a CUDA GPU and exits with a message without one (``--dry-run-cpu`` runs every row
 for 2 steps of a tiny model on the CPU instead, to check the script). Writes
@@ -353,6 +360,24 @@ def parent(args: argparse.Namespace) -> None:
     print(f"\nwrote {RESULTS / _stem(args)}.md and .json")
 
 
+def windows(args: argparse.Namespace) -> None:
+    """``--windows``: every row of ``_gpu_windows.BOX_ROWS``, then its table."""
+    import _gpu_windows
+    from _imagedata import build_dataset
+
+    workers = args.workers or len(os.sched_getaffinity(0))
+    root = args.root or str(build_dataset(args.images))
+    if args.warmup is None or args.warmup > 10:
+        args.warmup = 1 if args.dry_run_cpu else 5  # seconds, here
+    results = _gpu_windows.run_rows(args, root, workers)
+    text = _gpu_windows.report(results, len(os.sched_getaffinity(0)))
+    RESULTS.mkdir(exist_ok=True)
+    stem = "bench_gpu_windows" + ("_dry_run" if args.dry_run_cpu else "")
+    (RESULTS / f"{stem}.md").write_text(text + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
+    print("\n" + text)
+
+
 def _stem(args: argparse.Namespace) -> str:
     return "bench_gpu_train_dry_run" if args.dry_run_cpu else "bench_gpu_train"
 
@@ -384,7 +409,20 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="interleaved repeats, best kept")
     parser.add_argument("--only", help="comma-separated kinds: " + ",".join(k for k, _ in ROWS))
     parser.add_argument("--child", choices=[k for k, _ in ROWS], help=argparse.SUPPRESS)
+    parser.add_argument("--windows", action="store_true", help="issue 22's protocol")
+    parser.add_argument("--window", type=float, help="--windows: seconds timed per row")
+    parser.add_argument("--alone", type=float, default=6.0,
+                        help="--windows: seconds of GPU-alone timing before and after")
+    parser.add_argument("--window-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.window_child:
+        import _gpu_windows
+
+        _gpu_windows.start_watchdog(280)
+        sys.stdout.write(json.dumps(_gpu_windows.window_child(json.loads(args.window_child)))
+                         + "\n")
+        return
+    args.window_batch = args.batch_size  # --windows: each row's own batch unless given
     dry, quick = args.dry_run_cpu, args.quick
     args.images = args.images or (400 if dry else 1000 if quick else 5000)
     args.batch_size = args.batch_size or (4 if dry else 256)
@@ -397,6 +435,9 @@ def main() -> None:
             sys.exit("bench_gpu_train: this benchmark needs a CUDA GPU, and torch sees none "
                      f"(torch {torch.__version__}). Run it on a CUDA machine, or pass "
                      "--dry-run-cpu to smoke-test the script on the CPU.")
+    if args.windows:
+        windows(args)
+        return
     if args.child:
         result = train(args.child, args.root, args.batch_size, args.workers, args.steps,
                        args.warmup, dry)

@@ -1,27 +1,40 @@
 #!/usr/bin/env bash
-# The many-core GPU box run, in one call (issue 12's 16-core targets; docs/performance.md):
-#   bash benchmarks/gpu_box.sh [OUT_DIR]
-# 1. builds the 5,000-image set (benchmarks/_data/photos must hold the source photographs,
-#    fetched once by `python benchmarks/_imagedata.py` where pip reaches a registry);
-# 2. ResNet-50 training fed by every loader (bench_gpu_train.py), quick step counts;
-# 3. the loaders alone with an idle and a GIL-holding consumer (bench_gil.py).
-# Each part has a time limit, so the run ends inside a lease; results are copied to OUT_DIR.
+# The many-core GPU box run (docs/performance.md), in calls that each fit a lease:
+#   bash benchmarks/gpu_box.sh check [OUT_DIR]   # CUDA tests, then the GPU decoders side by side
+#   bash benchmarks/gpu_box.sh train [OUT_DIR]   # training fed by each loader (issue 22's windows)
+#   bash benchmarks/gpu_box.sh all [OUT_DIR]     # both (TESTS_K narrows the tests: pytest -k)
+# Wheels in .whl/ (nvImageCodec and nvJPEG, for a box that reaches no registry) are installed
+# first. The 10,000-image set is built from benchmarks/_data/photos (fetched once by
+# `python benchmarks/_imagedata.py` where pip reaches a registry). Each part has a time
+# limit, so the run ends inside a lease; results are copied to OUT_DIR.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT_DIR=${1:-${OUT:-benchmarks/results}}
+PHASE=${1:-check}
+OUT_DIR=${2:-${OUT:-benchmarks/results}}
 mkdir -p "$OUT_DIR" benchmarks/results
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-echo "== machine"; nproc; free -g | head -2; df -h /dev/shm | tail -1
-nvidia-smi -L 2>/dev/null
+if compgen -G ".whl/*.whl" >/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
+echo "== machine"; nproc; free -g | head -2; nvidia-smi -L 2>/dev/null
 $PY -c "import sys, torch, PIL; print('python', sys.version.split()[0], 'torch', torch.__version__, 'PIL', PIL.__version__, 'cuda', torch.cuda.is_available())"
-echo "== data"; time $PY benchmarks/_imagedata.py 5000
-echo "== training"
-timeout "${TRAIN_S:-300}" $PY benchmarks/bench_gpu_train.py --images 5000 --steps "${STEPS:-30}" \
-    --warmup "${WARMUP:-10}" ${TRAIN_ONLY:+--only $TRAIN_ONLY}
-cp benchmarks/results/bench_gpu_train.* "$OUT_DIR"/ 2>/dev/null
-echo "== loaders alone"
-timeout "${GIL_S:-140}" $PY benchmarks/bench_gil.py --images 2000 --ms "${GIL_MS:-15,0}" \
-    --epochs 1 --repeat 1
-cp benchmarks/results/bench_gil.* "$OUT_DIR"/ 2>/dev/null
+$PY -c "from asyncflow.image import _gpu_decoders as g; print('GPU decoders:', g.available())"
+echo "== data"; time timeout 120 $PY benchmarks/_imagedata.py 10000
+if [ "$PHASE" != train ]; then
+    echo "== CUDA tests"
+    timeout "${TESTS_S:-200}" $PY -m pytest -c benchmarks/gpu_pytest.ini --rootdir . -q -rs \
+        -p no:cacheprovider -m gpu ${TESTS_K:+-k "$TESTS_K"} tests/image/test_gpu_cuda.py \
+        tests/image/test_folder_gpu.py 2>&1 | tee "$OUT_DIR/gpu_tests.log" | tail -40
+    echo "== decoders"
+    timeout "${DECODE_S:-150}" $PY benchmarks/bench_gpu_decode.py --images 10000 --seconds 4
+    cp benchmarks/results/bench_gpu_decode.md "$OUT_DIR"/ 2>/dev/null
+fi
+if [ "$PHASE" != check ]; then
+    echo "== training"
+    timeout "${TRAIN_S:-420}" $PY benchmarks/bench_gpu_train.py --windows --images 10000 \
+        ${TRAIN_ONLY:+--only $TRAIN_ONLY}
+    cp benchmarks/results/bench_gpu_windows.* "$OUT_DIR"/ 2>/dev/null
+fi
 echo "== left behind"; ls /dev/shm | head; ps -eo pid,comm | grep -c python

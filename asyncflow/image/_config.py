@@ -81,3 +81,54 @@ def resolve_split(split: Any) -> Part | None:
         raise ConfigError("image.folder shuffles with its own shuffle= and seed=; give it a "
                           f"Split without shuffle, got {split!r}")
     return replace(split, workers=False).part()
+
+
+def decode_path(decode: Any, device: Any) -> tuple[Any, Any, str]:
+    """Where ``image.folder`` decodes: ``(None, None, note)`` for the CPU path, or
+    ``(device, decoder, note)`` for the GPU path; the note says which decoder, and why.
+
+    ``"auto"`` takes the GPU path when ``device`` is a CUDA device and a GPU JPEG decoder
+    imports (see ``_gpu_decoders.py``), and the CPU path otherwise.
+
+    Raises:
+        ConfigError: ``decode`` is not ``"auto"``, ``"cpu"`` or ``"cuda"``; or ``"cuda"``
+            without a CUDA device, CUDA, or a GPU decoder (the message says what to install
+            or pass).
+    """
+    if decode not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"decode must be 'auto', 'cpu' or 'cuda', got {decode!r:.80}")
+    if decode == "cpu":
+        return None, None, "stage 'decode' decodes on the CPU (decode='cpu')"
+    import torch  # the GPU path needs torch anyway; the CPU path loads it with its batches
+
+    from ._gpu_decoders import available, choose
+
+    dev = None
+    if device is not None:
+        try:
+            dev = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+        except (RuntimeError, TypeError) as exc:
+            raise ConfigError(f"not a device: {device!r} ({exc})") from None
+    cuda = dev is not None and dev.type == "cuda"
+    if decode == "auto":
+        if not cuda:
+            return None, None, "stage 'decode' decodes on the CPU (decode='auto': no CUDA device)"
+        if not torch.cuda.is_available():
+            return None, None, "stage 'decode' decodes on the CPU (decode='auto': CUDA unavailable)"
+        if not available():
+            return None, None, ("stage 'decode' decodes on the CPU (decode='auto': no GPU JPEG "
+                                "decoder installed; pip install 'asyncflow[gpu]')")
+    elif not cuda:
+        raise ConfigError(f"decode='cuda' needs device='cuda' (or 'cuda:N'), got {device!r}")
+    elif not torch.cuda.is_available():
+        raise ConfigError("decode='cuda' asked for, but CUDA is not available here (torch "
+                          f"{torch.__version__}, built with CUDA {torch.version.cuda}); pass "
+                          "decode='cpu'")
+    assert dev is not None
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    decoder = choose(dev)
+    why = "decode='cuda'" if decode == "cuda" else "decode='auto': the device is CUDA"
+    return dev, decoder, (f"JPEGs decode on {dev} with {decoder.name} ({why}); stage "
+                          "'decode' reads files and plans crops, and decodes on the CPU the "
+                          "images the GPU decoder does not take")

@@ -34,14 +34,22 @@ from ..pipeline import ItemGroup, Pipeline, Processes
 from ..pipeline.seeding import fresh_seed
 from . import _explain
 from ._batch import IMAGENET_MEAN, IMAGENET_STD
-from ._config import check_arguments, decode_workers, resolve_split
+from ._config import check_arguments, decode_path, decode_workers, resolve_split
 from ._decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, decode
 from ._geometry import target_size
+from ._gpu import gpu_stage
+from ._gpu_host import PendingAssembler
+from ._gpu_plan import ClaimPlans, PlanClaimed, PlanRows
 from ._listing import Listing, Sample
 from ._rows import DecodeIntoSharedRow, Failed, Ticket
 from ._scan import IMG_EXTENSIONS, scan
 from ._shared import ClaimRows, SharedSlabs
 from ._slots import Batch, BatchAssembler
+
+#: Readers of the GPU path by default. Each reads, parses and proves a JPEG whole (its scan
+#: data entropy-decoded at 1/8 scale, about half a CPU decode): on an H100 box, 4 fed the GPU
+#: stage 2,320 images/s, so 8 keep ahead of a GPU training ResNet-50 (docs/performance.md).
+GPU_READ_THREADS = 8
 
 __all__ = ["IMG_EXTENSIONS", "Failed", "ImageFolder", "Sample", "folder", "scan"]
 
@@ -158,6 +166,7 @@ def folder(
     decode_concurrency: int | None = None,
     workers: str | Processes = "auto",
     device: Any = None,
+    decode: str = "auto",
     resize: int | None = None,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
@@ -194,7 +203,20 @@ def folder(
             (PIL releases the GIL while decoding, but not for all of the work: on many cores,
             or beside a training loop's own Python, processes go faster). An
             :class:`~asyncflow.Processes` sets the start method or the init hook.
-        device: Copy batches to this device (``"cuda"``) with ``pipe.to_device``.
+        device: Copy batches to this device (``"cuda"``) with ``pipe.to_device``, or, on the
+            GPU path, make them there.
+        decode: Where JPEGs are decoded. ``"auto"`` (default): on the GPU when ``device`` is
+            a CUDA device and a GPU JPEG decoder imports (nvImageCodec, the
+            ``asyncflow[gpu]`` extra, or torchvision), else on the CPU. ``"cuda"``: on the
+            GPU, in batches (``ConfigError`` where that cannot be). ``"cpu"``: on the CPU.
+            On the GPU path, threads read the files and settle each crop (the same boxes
+            and flips as the CPU path), the GPU decodes, crops, resizes, flips and
+            normalizes whole batches, and images the GPU decoder does not take (PNG, CMYK,
+            progressive JPEGs, ...) are decoded by the CPU kernel where the files are read.
+            ``decode_concurrency`` counts those readers (default: 8, or fewer CPUs) and
+            ``workers`` says where they run, as on the CPU path ("auto": processes where
+            they are safe, which keeps their Python off the training loop's GIL).
+            ``stats().notes`` says which decoder runs, and why (docs/gpu.md).
         resize: Evaluation: shorter side before the centre crop (e.g. 256 for a 224 crop).
         max_pixels: Refuse images larger than this (decompression bombs).
         max_bytes: Refuse image files larger than this (default 256 MiB; ``None``: no
@@ -220,6 +242,9 @@ def folder(
     out_h, out_w = target_size(size)
     threads = check_arguments(batch_size, mean, std, decode_concurrency)
     check_max_bytes(max_bytes)
+    gpu_device, gpu_decoder, decode_note = decode_path(decode, device)
+    if gpu_device is not None:
+        threads = decode_concurrency or min(threads, GPU_READ_THREADS)
     processes, note = decode_workers(workers, threads)
     part = resolve_split(split)
     classes, samples = scan(root, extensions)
@@ -236,12 +261,13 @@ def folder(
     group = min(16 if processes is not None else 8, batch_size)
     listing = Listing(samples, shuffled, seed, group=group, part=part)
     dtype = torch.float32 if normalize else torch.uint8
-    assembler = BatchAssembler(
-        batch_size, out_h, out_w, listing.count(), dtype, drop_last=drop_last,
-        # Enough batches open for every decoder to have its groups in hand (4 per process).
-        ahead=max(4, -(-(4 if processes else 2) * threads * group // batch_size)),
+    # Enough batches open for every decoder to have its groups in hand (4 per process).
+    ahead = max(4, -(-(4 if processes else 2) * threads * group // batch_size))
+    assembler: BatchAssembler = BatchAssembler(
+        batch_size, out_h, out_w, listing.count(), dtype, drop_last=drop_last, ahead=ahead,
         slabs=SharedSlabs() if processes is not None else None,
-    )
+    ) if gpu_device is None else PendingAssembler(batch_size, listing.count(),
+                                                  drop_last=drop_last, ahead=ahead)
     options = {
         "size": (out_h, out_w), "train": train, "resize": resize, "max_pixels": max_pixels,
         "max_bytes": max_bytes,
@@ -250,8 +276,9 @@ def folder(
 
     # For type checkers the ImageFolder yields batches from the start; the stages added below
     # (each a copy of the same class) are what turn the listing's groups into batches.
+    notes = (f"stage 'decode' runs on {note}",) if note else ()
     pipe = ImageFolder(listing, name=f"image.folder({os.fspath(root)})",  # type: ignore[arg-type]
-                       notes=(f"stage 'decode' runs on {note}",) if note else ())
+                       notes=(*notes, decode_note))
     pipe.root = os.fspath(root)
     pipe.classes = classes
     pipe.class_to_idx = {name: i for i, name in enumerate(classes)}
@@ -264,7 +291,15 @@ def folder(
     pipe._seed = seed
     pipe._decode_options = options
     groups: Pipeline[Any] = pipe
-    if processes is None:
+    if gpu_device is not None and processes is None:
+        rows = groups.map(PlanRows(assembler, seed, options), concurrency=threads,
+                          ordered=False, name="decode", workers="threads", buffer=2 * threads)
+    elif gpu_device is not None:
+        assert processes is not None
+        rows = (groups.map(ClaimPlans(assembler), name="claim", buffer=2)
+                .map(PlanClaimed(seed, options), concurrency=threads, ordered=False,
+                     name="decode", workers=processes, buffer=2 * threads))
+    elif processes is None:
         # One group per hand-off (buffer=2 x threads makes the chunks single groups): a
         # decoder holding many groups would claim rows beyond `ahead` and wait on itself.
         rows = groups.map(_DecodeIntoRow(assembler, seed, options), concurrency=threads,
@@ -282,9 +317,14 @@ def folder(
         )
     # Decode errors come back as rows: the stage named "batch" counts them (max_failures).
     batches = rows.unbatch(name="rows").assemble(
-        assembler, batch_size=batch_size, drop_last=drop_last, name="batch",
-        max_failures=max_failures,
+        assembler, batch_size=batch_size, drop_last=drop_last,
+        name="batch" if gpu_device is None else "gather", max_failures=max_failures,
     )
-    if device is not None:
+    if gpu_device is not None:
+        pipe._decode_options = {**options, "decoder": gpu_decoder.name}
+        batches = batches.with_stage(gpu_stage(gpu_device, gpu_decoder, options, seed))
+        # The GPU stage's budget, for an image neither decoder could make (see _gpu.py).
+        batches = batches.with_options(max_failures=max_failures)
+    elif device is not None:
         batches = batches.to_device(device)
     return cast(ImageFolder, batches)  # each stage method copied ``pipe``, class and all

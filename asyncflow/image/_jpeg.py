@@ -70,6 +70,7 @@ class Layout:
     end: int
     single_scan: bool
     mpf: int = -1  # where an MPO's offsets start, -1 if none
+    sof: int = 0xC0  # the frame's marker: 0xC0 baseline, 0xC2 progressive, ...
 
 
 def inspect(data: bytes | memoryview, label: str) -> Layout:
@@ -129,7 +130,7 @@ def inspect(data: bytes | memoryview, label: str) -> Layout:
     single = len(scans) == 1 and sof not in _PROGRESSIVE and len(scans[0].components) == len(
         frame[2]
     )
-    return Layout(end=end, single_scan=single, mpf=mpf)
+    return Layout(end=end, single_scan=single, mpf=mpf, sof=sof)
 
 
 def load(im: Any, layout: Layout, data: bytes | memoryview, label: str) -> None:

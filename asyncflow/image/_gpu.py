@@ -1,0 +1,278 @@
+"""``image.folder``'s GPU stage: whole batches of JPEGs decoded, cropped, resized, flipped and
+normalized on the device, on a side CUDA stream.
+
+Each batch the ``assemble`` stage releases (a :class:`~asyncflow.image._gpu_host.Pending`:
+encoded JPEGs with their crops, and rows the CPU already decoded) is made here, in one
+worker thread of the run:
+
+1. the side stream is synchronized with the host first: the decoders may be handed memory
+   that the caching allocator freed on this stream (torchvision's nvJPEG writes on a stream of
+   its own without waiting for ours; so does the hardware engine), and the previous batch's
+   pictures (nvImageCodec's memory) are dropped only then;
+2. the JPEGs are decoded in one batched call; if it fails, one by one, and a picture the GPU
+   decoder refuses (or decodes to another size than its header says) is decoded by the CPU
+   kernel instead, which gives the CPU path's row, or its named error (counted against
+   ``max_failures``);
+3. :func:`~asyncflow.image._resample.resample` crops, resizes and flips them all in a few
+   batched kernels; the CPU rows are copied in; the batch is normalized or left uint8;
+4. a CUDA event is recorded on the side stream.
+
+In the consumer's thread, just before the batch is handed over, the consumer's current stream
+waits for that event (on the device: the host never blocks) and the batch's tensors are
+``record_stream``-ed on it, so that the caching allocator never gives their memory to the next
+batch while the consumer's kernels may still read it. Batches are fresh tensors of one size
+each time, so the allocator reuses the same blocks: device memory stays flat.
+
+The decoder runs only as far ahead as the queue after this stage allows (two batches), so it
+never starves the trainer by decoding unpaced.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..pipeline import CustomSpec, Span
+from ._decode import _affine
+from ._gpu_decoders import GpuDecoder
+from ._gpu_host import Pending
+from ._gpu_plan import Encoded, plan
+from ._resample import resample
+from ._rows import Failed, Ticket
+
+if TYPE_CHECKING:
+    from ..pipeline import NodeContext, Receiver, Sender
+
+__all__ = ["GpuBatch", "GpuDecodeNode", "gpu_stage"]
+
+_NO_TICKET = Ticket(-1, -1, -1, -1)  # a row that failed after its batch was assembled
+
+
+@dataclass(eq=False)
+class GpuBatch:
+    """A batch whose kernels were queued on the side stream and may not have finished."""
+
+    batch: tuple[torch.Tensor, torch.Tensor]
+    event: Any  # torch.cuda.Event, or None on the CPU
+    decoder: str  # which decoder made its JPEG rows ("" if none was a GPU row)
+    failures: list[tuple[Failed, Exception]]  # rows that failed, to count on the loop
+
+
+class GpuDecodeNode:
+    """The GPU stage of one run (see the module docstring)."""
+
+    def __init__(self, ctx: NodeContext, *, device: torch.device, decoder: GpuDecoder,
+                 options: dict[str, Any], seed: int) -> None:
+        self.ctx = ctx
+        self.device = device
+        self.decoder = decoder
+        self.size = tuple(options["size"])
+        self.normalize = bool(options["normalize"])
+        self.options = {k: options[k] for k in ("size", "train", "resize", "max_pixels")}
+        self.seed = seed
+        scale, offset = _affine(tuple(options["mean"]), tuple(options["std"]))
+        self.scale = torch.tensor(scale).to(device)[:, None, None]
+        self.offset = torch.tensor(offset).to(device)[:, None, None]
+        cuda = device.type == "cuda"
+        self.stream = _side_stream(device) if cuda else None
+        self.held: list[torch.Tensor] = []  # the last batch's pictures (see make)
+        self.cpu_fallbacks = 0
+        self._taken = 0  # batches read
+        self._lock = threading.Lock()
+        self._dropped: list[int] = []  # batches (input ordinals) every row of which failed
+        ctx.add_receive_hook(self.receive)
+        ctx.add_stop_callback(self.close)
+
+    async def run(self, inp: Receiver | None, out: Sender) -> None:
+        assert inp is not None
+        ctx = self.ctx
+        while items := await inp.get_many(1):
+            ctx.counters.items_in += len(items[0][1])
+            made = await ctx.run_timed(self.make, items[0])
+            del items
+            ordinal, self._taken = self._taken, self._taken + 1
+            for row, exc in made.failures:
+                ctx.item_failed(row, exc)
+            made.failures = []
+            if len(made.batch[1]) == 0:  # every image failed: no batch, as on the CPU path
+                with self._lock:
+                    self._dropped.append(ordinal)
+                continue
+            await out.put(made)
+            ctx.produced(len(made.batch[1]))
+            del made
+
+    def settled_inputs(self, outputs: Span) -> Span:
+        """Batch ``n`` in is batch ``n`` out, less the batches every row of which failed
+        (settled at once): the stage's position, for ``state_dict()``."""
+        with self._lock:
+            dropped = list(self._dropped)
+        if not dropped:
+            return outputs
+        before = [d - k for k, d in enumerate(dropped)]  # outputs made before each drop
+
+        def made(output: int) -> int:  # the input ordinal of an output ordinal
+            return output + bisect.bisect_right(before, output)
+
+        mark = made(outputs.mark) if outputs.mark else 0
+        gone = set(dropped)
+        while mark in gone:
+            mark += 1
+        ranges = [(made(a), made(b - 1) + 1) for a, b in outputs.ranges]
+        ranges.extend((d, d + 1) for d in dropped if d >= mark)
+        return Span(mark, ranges)
+
+    def make(self, item: tuple[Pending, torch.Tensor]) -> GpuBatch:
+        """Decode one pending batch (a worker thread's job)."""
+        pending = item[0]
+        scope = torch.cuda.stream(self.stream) if self.stream is not None else None
+        with scope if scope is not None else contextlib.nullcontext():
+            if self.stream is not None:
+                self.stream.synchronize()
+            self.held = []
+            failures: list[tuple[Failed, Exception]] = []
+            images, keep = self._rows(pending, failures)
+            labels = pending.labels[keep] if len(keep) < len(pending.rows) else pending.labels
+            if self.stream is not None:  # pinned: the copy never makes this thread wait
+                labels = labels.pin_memory()
+            batch = (images, labels.to(self.device, non_blocking=True))
+            event = None
+            if self.stream is not None:
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                event.record(self.stream)
+        used = any(isinstance(row, Encoded) for row in pending.rows)
+        return GpuBatch(batch, event, self.decoder.name if used else "", failures)
+
+    def receive(self, item: Any) -> Any:
+        """Consumer's thread: its stream waits for the batch; the batch is then handed over."""
+        if not isinstance(item, GpuBatch):
+            return item
+        if item.event is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(item.event)
+            for tensor in item.batch:
+                tensor.record_stream(stream)
+        return item.batch
+
+    def close(self) -> None:
+        """Wait for the side stream's work and drop the pictures held for it. Idempotent."""
+        if self.stream is not None:
+            self.stream.synchronize()
+        self.held = []
+
+    def _rows(
+        self, pending: Pending, failures: list[tuple[Failed, Exception]]
+    ) -> tuple[torch.Tensor, list[int]]:
+        n, (height, width) = len(pending.rows), self.size
+        dtype = torch.float32 if self.normalize else torch.uint8
+        gpu = [i for i, row in enumerate(pending.rows) if isinstance(row, Encoded)]
+        pictures, cpu_rows, failed = self._decode(pending, gpu, failures)
+        done = [i for i in gpu if i in pictures]
+        values = resample([pictures[i] for i in done],
+                          [pending.rows[i].place for i in done],  # type: ignore[union-attr]
+                          (height, width), layout=self.decoder.layout) if done else None
+        if values is not None and len(done) == n:  # every row from the GPU: no scatter
+            return self._finish(values), list(range(n))
+        out = torch.empty((n, 3, height, width), dtype=dtype, device=self.device)
+        if values is not None:
+            out[torch.tensor(done, dtype=torch.long, device=self.device)] = self._finish(values)
+        for i, row in enumerate(pending.rows):
+            if isinstance(row, Failed):
+                failed.add(i)
+                failures.append((row, row.error))
+            elif not isinstance(row, Encoded):
+                cpu_rows[i] = row
+        if cpu_rows:
+            at = sorted(cpu_rows)
+            host = torch.from_numpy(np.stack([cpu_rows[i] for i in at]))
+            values = host.to(self.device, non_blocking=False).to(torch.float32)
+            out[torch.tensor(at, dtype=torch.long, device=self.device)] = self._finish(values)
+        keep = [i for i in range(n) if i not in failed]
+        if failed:
+            out = out[torch.tensor(keep, dtype=torch.long, device=self.device)]
+        return out, keep
+
+    def _finish(self, values: torch.Tensor) -> torch.Tensor:
+        if self.normalize:
+            return values.mul_(self.scale).add_(self.offset)
+        return values.to(torch.uint8)
+
+    def _decode(
+        self, pending: Pending, gpu: list[int], failures: list[tuple[Failed, Exception]]
+    ) -> tuple[dict[int, torch.Tensor], dict[int, np.ndarray], set[int]]:
+        """The pictures the GPU decoded, the rows the CPU kernel made instead, the failed."""
+        rows: list[Encoded] = [pending.rows[i] for i in gpu]  # type: ignore[misc]
+        pictures: dict[int, torch.Tensor] = {}
+        decoded: list[torch.Tensor | None]
+        try:
+            decoded = list(self.decoder.decode([row.data for row in rows])) if rows else []
+        except Exception:
+            decoded = [self._one(row) for row in rows]  # find the pictures it refuses
+        for i, row, picture in zip(gpu, rows, decoded, strict=True):
+            if picture is not None and _matches(picture, row, self.decoder.layout):
+                pictures[i] = picture
+        self.held = list(pictures.values())
+        cpu_rows: dict[int, np.ndarray] = {}
+        failed: set[int] = set()
+        for i, row in zip(gpu, rows, strict=True):
+            if i in pictures:
+                continue
+            self.cpu_fallbacks += 1
+            try:
+                made = plan(bytes(row.data), seed=self.seed, epoch=row.epoch, index=row.item,
+                            gpu=False, name=row.name, **self.options)
+            except Exception as exc:
+                failed.add(i)
+                failures.append((Failed(row.name, exc, _NO_TICKET), exc))
+                continue
+            cpu_rows[i] = made  # type: ignore[assignment]
+        return pictures, cpu_rows, failed
+
+    def _one(self, row: Encoded) -> torch.Tensor | None:
+        try:
+            return self.decoder.decode([row.data])[0]
+        except Exception:
+            return None
+
+
+_STREAMS: dict[torch.device, Any] = {}
+_STREAMS_LOCK = threading.Lock()
+
+
+def _side_stream(device: torch.device) -> Any:
+    """One side stream per device for the whole process: the caching allocator keeps freed
+    blocks per stream, so a new stream for each run (epoch) would keep claiming new memory.
+    High priority: the decode's short kernels go before the training step's queue."""
+    with _STREAMS_LOCK:
+        stream = _STREAMS.get(device)
+        if stream is None:
+            stream = _STREAMS[device] = torch.cuda.Stream(  # type: ignore[no-untyped-call]
+                device=device, priority=-1)
+        return stream
+
+
+def _matches(picture: torch.Tensor, row: Encoded, layout: str) -> bool:
+    want = (3, row.place.height, row.place.width)
+    if layout == "hwc":
+        want = (row.place.height, row.place.width, 3)
+    return tuple(picture.shape) == want and picture.dtype == torch.uint8
+
+
+def gpu_stage(device: torch.device, decoder: GpuDecoder, options: dict[str, Any],
+              seed: int) -> CustomSpec:
+    """The spec of ``image.folder``'s GPU stage: named ``"batch"``, as the CPU path's stage
+    that hands out batches and counts failed images."""
+
+    def factory(ctx: NodeContext) -> GpuDecodeNode:
+        return GpuDecodeNode(ctx, device=device, decoder=decoder, options=options, seed=seed)
+
+    return CustomSpec(
+        label="batch", factory=factory, concurrency=1, buffer=2, terminal=True,
+        options={"device": str(device), "decoder": decoder.name},
+    )

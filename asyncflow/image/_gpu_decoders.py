@@ -1,0 +1,156 @@
+"""The JPEG decoders the GPU path can use, found lazily, and the choice between them.
+
+Two libraries decode batches of JPEGs on an NVIDIA GPU:
+
+* **nvImageCodec** (``nvidia-nvimgcodec-cu12`` / ``-cu13``, the ``asyncflow[gpu]`` extra):
+  NVIDIA's codec library, whose nvJPEG back ends include the A100's, H100's and H200's
+  hardware JPEG engine, and which depends on no particular torch;
+* **torchvision** (``torchvision.io.decode_jpeg(device="cuda")``): batched nvJPEG through
+  torch's own allocator; installed beside torch by most users, but each torchvision release
+  pins one torch, so asyncflow never installs it.
+
+``"auto"`` takes torchvision where it imports, else nvImageCodec: on an H100, batches of 64
+ImageNet-sized JPEGs decoded at 16,287 images/s with torchvision and 9,944 with nvImageCodec
+(its hardware engine first), which also used more host CPU (docs/dependencies.md). Each decoder returns the pictures as stored (no EXIF
+orientation applied: the resampler applies it with the crop) on the current CUDA stream.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from .._errors import ConfigError
+
+__all__ = ["GpuDecoder", "available", "choose"]
+
+
+class GpuDecoder(Protocol):
+    """Decodes JPEG bytes to pictures on one device."""
+
+    #: What ``stats().notes`` and the journal call it.
+    name: str
+    #: ``"chw"`` (planar, as torchvision) or ``"hwc"`` (interleaved, as nvImageCodec).
+    layout: str
+
+    def decode(self, data: Sequence[bytearray]) -> list[torch.Tensor]:
+        """Decode every JPEG, or raise if any fails (the caller then decodes one by one)."""
+        ...
+
+
+class TorchvisionDecoder:
+    """``torchvision.io.decode_jpeg(device=...)``: batched nvJPEG, RGB, planar."""
+
+    layout = "chw"
+
+    def __init__(self, device: torch.device) -> None:
+        io = importlib.import_module("torchvision.io")
+        self._decode = io.decode_jpeg
+        self._rgb = io.ImageReadMode.RGB
+        self.device = device
+        version = getattr(importlib.import_module("torchvision"), "__version__", "?")
+        self.name = f"torchvision {version} decode_jpeg (nvJPEG)"
+
+    def decode(self, data: Sequence[bytearray]) -> list[torch.Tensor]:
+        tensors = [torch.frombuffer(d, dtype=torch.uint8) for d in data]
+        out = self._decode(tensors, mode=self._rgb, device=self.device)
+        return list(out)
+
+
+class NvImageCodecDecoder:
+    """nvImageCodec's batched decoder: the GPU's hardware JPEG engine where it has one, else
+    nvJPEG's CUDA decoder; RGB, planar, with libjpeg's "fancy" chroma upsampling (as the CPU
+    kernel's). Each picture is wrapped as a tensor without a copy; its memory is
+    nvImageCodec's, so the caller keeps the pictures until the stream has read them."""
+
+    layout = "chw"
+
+    def __init__(self, device: torch.device) -> None:
+        codec = importlib.import_module("nvidia.nvimgcodec")
+        self.device = device
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        kinds = (codec.BackendKind.HW_GPU_ONLY, codec.BackendKind.GPU_ONLY)
+        # Few host threads: the read threads and the trainer need the cores.
+        self._decoder = codec.Decoder(device_id=index, max_num_cpu_threads=2,
+                                      backends=[codec.Backend(kind) for kind in kinds],
+                                      options=":fancy_upsampling=1")
+        self._params = codec.DecodeParams(apply_exif_orientation=False,
+                                          color_spec=codec.ColorSpec.SRGB,
+                                          sample_format=codec.SampleFormat.P_RGB)
+        self._stream = codec.CodeStream
+        self.name = f"nvImageCodec {getattr(codec, '__version__', '?')} (nvJPEG, hardware first)"
+
+    def decode(self, data: Sequence[bytearray]) -> list[torch.Tensor]:
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        sources = [self._stream(np.frombuffer(d, np.uint8)) for d in data]
+        images = self._decoder.decode(sources, params=self._params, cuda_stream=stream)
+        if any(image is None for image in images):
+            raise RuntimeError("nvImageCodec could not decode every picture of the batch")
+        return [torch.as_tensor(image, device=self.device) for image in images]
+
+
+_DECODERS: dict[str, type[Any]] = {
+    "nvimagecodec": NvImageCodecDecoder,
+    "torchvision": TorchvisionDecoder,
+}
+
+
+def available() -> list[str]:
+    """The GPU decoders importable here, in ``"auto"``'s order of preference."""
+    found = []
+    for name, module in (("torchvision", "torchvision.io"), ("nvimagecodec", "nvidia.nvimgcodec")):
+        try:
+            importlib.import_module(module)
+        except Exception:  # not installed, or built for another CUDA or torch
+            continue
+        found.append(name)
+    return found
+
+
+def _self_test(decoder: GpuDecoder) -> None:
+    """Decode a small known JPEG, so that a decoder which imports but cannot run here (a
+    library built for another CUDA, a missing nvJPEG) is passed over, with the reason."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (48, 32), (200, 30, 60)).save(buf, "JPEG", quality=95)
+    (picture,) = decoder.decode([bytearray(buf.getvalue())])
+    want = (3, 32, 48) if decoder.layout == "chw" else (32, 48, 3)
+    if tuple(picture.shape) != want:
+        raise RuntimeError(f"a 48x32 test JPEG decoded to shape {tuple(picture.shape)}")
+    pixel = picture[:, 16, 24] if decoder.layout == "chw" else picture[16, 24, :]
+    got = [int(v) for v in pixel.cpu()]
+    if max(abs(a - b) for a, b in zip(got, (200, 30, 60), strict=True)) > 12:
+        raise RuntimeError(f"a test JPEG of RGB (200, 30, 60) decoded to {tuple(got)}")
+
+
+def choose(device: torch.device, preference: str = "auto") -> GpuDecoder:
+    """A decoder for ``device``: ``preference`` (``"nvimagecodec"``, ``"torchvision"``), or
+    the first that works here for ``"auto"``.
+
+    Raises:
+        ConfigError: No GPU decoder can be used here; the message says what to install.
+    """
+    names = available() if preference == "auto" else [preference]
+    errors = []
+    for name in names:
+        kind = _DECODERS.get(name)
+        if kind is None:
+            raise ConfigError(f"unknown GPU decoder {name!r}: use one of {sorted(_DECODERS)}")
+        try:
+            decoder: GpuDecoder = kind(device)
+            _self_test(decoder)
+        except Exception as exc:
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            continue
+        return decoder
+    tried = "; ".join(errors) if errors else "neither nvImageCodec nor torchvision is installed"
+    raise ConfigError(
+        "decode='cuda' needs a GPU JPEG decoder: pip install 'asyncflow[gpu]' (nvImageCodec), "
+        f"or torchvision built for this torch ({tried}); or pass decode='cpu'"
+    )
