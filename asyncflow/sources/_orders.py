@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from .._errors import ConfigError, ConfigTypeError
 from ..pipeline.seeding import epoch_rng, fresh_seed
+from ._randperm import torch_randperm
 
 __all__ = [
     "Block",
@@ -135,13 +136,13 @@ def weighted_blocks(
 def distributed_blocks(
     n: int, rank: int, num_replicas: int, *, seed: int, epoch: int | None, drop_last: bool
 ) -> Iterator[Block]:
-    """``rank``'s share, as torch's DistributedSampler takes it: the order (shuffled for
-    ``(seed, epoch)``, or ``0 .. n-1`` when ``epoch`` is ``None``) padded cyclically to a
-    multiple of ``num_replicas`` (or cut, with ``drop_last``), then every
-    ``num_replicas``-th index from ``rank``."""
+    """``rank``'s share, as torch's DistributedSampler takes it: the order (torch's
+    ``randperm(n)`` from a generator seeded with ``seed + epoch``, or ``0 .. n-1`` when
+    ``epoch`` is ``None``) padded cyclically to a multiple of ``num_replicas`` (or cut, with
+    ``drop_last``), then every ``num_replicas``-th index from ``rank``."""
     per_rank = shard_size(n, num_replicas, drop_last=drop_last)
     total = per_rank * num_replicas
-    order = np.arange(n, dtype=np.int64) if epoch is None else epoch_rng(seed, epoch).permutation(n)
+    order = np.arange(n, dtype=np.int64) if epoch is None else torch_randperm(n, seed + epoch)
     order = order[:total] if total <= n else np.resize(order, total)
     yield order[rank:total:num_replicas]
 

@@ -213,7 +213,8 @@ class WeightedRandomSampler(Sampler):
 class DistributedSampler(Sampler):
     """This process's share of the dataset, with ``torch.utils.data.DistributedSampler``'s rules.
 
-    Every rank draws the same order for ``(seed, epoch)`` and takes every ``num_replicas``-th
+    Every rank draws torch's order for ``(seed, epoch)`` (``torch.randperm`` from a generator
+    seeded with ``seed + epoch``, with or without torch) and takes every ``num_replicas``-th
     index starting at its rank, so shards are disjoint and every rank gets the same count.
     Without ``drop_last`` the order is padded by repeating its start until it divides evenly
     (a few items are seen twice per epoch); with it the tail is cut instead. As in torch, the

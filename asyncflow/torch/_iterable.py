@@ -52,6 +52,9 @@ class IterableEpochs:
         self._resume_epoch = loader._state.next_epoch if saved else None
         self.fetches: list[LaneFetch] = []
         self.templates = [self._template(lane, note, resume[lane]) for lane in range(lanes)]
+        loader._thread_fetches = list(self.fetches) if self.processes is None else []
+        loader._kept_alive = self.processes is not None and self.processes.persistent \
+            and not loader.persistent_workers
         self.runs: list[Run | None] = []
 
     def _plan(self, loader: DataLoader[Any]) -> tuple[int, str | None]:
@@ -112,7 +115,6 @@ class IterableEpochs:
             snapshot = fetch.snapshot()
             if snapshot is not None:
                 self.dataset_states[0] = snapshot.state
-        timeout = self.loader.timeout or None
         self.runs = []
         for lane, template in enumerate(self.templates):
             if self.ended[lane]:
@@ -120,7 +122,7 @@ class IterableEpochs:
                 continue
             tasks = _tasks(epoch, self.yielded[lane])
             self.runs.append(template.with_source(tasks, epoch=epoch,
-                                                  start=self.yielded[lane]).open(timeout=timeout))
+                                                  start=self.yielded[lane]).open())
         return LanesIterator(self, self.loader._state, _length(self.loader),
                              self.loader.timeout)
 
@@ -249,18 +251,18 @@ class LanesIterator(EpochIterator):
         while (lane := self._advance()) is not None:
             run = self._runs[lane]
             assert run is not None
-            item = next(run)
+            item = self._next_of(run)
             if self._take(lane, item):
-                return item  # type: ignore[no-any-return]
+                return item
         raise StopIteration
 
     async def _apull(self) -> Positioned:
         while (lane := self._advance()) is not None:
             run = self._runs[lane]
             assert run is not None
-            item = await run.__anext__()
+            item = await self._anext_of(run)
             if self._take(lane, item):
-                return item  # type: ignore[no-any-return]
+                return item
         raise StopAsyncIteration
 
     def _count(self, item: Positioned) -> None:

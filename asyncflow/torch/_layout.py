@@ -45,8 +45,9 @@ _SMALL = ("a PIL-style Dataset's threads wait little for the GIL, and sending ea
 
 
 def dataset_of(loader: DataLoader[Any]) -> Any:
-    """The loader's dataset, untyped: its optional methods (``state_dict``) are duck-typed."""
-    return loader.dataset
+    """The dataset the loader's threads read, untyped (its optional methods, ``state_dict``,
+    are duck-typed): persistent thread workers' own copy once they have it."""
+    return loader.dataset if loader._copy is None else loader._copy
 
 
 def pinning(loader: DataLoader[Any]) -> bool:
@@ -163,6 +164,9 @@ def epoch_pipeline(loader: DataLoader[Any], fetch: Fetch) -> Pipeline:
             {w: states[None] for w in range(loader.num_workers)} if None in states else None),
     )
     processes, note = choose(loader, fetch, worker_spec(loader, init), "fetch")
+    loader._thread_fetches = [fetch] if processes is None else []
+    loader._kept_alive = processes is not None and processes.persistent \
+        and not loader.persistent_workers
     if processes is None and states and is_stateful(loader.dataset):
         # the one copy, in this process: its state as of the latest batch delivered, loaded
         # when the next epoch has drawn its order (as torchdata does)

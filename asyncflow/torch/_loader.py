@@ -12,6 +12,8 @@ from torch.utils.data.dataloader import _DatasetKind
 
 from ..pipeline import Pipeline, PipelineStats, usable_cpus
 from ._args import check_extras, refuse_unsupported, start_method
+from ._copies import copy_for_persistent_threads, stale_kept_workers
+from ._draws import TorchDraws, worker_seed
 from ._fetch import Fetch, is_stateful
 from ._frameworks import record_for_rebuild
 from ._gate import Credits, GatedEpoch, GatedSource
@@ -52,8 +54,10 @@ class DataLoader(TorchDataLoader[T_co]):
             at once. A dataset with ``state_dict()`` / ``load_state_dict()`` has its state
             saved and restored with the loader's.
         batch_size: As torch.
-        shuffle: As torch, but reproducible and resumable: without ``generator``, each
-            epoch's order comes from ``seed`` and the epoch.
+        shuffle: As torch, and resumable: under the same ``torch.manual_seed`` (or
+            ``generator``) each epoch has torch's order, and torch's global generator is
+            left where torch's loader leaves it. With ``seed``, each epoch's order comes
+            from ``seed`` and the epoch instead.
         sampler: As torch. Any iterable of indices.
         batch_sampler: As torch.
         num_workers: As torch: how many workers fetch batches (processes or threads, see
@@ -68,7 +72,8 @@ class DataLoader(TorchDataLoader[T_co]):
         drop_last: As torch.
         timeout: As torch: seconds to wait for a batch (``0``: forever); raises
             :class:`asyncflow.LoaderTimeout`, both torch's ``RuntimeError`` and
-            :class:`asyncflow.StallError`.
+            :class:`asyncflow.StallError`, as the time passes (the epoch's stop finishes
+            in the background). Unlike torch's, it applies without workers too.
         worker_init_fn: As torch: called with the worker's id in each worker process, where
             ``torch.utils.data.get_worker_info()`` answers as in torch's workers.
         multiprocessing_context: ``"forkserver"`` (default) or ``"spawn"``, a name or a
@@ -76,14 +81,17 @@ class DataLoader(TorchDataLoader[T_co]):
         generator: As torch: a shuffle then matches torch's DataLoader given an identically
             seeded generator, and each epoch draws a worker base seed from it first.
         prefetch_factor: As torch: batches kept ready per worker (2 when ``None``).
-        persistent_workers: As torch. When ``workers="auto"`` picks processes, they persist
-            anyway (starting workers every epoch is what makes torch's default slow).
+        persistent_workers: As torch: persistent workers keep the dataset as it was when
+            they started (on threads, a ``copy.deepcopy`` of it). When ``workers="auto"``
+            picks processes, they persist anyway (starting workers every epoch is what makes
+            torch's default slow), and start again when the dataset has changed, as torch's
+            would.
         pin_memory_device: As torch.
         in_order: Accepted; batches always come in sampler order (exact resume needs it).
         device: *New.* Copy each batch to this device on a side CUDA stream (see
             :func:`asyncflow.torch.to_device`). ``None``: batches stay on the CPU.
-        seed: *New.* Seeds the shuffle when no ``generator`` is given. ``None`` draws one
-            from torch's global RNG, so ``torch.manual_seed`` makes runs reproducible.
+        seed: *New.* Seeds the shuffle when no ``generator`` is given, epoch by epoch.
+            ``None``: the shuffle draws from torch's global generator, as torch's does.
         max_failures: *New.* ``0`` (default): a batch whose fetch or collate raises raises
             that exception, the batch's own type (stage and indices in its notes), and
             iterating on continues with the next batch, as in torch. An int allows that
@@ -151,14 +159,11 @@ class DataLoader(TorchDataLoader[T_co]):
         self.device = device
         self.max_failures = max_failures
         self.workers = workers
-        self.seed: int | None = None
+        self.seed = seed
         if (shuffle and sampler is None and batch_sampler is None
                 and self._dataset_kind == _DatasetKind.Map):
-            if generator is None:
-                self.seed = seed if seed is not None else int(
-                    torch.empty((), dtype=torch.int64).random_().item())
             # torch's RandomSampler, drawn lazily and resumably (set past torch's guard)
-            own = ShuffleSampler(dataset, generator=generator, seed=self.seed or 0)
+            own = ShuffleSampler(dataset, generator=generator, seed=seed)
             object.__setattr__(self, "sampler", own)
             if self.batch_size is not None:
                 object.__setattr__(self, "batch_sampler",
@@ -166,11 +171,13 @@ class DataLoader(TorchDataLoader[T_co]):
         self._state = LoaderState()
         # the workers' base seed: fixed once (by generator=, as torch's follow it), so that a
         # loader rebuilt by load_state_dict gives its workers the same per-item seeds
-        self._worker_seed = generator.initial_seed() if generator is not None else int(
-            torch.empty((), dtype=torch.int64).random_().item())
-        self._generator_start: torch.Tensor | None = None
-        self._sampler_generator_start: torch.Tensor | None = None
+        self._worker_seed = worker_seed(generator)
+        self._draws = TorchDraws(self)
         self._restore_main: Any = None  # a dataset state to load at the next epoch's start
+        self._thread_fetches: list[Any] = []  # what reads the dataset on threads
+        self._copy: Any = None  # persistent thread workers' own copy of the dataset
+        self._kept_alive = False  # worker processes kept alive though not asked to persist
+        self._sent_digest: bytes | None = None  # the dataset they were started with
         self._ahead: int | None = None  # batches fetched ahead of the consumer at most
         self._pipe: Pipeline | None = None
         self._iterable: IterableEpochs | None = None
@@ -181,7 +188,7 @@ class DataLoader(TorchDataLoader[T_co]):
 
     # -- torch's interface ---------------------------------------------------------------
 
-    @property  # type: ignore[override]
+    @property
     def num_workers(self) -> int:
         """The workers that fetch batches: as given, or, when not given, torch's ``0``
         wherever workers would change what the loader delivers (:func:`default_workers`)."""
@@ -223,27 +230,7 @@ class DataLoader(TorchDataLoader[T_co]):
         latest batch delivered, saved too (each worker process's copy for its own).
         """
         state = self._state.as_dict()
-        between = not self._state.in_epoch
-        for key, obj in zip(("sampler", "batch_sampler"), self._samplers(), strict=True):
-            if hasattr(obj, "state_dict") and not isinstance(obj, BatchSampler):
-                state[key] = obj.state_dict()
-            elif hasattr(obj, "epoch"):
-                state[key] = {"epoch": obj.epoch}
-            else:
-                continue
-            if between and hasattr(obj, "next_epoch"):
-                # between epochs: the order the sampler's next iteration draws, from its start
-                state[key] = {**state[key], "epoch": obj.next_epoch}
-                if "offset" in state[key]:
-                    state[key]["offset"] = 0
-        if self.generator is not None:
-            start = self._generator_start if self._state.in_epoch else None
-            state["generator"] = (self.generator.get_state() if start is None else start).tolist()
-        if (own := self._sampler_generator()) is not None:
-            # a torch sampler drawing from a generator of its own: the state its epoch began
-            # from, so that a resumed epoch draws the same order
-            start = self._sampler_generator_start if self._state.in_epoch else None
-            state["sampler_generator"] = (own.get_state() if start is None else start).tolist()
+        self._draws.save(state, self._state)
         if self._iterable is not None:
             state["iterable"] = self._iterable.state_dict(self._state.in_epoch)
         states = dataset_states_of(self)
@@ -262,20 +249,7 @@ class DataLoader(TorchDataLoader[T_co]):
             ConfigError: ``state`` is not a loader state.
         """
         self._state.load(state)
-        for key, obj in zip(("sampler", "batch_sampler"), self._samplers(), strict=True):
-            saved = state.get(key)
-            if saved is None or isinstance(obj, BatchSampler):
-                continue
-            if hasattr(obj, "load_state_dict"):
-                obj.load_state_dict({**saved, "offset": 0} if "offset" in saved else saved)
-            elif hasattr(obj, "set_epoch") and "epoch" in saved:
-                obj.set_epoch(saved["epoch"])
-        generator_state = state.get("generator")
-        if self.generator is not None and generator_state is not None:
-            self.generator.set_state(torch.as_tensor(generator_state, dtype=torch.uint8))
-        own, own_state = self._sampler_generator(), state.get("sampler_generator")
-        if own is not None and own_state is not None:
-            own.set_state(torch.as_tensor(own_state, dtype=torch.uint8))
+        self._draws.load(state)
         restore_dataset_states(self, state.get("dataset"))
         self._build(iterable_state=state.get("iterable"))
 
@@ -285,7 +259,8 @@ class DataLoader(TorchDataLoader[T_co]):
         """The loader's arguments and position, without its running parts (pipelines,
         worker processes): a copy builds its own when it is first iterated."""
         state = dict(self.__dict__)
-        state.update(_template=None, _pipe=None, _iterable=None, _built_for=None)
+        state.update(_template=None, _pipe=None, _iterable=None, _built_for=None,
+                     _thread_fetches=[], _copy=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -330,6 +305,7 @@ class DataLoader(TorchDataLoader[T_co]):
         if self._iterable is not None:
             self._iterable.shutdown()
         self._built_for = self._config()
+        self._copy, self._sent_digest = None, None  # new workers: they get the dataset anew
         if self._dataset_kind == _DatasetKind.Iterable:
             self._template = None
             self._iterable = IterableEpochs(self, iterable_state)
@@ -357,28 +333,20 @@ class DataLoader(TorchDataLoader[T_co]):
                 return True
         return False
 
-    def _begin_generators(self) -> None:
-        """As torch's iterator does first: draw the workers' base seed from ``generator``,
-        remembering the state before it, so that a resumed epoch draws its order again."""
-        if self.generator is not None:
-            self._generator_start = self.generator.get_state()
-            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
-        if (own := self._sampler_generator()) is not None:
-            self._sampler_generator_start = own.get_state()
-
-    def _sampler_generator(self) -> torch.Generator | None:
-        """The generator a user's torch sampler draws from, if it has one of its own."""
-        sampler: Any = self.sampler
-        if isinstance(sampler, ShuffleSampler) or sampler is None:
-            return None
-        own = getattr(sampler, "generator", None)
-        return own if isinstance(own, torch.Generator) and own is not self.generator else None
-
     def _start_epoch(self) -> EpochIterator:
         if self._built_for != self._config():
             self._build()
+        if (dataset_now := stale_kept_workers(self)) is not None:
+            self._build()
+            self._sent_digest = dataset_now
+        copy_for_persistent_threads(self)
         epoch, skip, ahead = self._state.begin()
-        self._begin_generators()
+        if self._restore_main is not None and self._draws.loaded_between:
+            # a state saved between epochs: as it stood before this epoch drew its seeds
+            # (which may come from the global generator that state holds)
+            dataset_of(self).load_state_dict(self._restore_main)
+            self._restore_main = None
+        self._draws.begin()
         if self._iterable is not None:
             return self._iterable.start(epoch)
         if isinstance(self.sampler, ShuffleSampler) and self.generator is None:
@@ -394,13 +362,13 @@ class DataLoader(TorchDataLoader[T_co]):
         assert self._template is not None
         if self._ahead is None:
             self._pipe = self._template.with_source(source, epoch=epoch, start=skip)
-            run = self._pipe.open(timeout=self.timeout or None)
+            run = self._pipe.open()  # the epoch's iterator keeps torch's timeout
             return EpochIterator(run, self._state, epoch_length(self), self.timeout,
                                  ordered=self._ordered())
         credits = Credits(self._ahead)
         self._pipe = self._template.with_source(GatedSource(source, credits), epoch=epoch,
                                                 start=skip)
-        run = self._pipe.open(timeout=self.timeout or None)
+        run = self._pipe.open()
         return GatedEpoch(run, self._state, epoch_length(self), self.timeout,
                           ordered=self._ordered(), credits=credits)
 

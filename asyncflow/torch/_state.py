@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from types import TracebackType
 from typing import Any
 
-from .._errors import ConfigError, LoaderTimeout, PipelineError, StallError
+from .._errors import ConfigError, LoaderTimeout, PipelineError
 from ..pipeline import PipelineStats, Run
 from ._fetch import Failed, Positioned
 
@@ -119,11 +121,61 @@ class EpochIterator:
 
     def _pull(self) -> Positioned:
         assert self._run is not None
-        return next(self._run)  # type: ignore[no-any-return]
+        return self._next_of(self._run)
 
     async def _apull(self) -> Positioned:
         assert self._run is not None
-        return await self._run.__anext__()  # type: ignore[no-any-return]
+        return await self._anext_of(self._run)
+
+    # -- torch's timeout: no batch within ``timeout`` seconds raises at once -----------------
+
+    def _next_of(self, run: Run[Positioned]) -> Positioned:
+        """``next(run)``, raising :class:`LoaderTimeout` once ``timeout`` seconds pass.
+
+        Cancellation:
+            At the deadline a timer thread closes the run, which wakes this wait at once;
+            the run's stop (up to its ``stop_timeout`` for a stage stuck in a batch)
+            finishes on that thread, so the error is not held back by it.
+        """
+        if not self._timeout:
+            return next(run)
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            run.close()
+
+        timer = threading.Timer(self._timeout, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            item = next(run)
+        except BaseException:
+            if expired.is_set():
+                raise self._timed_out() from None
+            raise
+        finally:
+            timer.cancel()
+        if expired.is_set():  # it came as the deadline passed: the run is closed by now
+            raise self._timed_out()
+        return item
+
+    async def _anext_of(self, run: Run[Positioned]) -> Positioned:
+        """``await run.__anext__()``, raising :class:`LoaderTimeout` once ``timeout``
+        seconds pass (cancelling the wait stops the run without waiting for it)."""
+        if not self._timeout:
+            return await run.__anext__()
+        deadline = asyncio.timeout(self._timeout)
+        try:
+            async with deadline:
+                return await run.__anext__()
+        except TimeoutError:
+            if deadline.expired():
+                raise self._timed_out() from None
+            raise
+
+    def _timed_out(self) -> LoaderTimeout:
+        return LoaderTimeout(f"DataLoader timed out after {self._timeout} seconds")
 
     def _count(self, item: Positioned) -> None:
         self._state.count(item.position, self._ordered)
@@ -151,11 +203,6 @@ class EpochIterator:
             failure = exc.exceptions[0]
             for note in getattr(exc, "__notes__", ()):
                 failure.add_note(note)
-        if isinstance(failure, StallError) and not isinstance(failure, LoaderTimeout) \
-                and self._timeout:
-            timeout = LoaderTimeout(f"DataLoader timed out after {self._timeout} seconds")
-            timeout.__cause__ = failure
-            failure = timeout
         if failure is exc:
             raise exc
         failure.__suppress_context__ = True  # not "during handling of" its own group
