@@ -19,12 +19,23 @@ from concurrent.futures import Executor
 from typing import Any
 
 from .._redact import redact
+from ._portable import portable
 from ._threadpool import WorkerPool
 
 __all__ = ["FAILED", "ChunkResult", "WorkerPool", "next_chunk", "run_chunk", "run_chunk_remote"]
 
+class _Failed:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<FAILED>"
+
+    def __reduce__(self) -> str:
+        return "FAILED"  # one object in every process: a chunk's results come back from one
+
+
 #: Marks a failed item's place in a chunk's results.
-FAILED: Any = type("Failed", (), {"__repr__": lambda self: "<FAILED>"})()
+FAILED: Any = _Failed()
 
 #: (results with FAILED at failed places, [(index, exception)], seconds spent)
 ChunkResult = tuple[list[Any], list[tuple[int, BaseException]], float]
@@ -56,7 +67,7 @@ def run_chunk_remote(fn: Callable[[Any], Any], items: list[Any]) -> ChunkResult:
     for _, exc in failures:
         exc.add_note(redact("".join(traceback.format_exception(exc)).rstrip()))
         exc.__traceback__ = None
-    return results, failures, elapsed
+    return results, [(i, portable(exc)) for i, exc in failures], elapsed
 
 
 def next_chunk(

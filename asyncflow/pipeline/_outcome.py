@@ -20,8 +20,8 @@ logger = logging.getLogger("asyncflow")
 
 #: The packages whose frames :func:`release_frames` clears: asyncflow's own and asyncio's.
 _OURS = tuple(
-    os.path.dirname(os.path.abspath(module.__file__ or "")) + os.sep
-    for module in (__import__("asyncflow"), asyncio)
+    os.path.dirname(path) + os.sep
+    for path in (os.path.dirname(os.path.abspath(__file__)), os.path.abspath(asyncio.__file__))
 )
 
 

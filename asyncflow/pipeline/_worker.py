@@ -25,6 +25,7 @@ from typing import Any
 
 from .._redact import redact
 from . import _shm
+from ._portable import portable
 from ._workers import WorkerInfo, run_worker_setups, set_worker_info
 from .seeding import item_seed, seed_everything
 
@@ -45,18 +46,9 @@ def _describe_failure(exc: BaseException) -> BaseException:
     return exc
 
 
-def _picklable(exc: BaseException) -> BaseException:
-    try:
-        _shm.loads(*_shm.dumps(exc))
-    except Exception:
-        from .._errors import WorkerError
-
-        stand_in = WorkerError(redact(f"{type(exc).__qualname__}: {exc} (the exception itself "
-                                      "could not be pickled back from the worker)"))
-        for note in getattr(exc, "__notes__", ()):
-            stand_in.add_note(note)
-        return stand_in
-    return exc
+def _picklable(exc: BaseException) -> Any:
+    """``exc`` as it can travel back through ``_shm`` (see ``_portable.py``)."""
+    return portable(exc, lambda obj: _shm.loads(*_shm.dumps(obj)))
 
 
 class _Unloadable:

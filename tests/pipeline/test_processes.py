@@ -5,6 +5,7 @@ Stopping, worker deaths and persistent workers are in ``test_processes_lifecycle
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import operator
 import os
@@ -271,10 +272,30 @@ def test_unpicklable_init_is_a_config_error_at_map_time() -> None:
 
 
 class NeedsTwoArguments(Exception):
-    """Pickles, but cannot be unpickled (``__init__`` takes two arguments)."""
+    """Pickles, but Python cannot unpickle it (``__init__`` takes two arguments, and
+    passes one message on)."""
 
     def __init__(self, what: str, code: int) -> None:
         super().__init__(f"{what} (code {code})")
+        self.what, self.code = what, code
+
+
+class HoldsALock(Exception):
+    """Cannot be pickled at all (an attribute holds a lock)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+def raises(x: str) -> int:
+    if x == "two":
+        raise NeedsTwoArguments("custom", 7)
+    if x == "os":
+        raise FileNotFoundError(2, "No such file", "/data/x.jpg")
+    if x == "lock":
+        raise HoldsALock("locked out")
+    return 0
 
 
 def fails_on_three(x: int) -> int:
@@ -302,12 +323,36 @@ def test_exception_keeps_its_remote_traceback() -> None:
     assert "Traceback" in notes and "fails_on_three" in notes and "three is bad" in notes
 
 
+@pytest.mark.parametrize("executor", ["processes", "process pool executor"])
+def test_an_exception_whose_init_takes_two_arguments_comes_back_as_itself(
+    executor: str,
+) -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    with contextlib.ExitStack() as stack:
+        if executor == "processes":
+            stage: dict[str, Any] = {"workers": "processes"}
+        else:
+            stage = {"executor": stack.enter_context(ProcessPoolExecutor(1))}
+        with pytest.raises(PipelineError) as info:
+            list(Pipeline(["two"]).map(raises, **stage))
+        [error] = _leaves(info.value)
+        assert type(error) is NeedsTwoArguments, repr(error)
+        assert (error.what, error.code, str(error)) == ("custom", 7, "custom (code 7)")
+        notes = "\n".join(error.__notes__)
+        assert "Traceback" in notes and "in raises" in notes  # the remote traceback
+        with pytest.raises(PipelineError) as info:  # errno, strerror and filename too
+            list(Pipeline(["os"]).map(raises, **stage))
+        [error] = _leaves(info.value)
+        assert type(error) is FileNotFoundError and error.filename == "/data/x.jpg"
+
+
 def test_unpicklable_exception_comes_back_as_worker_error() -> None:
     with pytest.raises(PipelineError) as info:
-        list(Pipeline([5]).map(odd_failures, workers="processes"))
+        list(Pipeline(["lock"]).map(raises, workers="processes"))
     [error] = _leaves(info.value)
     assert isinstance(error, WorkerError), repr(error)
-    assert "NeedsTwoArguments" in str(error) and "custom (code 7)" in str(error)
+    assert "HoldsALock" in str(error) and "locked out" in str(error)
 
 
 def test_unpicklable_result_fails_its_item_clearly() -> None:
@@ -327,7 +372,7 @@ def test_failures_count_against_the_budget_and_the_rest_arrive(concurrency: int)
     [stage] = [s for s in pipe.stats().stages if s.name == "odd_failures"]
     assert stage.failures == 3
     kinds = sorted(r.error_type for r in stage.failed_items)
-    assert kinds == ["ValueError", "WorkerError", "WorkerError"]
+    assert kinds == ["NeedsTwoArguments", "ValueError", "WorkerError"]
 
 
 # -- 7. seeding and worker_info ---------------------------------------------------------------
