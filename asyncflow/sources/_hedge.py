@@ -35,6 +35,9 @@ log = logging.getLogger("asyncflow.sources")
 MIN_SAMPLES = 32
 _KEEP = 512  # the latencies a quantile is taken over: the host's recent behaviour
 _EVERY = 32  # the quantiles are recomputed after this many new samples
+#: A request is never late before this many times the median latency: below it, lateness is
+#: more likely this process's own queueing than the host's tail.
+MEDIAN_FLOOR = 2.0
 #: Seconds between looks at a request that has no estimate yet, or cannot be hedged now.
 RECHECK = 0.1
 
@@ -68,7 +71,7 @@ class Latencies:
         if len(ranked) < MIN_SAMPLES:
             return None
         at = ranked[min(len(ranked) - 1, int(quantile * len(ranked)))]
-        return max(at, 2.0 * ranked[len(ranked) // 2])
+        return max(at, MEDIAN_FLOOR * ranked[len(ranked) // 2])
 
 
 class _Hedge(Generic[T]):

@@ -8,9 +8,13 @@ it the window:
 
 - starts at :data:`INITIAL_WINDOW` and grows by one per success while it is full ("slow
   start", doubling each round trip) until the first throttle, then by one per window of
-  successes (additive increase);
+  successes (additive increase) up to where the host last throttled, and a quarter as fast
+  above it;
 - halves on 429, 503 or S3 ``SlowDown`` (multiplicative decrease), at most once per window of
   requests: the throttles of requests sent before the last decrease are not counted again;
+- throttled with one request in flight, spaces request starts out instead (10 ms apart,
+  twice as far on each throttle up to a second, a tenth closer on each answer): quick
+  rejections would otherwise let even one request at a time hammer the host;
 - gives a throttled request's place back at once, so its wait holds no slot, and serves
   retried requests before fresh ones, so that no object starves behind newcomers.
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import random
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -36,10 +41,14 @@ __all__ = ["HOSTS_KEY", "INITIAL_WINDOW", "HostLimiter", "Hosts", "limiter_for"]
 T = TypeVar("T")
 
 HOSTS_KEY = "asyncflow.hosts"
-INITIAL_WINDOW = 16
+INITIAL_WINDOW = 32
 #: No hedges for a host that throttled within this many seconds: a hedge is one more request.
 HEDGE_QUIET = 2.0
 _KEEP_SENT = 8192  # send times kept for hedging's congestion check
+#: Throttled with one request in flight: starts are spaced this far apart, twice as far on
+#: each throttle (up to MAX_GAP), a tenth closer on each answer.
+MIN_GAP, MAX_GAP = 0.01, 1.0
+PACED_WINDOW = 2.0
 
 
 class HostLimiter:
@@ -63,6 +72,7 @@ class HostLimiter:
         self.last_success = self._time()
         self.last_throttle = float("-inf")
         self._slow_start = True
+        self._limit = float(ceiling)  # the window when the host last throttled
         self._sent = 0  # requests sent, numbered; see throttle()
         self._recovered = 0  # throttles of requests numbered below this were answered already
         self._retried: deque[asyncio.Future[None]] = deque()
@@ -72,6 +82,9 @@ class HostLimiter:
         self._tokens = 0.0
         self._starts: dict[int, float] = {}  # requests in flight: when each began, oldest first
         self._sent_at: list[float] = []  # when the recent requests were sent, in order
+        self._gap = 0.0  # seconds between starts once the window is down to one (0: none)
+        self._paused_until = float("-inf")
+        self._timer_at = float("-inf")  # when the wake-up at the end of a pause is due
 
     async def run(
         self,
@@ -92,8 +105,11 @@ class HostLimiter:
             Cancelling the caller while it waits for a place leaves the queue; while the
             try runs, cancels it (and its hedge) and frees its place.
         """
-        if self.in_flight < self.window and not (self._retried or (self._fresh and not retried)):
+        if (self.in_flight < self.window and self._paused_until <= self._time()
+                and not (self._retried or (self._fresh and not retried))):
             self.in_flight += 1
+            if self._gap:
+                self._paused_until = self._time() + self._gap
         else:
             await self._wait(self._retried if retried else self._fresh)
         seq = self._sent
@@ -122,6 +138,7 @@ class HostLimiter:
     async def _wait(self, queue: deque[asyncio.Future[None]]) -> None:
         fut = self._create_future()
         queue.append(fut)
+        self._wake()  # a place may be free already, or a pause must be timed
         handed = False
         try:
             await fut
@@ -137,34 +154,66 @@ class HostLimiter:
 
     def _release(self, seq: int, elapsed: float, *, ok: bool, throttled: bool) -> None:
         if ok:
+            if self._gap:  # paced: each answer narrows the gap a little (additive increase)
+                self._gap = self._gap * 0.9 if self._gap > MIN_GAP / 2 else 0.0
             self.last_success = self._time()
             self.latencies.add(elapsed)
             if self.in_flight >= int(self.window) or self._retried or self._fresh:
                 # Grow only a window that limits: a host asked for less proves nothing.
-                self.window = min(
-                    float(self.ceiling),
-                    self.window + (1.0 if self._slow_start else 1.0 / self.window),
-                )
+                self.window = min(float(self.ceiling), self.window + self._step())
         elif throttled:
             self.throttle(seq)
         self._give_back()
+
+    def _step(self) -> float:
+        """How much one answer grows the window: one in slow start; after a throttle one per
+        window of answers (a round trip) back up to where the host throttled, and a quarter
+        of that above it, so that the window probes the known limit rarely: each probe that
+        passes it costs a round trip of rejections, and their waits (a ``Retry-After``)."""
+        if self._slow_start:
+            return 1.0
+        return (1.0 if self.window < self._limit else 0.25) / self.window
 
     def throttle(self, seq: int | None = None) -> None:
         """A request numbered ``seq`` (``None``: a hedge, just sent) was throttled."""
         self.throttled += 1
         self.last_throttle = self._time()
+        if self.window <= PACED_WINDOW:
+            # A window of one still sends as fast as the rejections come back (they are quick):
+            # below one request in flight, space the starts out instead, twice as far each time.
+            self._gap = min(MAX_GAP, max(self._gap * 2, MIN_GAP))
+            self._paused_until = self._time() + random.uniform(self._gap / 2, self._gap)
         if seq is None or seq >= self._recovered:
+            self._limit = self.window
             self.window = max(1.0, self.window / 2)
             self._slow_start = False
             self._recovered = self._sent
 
     def _give_back(self) -> None:
         self.in_flight -= 1
+        self._wake()
+
+    def _end_pause(self) -> None:
+        self._timer_at = float("-inf")  # asyncio may run it a clock tick early: wake re-arms
+        self._wake()
+
+    def _wake(self) -> None:
+        """Hand free places to waiters, retried ones first; after a pause, when it ends."""
+        pause = self._paused_until - self._time()
+        if pause > 0:
+            if self._timer_at != self._paused_until and (self._retried or self._fresh):
+                self._timer_at = self._paused_until
+                asyncio.get_running_loop().call_later(pause, self._end_pause)
+            return
         while self.in_flight < self.window and (self._retried or self._fresh):
             fut = (self._retried or self._fresh).popleft()
             if not fut.done():
                 self.in_flight += 1
                 fut.set_result(None)
+                if self._gap:  # paced: one start per gap
+                    self._paused_until = self._time() + self._gap
+                    self._wake()
+                    return
 
     def may_hedge(self) -> bool:
         """Whether a hedge is within the budget and the host has not throttled lately."""

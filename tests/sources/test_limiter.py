@@ -10,7 +10,7 @@ import pytest
 from asyncflow import Retry, SourceError, Timeout
 from asyncflow._scope import RunScope, use_scope
 from asyncflow.sources._hedge import MIN_SAMPLES, Latencies
-from asyncflow.sources._limiter import INITIAL_WINDOW, HostLimiter, limiter_for
+from asyncflow.sources._limiter import INITIAL_WINDOW, MIN_GAP, HostLimiter, limiter_for
 from asyncflow.sources._retry import Transient, with_retries
 
 RETRY = Retry(backoff=0)
@@ -33,7 +33,8 @@ async def test_window_grows_by_one_per_success_while_full_then_halves_on_throttl
         await gate.run(ok, retried=False, retry=RETRY)
     assert gate.window == INITIAL_WINDOW
     # Full: each success adds one (slow start, doubling each round trip).
-    await asyncio.gather(*(gate.run(ok, retried=False, retry=RETRY) for _ in range(64)))
+    await asyncio.gather(*(gate.run(ok, retried=False, retry=RETRY)
+                           for _ in range(4 * INITIAL_WINDOW)))
     assert gate.window > INITIAL_WINDOW * 2
     before = gate.window
     with pytest.raises(Transient):
@@ -195,7 +196,8 @@ async def test_limiters_are_shared_within_a_scope_and_reported() -> None:
         assert other is not one
         await one.run(ok, retried=False, retry=RETRY)
     assert scope.reports() == [
-        "remote reads from http://h:1: window 16 of 256 (growing), 1 requests, 0 throttled"
+        f"remote reads from http://h:1: window {INITIAL_WINDOW} of 256 (growing), 1 requests, "
+        "0 throttled"
     ]
     await scope.aclose()
     assert len(scope.reports()) == 1  # still there after the run
@@ -213,3 +215,22 @@ def test_hedge_delay_is_a_high_quantile_and_at_least_twice_the_median() -> None:
         lat.add(0.01)
     assert lat.hedge_after(0.95) == 1.0
     assert lat.hedge_after(0.5) == pytest.approx(0.02)  # twice the median
+
+
+async def test_throttled_at_a_window_of_one_it_spaces_its_starts(async_leak_check: None) -> None:
+    gate = HostLimiter("http://h", ceiling=1)
+    loop = asyncio.get_running_loop()
+    with pytest.raises(Transient):
+        await gate.run(throttled, retried=False, retry=RETRY)
+    # Quick rejections would let one request at a time hammer the host: the next start waits.
+    start = loop.time()
+    await gate.run(ok, retried=False, retry=RETRY)
+    assert loop.time() - start >= MIN_GAP / 2 - 1e-3
+    # Paced starts, throttled or not, every waiter is served (the pause's timer re-arms).
+    for _ in range(3):
+        with pytest.raises(Transient):
+            await gate.run(throttled, retried=False, retry=RETRY)
+    async with asyncio.timeout(10):
+        got = await asyncio.gather(*(gate.run(ok, retried=i % 2 == 0, retry=RETRY)
+                                     for i in range(20)))
+    assert got == ["ok"] * 20 and gate.in_flight == 0
