@@ -16,17 +16,21 @@ __all__ = ["Hand"]
 
 
 class Hand:
-    """At most ``limit`` items held at once (the run's loop only; not thread-safe).
+    """At most half the stage's output queue held at once, and with a byte budget at most
+    as many items as half of it holds at the measured size of the results (one until they
+    are measured). The run's loop only; not thread-safe.
 
     Args:
-        limit: The most items held; :meth:`resize` changes it (a byte budget's share,
-            in items, as the results' size is measured).
+        capacity: The stage's output queue's capacity, in items.
+        max_bytes: Its byte budget, if any.
     """
 
-    __slots__ = ("_waiters", "held", "limit")
+    __slots__ = ("_half", "_max_bytes", "_waiters", "held", "limit")
 
-    def __init__(self, limit: int) -> None:
-        self.limit = max(1, limit)
+    def __init__(self, capacity: int, max_bytes: int | None) -> None:
+        self._half = max(1, capacity // 2)
+        self._max_bytes = max_bytes
+        self.limit = self._half if max_bytes is None else 1
         self.held = 0
         self._waiters: list[asyncio.Future[None]] = []
 
@@ -63,10 +67,14 @@ class Hand:
             self.held -= count
             self._wake()
 
-    def resize(self, limit: int) -> None:
-        """Hold at most ``limit`` items (at least one) from now on."""
+    def measured(self, size: float) -> None:
+        """The results weigh ``size`` bytes each (a running estimate) with a byte budget."""
+        if self._max_bytes is None:
+            return
+        limit = self._half if size <= 0 else int(self._max_bytes / 2 / size)
+        limit = max(1, min(self._half, limit))
         grew = limit > self.limit
-        self.limit = max(1, limit)
+        self.limit = limit
         if grew:
             self._wake()
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import time
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from ._offload import FAILED, ChunkResult
+from ._worker import send
 
-__all__ = ["Job", "Slot", "exit_reason", "merge", "settle", "unpack"]
+__all__ = ["Job", "Slot", "blame", "exit_reason", "merge", "settle", "stop_workers", "unpack"]
 
 
 class Job:
@@ -37,6 +40,37 @@ class Slot:
         self.wid, self.process, self.conn = wid, process, conn
         self.jobs: deque[Job] = deque()
         self.ready = False
+
+
+def blame(job: Job, status: tuple[int, int], error: Callable[[Any], BaseException]) -> None:
+    """Fail with ``error(item)`` the item of ``job`` a dead worker was on (``status``: the
+    job id and index its status slot held); the chunk's other items keep their positions
+    (seeds), to go to another worker. Nothing if it died between items."""
+    jid, index = status
+    if jid != job.jid or not 0 <= index < len(job.items):
+        return
+    job.skipped.append((job.origin[index], error(job.items[index])))
+    del job.items[index], job.origin[index]
+
+
+def stop_workers(slots: list[Slot], timeout: float) -> None:
+    """Ask the workers of ``slots`` to stop, wait up to ``timeout`` seconds for them all,
+    then terminate, then kill those still alive.
+
+    Cancellation:
+        Blocks its thread for up to ``timeout`` plus 2 s per stubborn worker.
+    """
+    for slot in slots:
+        with contextlib.suppress(OSError, ValueError):
+            send(slot.conn, "stop", b"", [])
+    deadline = time.monotonic() + timeout
+    for slot in slots:
+        slot.process.join(max(0.0, deadline - time.monotonic()))
+    for slot in slots:
+        for end in (slot.process.terminate, slot.process.kill):
+            if slot.process.is_alive():
+                end()
+                slot.process.join(1.0)
 
 
 def exit_reason(code: int | None) -> str:

@@ -82,7 +82,7 @@ class MapNode:
         # What a sync stage holds, wherever it is (in workers, on its way back from a worker
         # process, in the reorder buffer), stays within half its output queue's capacity and
         # half its byte budget: taken before its items are, given back once they are put out.
-        self._hand = None if self.is_async else Hand(self._hand_limit())
+        self._hand = None if self.is_async else Hand(ctx.counters.capacity, self._max_bytes)
         # Inline-on-the-loop state of a sync stage (see the module docstring): chunks seen cheap
         # on threads so far, -1 once the stage may never run inline (again).
         self._cheap_chunks = 0 if (
@@ -126,19 +126,7 @@ class MapNode:
             share = self._max_bytes / 2 / self._holders
             self._chunk = max(1, min(self._chunk, int(share / self._out_size)))
         if self._hand is not None:
-            self._hand.resize(self._hand_limit())
-
-    def _hand_limit(self) -> int:
-        """The most items a sync stage holds: half its output queue, and with a byte budget
-        as many as half of it holds at the measured size per result (one until measured)."""
-        half = max(1, self.ctx.counters.capacity // 2)
-        if self._max_bytes is None:
-            return half
-        if self._out_size is None:
-            return 1
-        if self._out_size <= 0:
-            return half
-        return max(1, min(half, int(self._max_bytes / 2 / self._out_size)))
+            self._hand.measured(self._out_size)
 
     def _check_result(self, values: list[Any]) -> None:
         self._checked = True

@@ -23,7 +23,6 @@ import multiprocessing
 import os
 import secrets
 import threading
-import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
@@ -32,7 +31,7 @@ from .._errors import WorkerError
 from . import _shm
 from ._boot import boot_payload, check_picklable, start_context, without_main
 from ._failures import describe_item
-from ._jobs import Job, Slot, exit_reason, merge, settle, unpack
+from ._jobs import Job, Slot, blame, exit_reason, merge, settle, stop_workers, unpack
 from ._offload import ChunkResult
 from ._pool import PoolStats
 from ._worker import STATUS, send, worker_main
@@ -92,8 +91,7 @@ class ProcessPool:
         """Start the workers (blocking: call it off the run's loop). Idempotent.
 
         Runs sharing a persistent pool may call it at once: each returns once the workers
-        are spawned (a run that went on while another spawned them sent chunks to no
-        worker, and waited for them forever).
+        are spawned (else it would send chunks to no worker, and wait forever).
 
         Raises:
             WorkerError: An earlier start failed (it raised why).
@@ -159,19 +157,7 @@ class ProcessPool:
             self._waiting = []
             for slot in slots:
                 slot.jobs.clear()
-        for slot in slots:
-            with contextlib.suppress(OSError, ValueError):
-                send(slot.conn, "stop", b"", [])
-        deadline = time.monotonic() + timeout
-        for slot in slots:
-            slot.process.join(max(0.0, deadline - time.monotonic()))
-        for slot in slots:
-            if slot.process.is_alive():
-                slot.process.terminate()
-                slot.process.join(1.0)
-            if slot.process.is_alive():
-                slot.process.kill()
-                slot.process.join(1.0)
+        stop_workers(slots, timeout)
         if self._wake_w >= 0:
             with contextlib.suppress(OSError):
                 os.write(self._wake_w, b"x")
@@ -373,7 +359,11 @@ class ProcessPool:
                 settle(job, None, self._broken)
             return
         if jobs:  # before the replacement, which writes its own status in the same slot
-            self._blame(slot.wid, pid, jobs[0], reason)
+            assert self._status is not None
+            blame(jobs[0], STATUS.unpack_from(self._status, slot.wid * STATUS.size),
+                  lambda item: WorkerError(
+                      f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died "
+                      f"({reason}) while processing item {describe_item(item)}"))
         replacement = self._spawn(slot.wid)
         with self._lock:
             closed = self._closed  # shut down while it started: shutdown() did not see it
@@ -396,18 +386,6 @@ class ProcessPool:
                 settle(job, merge(job, [], [], 0.0), None)
         logger.warning("asyncflow: worker %d of stage %r (pid %s) died (%s); replaced",
                        slot.wid, self.stage, pid, reason)
-
-    def _blame(self, wid: int, pid: int | None, job: Job, reason: str) -> None:
-        assert self._status is not None
-        jid, index = STATUS.unpack_from(self._status, wid * STATUS.size)
-        if jid != job.jid or not 0 <= index < len(job.items):
-            return  # it died between items: the chunk is simply sent again
-        error = WorkerError(
-            f"worker {wid} of stage {self.stage!r} (pid {pid}) died "
-            f"({reason}) while processing item {describe_item(job.items[index])}"
-        )
-        job.skipped.append((job.origin[index], error))
-        del job.items[index], job.origin[index]  # the others keep their positions (seeds)
 
     def _fail_pool(self, error: BaseException) -> None:
         with self._lock:
