@@ -18,6 +18,9 @@ Exception hierarchy::
       x PipelineError(ExceptionGroup)    one or more stages failed; each exception carries a
                                          note naming the stage and the item
 
+    * RebuildWarning(UserWarning)        a batch was made again within a tolerance of the
+                                         original, not bit for bit (a GPU-decoded batch)
+
 Every class mixes in the built-in exception a caller would naturally catch, so
 ``except ValueError`` still catches a :class:`ConfigError`. ``asyncio.CancelledError`` is
 never wrapped. Messages and reprs are redacted (no credentials, signatures or keys).
@@ -41,6 +44,7 @@ __all__ = [
     "FailureBudgetExceeded",
     "LoaderTimeout",
     "PipelineError",
+    "RebuildWarning",
     "SourceError",
     "SourceNotFound",
     "SourcePermissionError",
@@ -140,6 +144,11 @@ class PipelineError(AsyncflowError, ExceptionGroup):  # type: ignore[type-arg,un
 
     def derive(self, excs: Sequence[Any]) -> PipelineError:  # type: ignore[override]
         return PipelineError(self.message, excs)
+
+
+class RebuildWarning(UserWarning):
+    """``asyncflow.rebuild`` made a batch again within a stated tolerance of the original, not
+    bit for bit: it was decoded on the GPU, and is rebuilt on the CPU."""
 
 
 # Errors print as ``asyncflow.DecodeError``, the name users import and catch, not as the

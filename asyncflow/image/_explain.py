@@ -21,11 +21,12 @@ as rewritten.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._errors import ConfigError, SourceError
+from .._errors import ConfigError, RebuildWarning, SourceError
 from ._decode import augmentation, decode
 from ._digests import content_digest, read_file
 from ._geometry import Crop
@@ -51,6 +52,7 @@ def begin(pipe: ImageFolder) -> dict[str, Any]:
         "kind": KIND, "root": pipe.root, "seed": pipe._seed, "batch_size": pipe.batch_size,
         "size": list(options["size"]), "train": options["train"], "resize": options["resize"],
         "max_pixels": options["max_pixels"], "normalize": options["normalize"],
+        "decoder": options.get("decoder", "cpu"),
     }
 
 
@@ -65,7 +67,8 @@ def entry(pipe: ImageFolder, batch: Any, cache: dict[int, Any]) -> dict[str, Any
     logged = None if labels is None else pipe._assembler.take_log(labels)
     if logged is None:
         return None
-    run, number, failed, absent = logged
+    made_by: list[Any]
+    run, number, failed, absent, *made_by = logged
     listing = pipe._listing
     epoch = listing.epochs[run]
     if epoch not in cache:
@@ -91,6 +94,7 @@ def entry(pipe: ImageFolder, batch: Any, cache: dict[int, Any]) -> dict[str, Any
         "epoch": epoch, "step": number, "positions": positions, "items": items,
         "failed": [[first + row, named(first + row)[0], error] for row, error in failed],
         "digests": digests, "crops": drawn,
+        **({"decoder": made_by[0]} if made_by else {}),
     }
 
 
@@ -162,9 +166,15 @@ def rebuild(pipe: ImageFolder, config: dict[str, Any], epoch: int,
             "this image.folder pipeline is not the one the journal recorded: "
             + ", ".join(f"{k} is {here[k]!r} here, {config.get(k)!r} in the journal"
                         for k in differs))
-    assembler = pipe._assembler
-    array = np.empty((len(items), *assembler.shape), assembler._np_dtype)
-    options = pipe._decode_options
+    options = {k: v for k, v in pipe._decode_options.items() if k != "decoder"}
+    decoder = config.get("decoder", "cpu")
+    if decoder != "cpu":
+        warnings.warn(
+            f"this batch was decoded on the GPU ({decoder}); it is rebuilt on the CPU, within "
+            "the GPU path's tolerance of it (2 levels of 255 on average, 4 for the worst "
+            "image), not bit for bit", RebuildWarning, stacklevel=3)
+    dtype = np.float32 if options["normalize"] else np.uint8
+    array = np.empty((len(items), 3, *options["size"]), dtype)
     for row, (path, _, sample, *recorded) in enumerate(items):
         full = os.path.join(pipe.root, path)
         try:

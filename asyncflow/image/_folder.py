@@ -133,8 +133,12 @@ class ImageFolder(Pipeline[Batch]):
     def _journal_begin(self) -> dict[str, Any] | None:
         """For a journal (``asyncflow/_journal.py``): start noting which batch is which; the
         run's configuration. ``None`` when stages after the batches make new ones."""
-        kinds = [stage["kind"] for stage in self.describe()]
-        if any(kind != "prefetch" for kind in kinds[kinds.index("assemble") + 1:]):
+        stages = self.describe()
+        kinds = [stage["kind"] for stage in stages]
+        after = stages[kinds.index("assemble") + 1:]
+        if "decoder" in self._decode_options and after and after[0]["name"] == "batch":
+            after = after[1:]  # the GPU path's stage that makes the assembled batches
+        if any(stage["kind"] != "prefetch" for stage in after):
             return None
         return _explain.begin(self)
 
@@ -289,7 +293,8 @@ def folder(
     pipe._listing = listing
     pipe._assembler = assembler
     pipe._seed = seed
-    pipe._decode_options = options
+    pipe._decode_options = options if gpu_decoder is None else {**options,
+                                                                "decoder": gpu_decoder.name}
     groups: Pipeline[Any] = pipe
     if gpu_device is not None and processes is None:
         rows = groups.map(PlanRows(assembler, seed, options), concurrency=threads,
@@ -321,8 +326,8 @@ def folder(
         name="batch" if gpu_device is None else "gather", max_failures=max_failures,
     )
     if gpu_device is not None:
-        pipe._decode_options = {**options, "decoder": gpu_decoder.name}
-        batches = batches.with_stage(gpu_stage(gpu_device, gpu_decoder, options, seed))
+        batches = batches.with_stage(gpu_stage(gpu_device, gpu_decoder, options, seed,
+                                               assembler))  # type: ignore[arg-type]
         # The GPU stage's budget, for an image neither decoder could make (see _gpu.py).
         batches = batches.with_options(max_failures=max_failures)
     elif device is not None:

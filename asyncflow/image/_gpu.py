@@ -41,7 +41,7 @@ import torch
 from ..pipeline import CustomSpec, Span
 from ._decode import _affine
 from ._gpu_decoders import GpuDecoder
-from ._gpu_host import Pending
+from ._gpu_host import Pending, PendingAssembler
 from ._gpu_plan import Encoded, plan
 from ._resample import resample
 from ._rows import Failed, Ticket
@@ -61,15 +61,16 @@ class GpuBatch:
     batch: tuple[torch.Tensor, torch.Tensor]
     event: Any  # torch.cuda.Event, or None on the CPU
     decoder: str  # which decoder made its JPEG rows ("" if none was a GPU row)
-    failures: list[tuple[Failed, Exception]]  # rows that failed, to count on the loop
+    failures: list[tuple[int, Failed, Exception]]  # rows that failed (index, record, error)
 
 
 class GpuDecodeNode:
     """The GPU stage of one run (see the module docstring)."""
 
     def __init__(self, ctx: NodeContext, *, device: torch.device, decoder: GpuDecoder,
-                 options: dict[str, Any], seed: int) -> None:
+                 options: dict[str, Any], seed: int, assembler: PendingAssembler) -> None:
         self.ctx = ctx
+        self.assembler = assembler
         self.device = device
         self.decoder = decoder
         self.size = tuple(options["size"])
@@ -97,7 +98,7 @@ class GpuDecodeNode:
             made = await ctx.run_timed(self.make, items[0])
             del items
             ordinal, self._taken = self._taken, self._taken + 1
-            for row, exc in made.failures:
+            for _, row, exc in made.failures:
                 ctx.item_failed(row, exc)
             made.failures = []
             if len(made.batch[1]) == 0:  # every image failed: no batch, as on the CPU path
@@ -136,12 +137,18 @@ class GpuDecodeNode:
             if self.stream is not None:
                 self.stream.synchronize()
             self.held = []
-            failures: list[tuple[Failed, Exception]] = []
+            failures: list[tuple[int, Failed, Exception]] = []
             images, keep = self._rows(pending, failures)
             labels = pending.labels[keep] if len(keep) < len(pending.rows) else pending.labels
             if self.stream is not None:  # pinned: the copy never makes this thread wait
                 labels = labels.pin_memory()
             batch = (images, labels.to(self.device, non_blocking=True))
+            if self.assembler.log is not None:  # a journal reads this batch: say what it holds
+                gone = sorted(set(range(len(pending.rows))) - set(keep))
+                errors = {i: f"{type(exc).__name__}: {exc}" for i, _, exc in failures}
+                self.assembler.relog(item[1], batch[1], [
+                    (pending.rows_at[i], errors.get(i, "failed")) for i in gone],
+                    self.decoder.name)
             event = None
             if self.stream is not None:
                 event = torch.cuda.Event()  # type: ignore[no-untyped-call]
@@ -167,7 +174,7 @@ class GpuDecodeNode:
         self.held = []
 
     def _rows(
-        self, pending: Pending, failures: list[tuple[Failed, Exception]]
+        self, pending: Pending, failures: list[tuple[int, Failed, Exception]]
     ) -> tuple[torch.Tensor, list[int]]:
         n, (height, width) = len(pending.rows), self.size
         dtype = torch.float32 if self.normalize else torch.uint8
@@ -185,7 +192,7 @@ class GpuDecodeNode:
         for i, row in enumerate(pending.rows):
             if isinstance(row, Failed):
                 failed.add(i)
-                failures.append((row, row.error))
+                failures.append((i, row, row.error))
             elif not isinstance(row, Encoded):
                 cpu_rows[i] = row
         if cpu_rows:
@@ -204,7 +211,7 @@ class GpuDecodeNode:
         return values.to(torch.uint8)
 
     def _decode(
-        self, pending: Pending, gpu: list[int], failures: list[tuple[Failed, Exception]]
+        self, pending: Pending, gpu: list[int], failures: list[tuple[int, Failed, Exception]]
     ) -> tuple[dict[int, torch.Tensor], dict[int, np.ndarray], set[int]]:
         """The pictures the GPU decoded, the rows the CPU kernel made instead, the failed."""
         rows: list[Encoded] = [pending.rows[i] for i in gpu]  # type: ignore[misc]
@@ -229,7 +236,7 @@ class GpuDecodeNode:
                             gpu=False, name=row.name, **self.options)
             except Exception as exc:
                 failed.add(i)
-                failures.append((Failed(row.name, exc, _NO_TICKET), exc))
+                failures.append((i, Failed(row.name, exc, _NO_TICKET), exc))
                 continue
             cpu_rows[i] = made  # type: ignore[assignment]
         return pictures, cpu_rows, failed
@@ -265,12 +272,13 @@ def _matches(picture: torch.Tensor, row: Encoded, layout: str) -> bool:
 
 
 def gpu_stage(device: torch.device, decoder: GpuDecoder, options: dict[str, Any],
-              seed: int) -> CustomSpec:
+              seed: int, assembler: PendingAssembler) -> CustomSpec:
     """The spec of ``image.folder``'s GPU stage: named ``"batch"``, as the CPU path's stage
     that hands out batches and counts failed images."""
 
     def factory(ctx: NodeContext) -> GpuDecodeNode:
-        return GpuDecodeNode(ctx, device=device, decoder=decoder, options=options, seed=seed)
+        return GpuDecodeNode(ctx, device=device, decoder=decoder, options=options, seed=seed,
+                             assembler=assembler)
 
     return CustomSpec(
         label="batch", factory=factory, concurrency=1, buffer=2, terminal=True,

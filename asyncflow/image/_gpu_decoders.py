@@ -11,8 +11,9 @@ Two libraries decode batches of JPEGs on an NVIDIA GPU:
 
 ``"auto"`` takes torchvision where it imports, else nvImageCodec: on an H100, batches of 64
 ImageNet-sized JPEGs decoded at 16,287 images/s with torchvision and 9,944 with nvImageCodec
-(its hardware engine first), which also used more host CPU (docs/dependencies.md). Each decoder returns the pictures as stored (no EXIF
-orientation applied: the resampler applies it with the crop) on the current CUDA stream.
+(its hardware engine first), which also used more host CPU (docs/dependencies.md). Each
+decoder returns the pictures as stored (no EXIF orientation applied: the resampler applies it
+with the crop) on the current CUDA stream.
 """
 
 from __future__ import annotations

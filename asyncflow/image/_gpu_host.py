@@ -26,6 +26,7 @@ class Pending(NamedTuple):
     rows: list[Payload]
     labels: torch.Tensor
     paths: list[str]
+    rows_at: list[int]  # each payload's row in its batch
 
 
 class PendingAssembler(BatchAssembler):
@@ -73,5 +74,18 @@ class PendingAssembler(BatchAssembler):
         keep = [r for r in range(entry.rows) if r not in gone and r in payloads]
         labels = torch.from_numpy(entry.labels[keep].copy())
         pending = Pending(entry.key, [payloads[r][0] for r in keep], labels,
-                          [payloads[r][1] for r in keep])
+                          [payloads[r][1] for r in keep], keep)
         return self._logged(entry, (pending, labels))  # type: ignore[arg-type]
+
+    def relog(self, before: torch.Tensor, after: torch.Tensor, failed: list[tuple[int, str]],
+              decoder: str) -> None:
+        """The GPU stage made ``after`` (its labels) of the batch logged under ``before``:
+        note it there for a journal, with the rows that failed on the way and the decoder."""
+        with self._lock:
+            log = self.log
+            logged = None if log is None else log.pop(id(before), None)
+            if log is None or logged is None:
+                return
+            run, number, earlier, absent = logged
+            log[id(after)] = (run, number, sorted([*earlier, *failed]), absent,  # type: ignore[assignment]
+                              decoder)

@@ -322,3 +322,28 @@ def test_drop_last_drops_the_short_batch_as_on_the_cpu(gpu: dict, photos: Path) 
         got, want = _batches(pipe), _batches(cpu)
         assert [y.tolist() for _, y in got] == [y.tolist() for _, y in want]
         assert [len(y) for _, y in got] == [5, 5] and len(pipe) == 2
+
+
+def test_the_journal_names_the_decoder_and_rebuild_says_it_is_within_tolerance(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncflow as af
+
+    _mixed(tmp_path / "tree")
+    stand_in = StandIn()
+    monkeypatch.setattr(_folder, "decode_path",
+                        lambda d, dev: (torch.device("cpu"), stand_in, "stand-in"))
+    kw = {"batch_size": 3, "size": 32, "train": True, "seed": 6, "normalize": False,
+          "max_failures": 3, "decode": "cuda", "workers": "threads"}
+    pipe = image.folder(tmp_path / "tree", **kw)
+    delivered = list(pipe.journal(tmp_path / "journal"))
+    failed = []
+    for step, (images, labels) in enumerate(delivered):
+        record = af.explain(tmp_path / "journal", epoch=0, step=step)
+        assert record.extra["decoder"] == stand_in.name
+        assert [item[1] for item in record.items] == labels.tolist()
+        failed += [f.item for f in record.failed]
+        with pytest.warns(af.RebuildWarning, match="within"):
+            again_images, again_labels = af.rebuild(pipe, record)
+        assert torch.equal(again_labels, labels)
+        assert _levels(again_images, images).max() <= 4.0
+    assert sorted(Path(p).name for p in failed) == ["empty.jpg", "text.jpg", "truncated.jpg"]
