@@ -150,6 +150,25 @@ def test_one_run_shared_by_threads_gives_every_item_once(
         assert part == sorted(part)
 
 
+def test_one_run_over_an_iterator_started_by_threads_at_once_runs_once(
+    often_switching: None,
+) -> None:
+    # Two threads starting one run at once used to build two runtimes: the second read the
+    # one-shot source again ("the source ... is an iterator"), or items came twice.
+    for _ in range(5):
+        run = Pipeline(iter(range(3000))).open(timeout=_STALL)
+        taken: list[list[int]] = [[] for _ in range(4)]
+
+        def consume(k: int, run: Any = run, taken: list[list[int]] = taken) -> None:
+            taken[k].extend(run)
+
+        try:
+            _in_threads(4, consume)
+        finally:
+            run.close()
+        assert sorted(x for part in taken for x in part) == list(range(3000))
+
+
 async def test_one_run_shared_by_tasks_on_several_loops_gives_every_item_once(
     often_switching: None,
 ) -> None:
