@@ -117,7 +117,7 @@ def test_docs_python_blocks_parse() -> None:
 # sub-packages through their own pages, constants in prose, torch's own default_collate.
 _DOCUMENTED_ELSEWHERE = {
     "AsyncflowError", "ConfigError", "ConfigTypeError", "LoaderTimeout", "DecodeError",
-    "PipelineError", "SourceError",
+    "PipelineError", "RebuildWarning", "SourceError",
     "SourceNotFound", "SourcePermissionError", "SourceTimeout", "StallError", "WorkerError",
     "FailureBudgetExceeded", "image", "sources", "__version__", "DEFAULT_MAX_PIXELS",
     "DEFAULT_MAX_BYTES", "IMAGENET_MEAN", "IMAGENET_STD", "IMG_EXTENSIONS", "default_collate",

@@ -18,6 +18,7 @@ from ._info import backend_info
 _LAZY = {
     "IMG_EXTENSIONS": "asyncflow.image._scan",
     "ImageFolder": "asyncflow.image._folder",
+    "decode_batches": "asyncflow.image._gpu_bytes",
     "folder": "asyncflow.image._folder",
     "sample_folder": "asyncflow.image._samples",
 }
@@ -26,6 +27,7 @@ __getattr__ = lazy_getattr(__name__, _LAZY)
 
 if TYPE_CHECKING:
     from ._folder import ImageFolder, folder
+    from ._gpu_bytes import decode_batches
     from ._samples import sample_folder
     from ._scan import IMG_EXTENSIONS
 
@@ -41,6 +43,7 @@ __all__ = [
     "backend_info",
     "collate",
     "decode",
+    "decode_batches",
     "folder",
     "normalize",
     "sample_folder",

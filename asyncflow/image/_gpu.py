@@ -68,7 +68,7 @@ class GpuDecodeNode:
     """The GPU stage of one run (see the module docstring)."""
 
     def __init__(self, ctx: NodeContext, *, device: torch.device, decoder: GpuDecoder,
-                 options: dict[str, Any], seed: int, assembler: PendingAssembler) -> None:
+                 options: dict[str, Any], seed: int, assembler: PendingAssembler | None) -> None:
         self.ctx = ctx
         self.assembler = assembler
         self.device = device
@@ -143,7 +143,7 @@ class GpuDecodeNode:
             if self.stream is not None:  # pinned: the copy never makes this thread wait
                 labels = labels.pin_memory()
             batch = (images, labels.to(self.device, non_blocking=True))
-            if self.assembler.log is not None:  # a journal reads this batch: say what it holds
+            if self.assembler is not None and self.assembler.log is not None:  # a journal
                 gone = sorted(set(range(len(pending.rows))) - set(keep))
                 errors = {i: f"{type(exc).__name__}: {exc}" for i, _, exc in failures}
                 self.assembler.relog(item[1], batch[1], [
@@ -272,7 +272,7 @@ def _matches(picture: torch.Tensor, row: Encoded, layout: str) -> bool:
 
 
 def gpu_stage(device: torch.device, decoder: GpuDecoder, options: dict[str, Any],
-              seed: int, assembler: PendingAssembler) -> CustomSpec:
+              seed: int, assembler: PendingAssembler | None) -> CustomSpec:
     """The spec of ``image.folder``'s GPU stage: named ``"batch"``, as the CPU path's stage
     that hands out batches and counts failed images."""
 
