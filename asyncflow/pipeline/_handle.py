@@ -117,10 +117,8 @@ class Run(Generic[T_co]):
             Blocks the calling thread for at most the pipeline's ``stop_timeout`` plus a
             little; a stage stuck in C code is abandoned (and reported), not waited for.
         """
-        if self._closed:
+        if not self._close_once():
             return
-        self._closed = True
-        self._cursor.clear()
         rt = self._rt
         if rt is not None:
             if not rt.done:
@@ -137,10 +135,8 @@ class Run(Generic[T_co]):
         Cancellation:
             Cancelling the wait leaves the run stopping by itself.
         """
-        if self._closed:
+        if not self._close_once():
             return
-        self._closed = True
-        self._cursor.clear()
         rt = self._rt
         if rt is not None:
             if not rt.done:
@@ -152,10 +148,19 @@ class Run(Generic[T_co]):
             self._detach()
         self._shed()
 
+    def _close_once(self) -> bool:
+        """Mark the run closed and drop its chunk; ``False`` if it already was (consumers in
+        several threads may close it at once)."""
+        with self._start_lock:
+            if self._closed:
+                return False
+            self._closed = True
+        self._cursor.clear()
+        return True
+
     def _abandon(self) -> None:
         """Stop without waiting (for cancellation paths, where awaiting is not possible)."""
-        self._closed = True
-        self._cursor.clear()
+        self._close_once()
         if self._rt is not None:
             self._rt.request_stop()
             self._detach()
