@@ -1,7 +1,7 @@
 """Hedged reads: a second request for an object that is slower than its host usually is.
 
 A read still running when the host's recent latencies say it should be done (their
-``Retry.hedge_quantile``, p95 by default, and at least twice their median) sends one more
+``Retry.hedge_quantile``, p90 by default, and at least twice their median) sends one more
 request for the same object. The first complete answer wins; the other request is cancelled
 and its connection closed. Each answer is checked as any other (Content-Length, decoding, the
 transport's validators), so a hedge never changes the bytes delivered. Hedges are budgeted:

@@ -107,8 +107,8 @@ class Retry:
             the host's recent latencies say it should be done (see ``hedge_quantile``) sends a
             second request; the first complete, checked answer wins and the other is
             cancelled and its connection closed.
-        hedge_quantile: The quantile of the host's recent latencies after which a read is
-            hedged (and at least twice their median).
+        hedge_quantile: The quantile of the host's recent latencies (p90 by default) after
+            which a read is hedged (and at least twice their median).
     """
 
     attempts: int = 5
@@ -118,7 +118,7 @@ class Retry:
     statuses: frozenset[int] = field(default=_RETRY_STATUSES)
     patience: float = 60.0
     hedge: float = 0.15
-    hedge_quantile: float = 0.95
+    hedge_quantile: float = 0.9
 
     def __post_init__(self) -> None:
         if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
