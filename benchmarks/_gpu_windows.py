@@ -24,7 +24,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 #: (model, batch, loader kind, window seconds): the rows of the 16-core box, in order.
@@ -71,16 +70,6 @@ def _loader(kind: str, root: str, batch: int, workers: int, cuda: bool) -> Any:
                         device="cuda" if cuda else None, **extra)
 
 
-def _endless(loader: Any) -> Iterator[Any]:
-    while True:
-        n = 0
-        for batch in loader:
-            n += 1
-            yield batch
-        if n == 0:
-            raise RuntimeError("the loader gave no batch: too few images for one batch?")
-
-
 def _tree_cpu() -> float:
     """CPU seconds of this process and its live descendants."""
     import psutil
@@ -99,7 +88,6 @@ def _tree_cpu() -> float:
 def window_child(spec: dict[str, Any]) -> dict[str, Any]:
     """One row (see the module docstring); returns its figures as a dict."""
     import torch
-    import torch.nn.functional as F
 
     tiny = bool(spec.get("dry_run"))
     cuda = not tiny
@@ -110,14 +98,9 @@ def window_child(spec: dict[str, Any]) -> dict[str, Any]:
     torch.backends.cudnn.benchmark = True
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    def step(images: Any, labels: Any) -> None:
-        x = images.to(device, non_blocking=True).to(memory_format=torch.channels_last)
-        y = labels.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    import bench_gpu_train as bench
+
+    step = bench.make_step(model, opt, device)
 
     fixed = (torch.randn(batch, 3, 224, 224, device=device),
              torch.randint(0, 10, (batch,), device=device))
@@ -142,7 +125,7 @@ def window_child(spec: dict[str, Any]) -> dict[str, Any]:
         out["img_per_s"] = out["alone_after"] = out["alone_before"]
         return out
     loader = _loader(spec["kind"], spec["root"], batch, int(spec["workers"]), cuda)
-    batches = _endless(loader)
+    batches = bench._endless(loader)
     warm_until = time.perf_counter() + float(spec["warmup"])
     while time.perf_counter() < warm_until:
         step(*next(batches))

@@ -235,16 +235,10 @@ def _endless(loader: Any) -> Iterator[Any]:
             raise RuntimeError("the loader gave no batch: too few images for one batch?")
 
 
-def train(kind: str, root: str, batch: int, workers: int, steps: int, warmup: int,
-          dry_run: bool) -> dict[str, Any]:
+def make_step(model: Any, opt: Any, device: Any) -> Callable[[Any, Any], None]:
+    """One training step: the batch to the device in channels_last, bf16 autocast, SGD."""
     import torch
     import torch.nn.functional as F
-
-    device = torch.device("cpu" if dry_run else "cuda")
-    model, model_name = make_model(tiny=dry_run)
-    model = model.to(device).to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-    torch.backends.cudnn.benchmark = True
 
     def step(images: Any, labels: Any) -> None:
         x = images.to(device, non_blocking=True).to(memory_format=torch.channels_last)
@@ -255,6 +249,20 @@ def train(kind: str, root: str, batch: int, workers: int, steps: int, warmup: in
         loss.backward()
         opt.step()
 
+    return step
+
+
+def train(kind: str, root: str, batch: int, workers: int, steps: int, warmup: int,
+          dry_run: bool) -> dict[str, Any]:
+    import torch
+
+    device = torch.device("cpu" if dry_run else "cuda")
+    model, model_name = make_model(tiny=dry_run)
+    model = model.to(device).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    torch.backends.cudnn.benchmark = True
+
+    step = make_step(model, opt, device)
     if kind == "gpu":
         fixed = (torch.randn(batch, 3, 224, 224, device=device),
                  torch.randint(0, 10, (batch,), device=device))
