@@ -16,21 +16,23 @@ __all__ = ["Hand"]
 
 
 class Hand:
-    """At most half the stage's output queue held at once, and with a byte budget at most
-    as many items as half of it holds at the measured size of the results (one until they
-    are measured). The run's loop only; not thread-safe.
+    """At most half the stage's output queue held at once (or ``floor`` items, if more),
+    and with a byte budget at most as many items as half of it holds at the measured size
+    of the results (one until they are measured). The run's loop only; not thread-safe.
 
     Args:
         capacity: The stage's output queue's capacity, in items.
         max_bytes: Its byte budget, if any.
+        floor: The fewest items it may hold without a byte budget: two per worker process
+            (one running, the next queued), so that a worker never waits for the parent.
     """
 
-    __slots__ = ("_half", "_max_bytes", "_waiters", "held", "limit")
+    __slots__ = ("_items", "_max_bytes", "_waiters", "held", "limit")
 
-    def __init__(self, capacity: int, max_bytes: int | None) -> None:
-        self._half = max(1, capacity // 2)
+    def __init__(self, capacity: int, max_bytes: int | None, floor: int = 1) -> None:
+        self._items = max(1, capacity // 2, floor)
         self._max_bytes = max_bytes
-        self.limit = self._half if max_bytes is None else 1
+        self.limit = self._items if max_bytes is None else 1
         self.held = 0
         self._waiters: list[asyncio.Future[None]] = []
 
@@ -71,8 +73,8 @@ class Hand:
         """The results weigh ``size`` bytes each (a running estimate) with a byte budget."""
         if self._max_bytes is None:
             return
-        limit = self._half if size <= 0 else int(self._max_bytes / 2 / size)
-        limit = max(1, min(self._half, limit))
+        limit = self._items if size <= 0 else int(self._max_bytes / 2 / size)
+        limit = max(1, min(self._items, limit))
         grew = limit > self.limit
         self.limit = limit
         if grew:

@@ -82,7 +82,10 @@ class MapNode:
         # What a sync stage holds, wherever it is (in workers, on its way back from a worker
         # process, in the reorder buffer), stays within half its output queue's capacity and
         # half its byte budget: taken before its items are, given back once they are put out.
-        self._hand = None if self.is_async else Hand(ctx.counters.capacity, self._max_bytes)
+        self._hand = None if self.is_async else Hand(
+            ctx.counters.capacity, self._max_bytes,
+            floor=2 * spec.concurrency if self.processes is not None else 1,
+        )
         # Inline-on-the-loop state of a sync stage (see the module docstring): chunks seen cheap
         # on threads so far, -1 once the stage may never run inline (again).
         self._cheap_chunks = 0 if (
