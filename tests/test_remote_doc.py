@@ -10,7 +10,17 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md",
          *sorted((ROOT / "examples").glob("*.py"))]
 # A stage that reads objects: read_bytes itself, or a function named read that calls it.
-_READ_STAGE = re.compile(r"\.map\(\s*(?:asyncflow\.)?(read_bytes|read)\b[^\n]*")
+_READ_STAGE = re.compile(r"\.map\(\s*(?:asyncflow\.)?(read_bytes|read)\b")
+
+
+def _call(text: str, start: int) -> str:
+    """The ``.map(...)`` call that opens at ``start``, to its closing parenthesis."""
+    depth = 0
+    for end in range(text.index("(", start), len(text)):
+        depth += {"(": 1, ")": -1}.get(text[end], 0)
+        if depth == 0:
+            return text[start:end + 1]
+    return text[start:]
 
 
 def test_every_documented_read_stage_is_unordered() -> None:
@@ -18,11 +28,11 @@ def test_every_documented_read_stage_is_unordered() -> None:
     for page in PAGES:
         text = page.read_text()
         for match in _READ_STAGE.finditer(text):
-            call = text[match.start():text.find(")", match.end() - 1) + 1]
-            if "concurrency" in call or "concurrency" in match.group(0):
-                found.append((page.name, match.group(0)))
+            call = " ".join(_call(text, match.start()).split())
+            if "concurrency" in call:
+                found.append((page.name, call))
     assert found, "no documented read stage found: the pattern is stale"
-    ordered = [(page, line) for page, line in found if "ordered=False" not in line]
+    ordered = [(page, call) for page, call in found if "ordered=False" not in call]
     # An ordered read stage makes every object wait for the slowest one in flight.
     assert ordered == []
 
