@@ -19,6 +19,7 @@ with the crop) on the current CUDA stream.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import io
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -102,14 +103,16 @@ _DECODERS: dict[str, type[Any]] = {
 
 
 def available() -> list[str]:
-    """The GPU decoders importable here, in ``"auto"``'s order of preference."""
+    """The GPU decoders installed here, in ``"auto"``'s order of preference (found without
+    importing them: nvImageCodec prints to stderr about each codec library it lacks)."""
     found = []
     for name, module in (("torchvision", "torchvision.io"), ("nvimagecodec", "nvidia.nvimgcodec")):
         try:
-            importlib.import_module(module)
-        except Exception:  # not installed, or built for another CUDA or torch
-            continue
-        found.append(name)
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):  # a parent package missing, or broken
+            spec = None
+        if spec is not None:
+            found.append(name)
     return found
 
 
