@@ -21,7 +21,7 @@ from .._errors import ConfigError
 from . import _shm
 from ._workers import Processes, worker_setups
 
-__all__ = ["boot_payload", "check_picklable", "start_context", "without_main"]
+__all__ = ["Boot", "boot_payload", "check_picklable", "start_context", "without_main"]
 
 _starting = threading.local()
 _preparation_data = spawn.get_preparation_data
@@ -52,10 +52,38 @@ def without_main() -> Iterator[None]:
         _starting.active = False
 
 
-def boot_payload(fn: Callable[[Any], Any], size: int, spec: Processes, stage: str,
-                  prefix: str) -> bytes:
-    import cloudpickle
+class Boot:
+    """What every worker of a pool boots from: the pickled setup, its large buffers apart.
 
+    The buffers (a Dataset's arrays and tensors) go to shared-memory segments once, when the
+    pool starts (:meth:`share`), and each worker maps the same pages copy-on-write. Sent as
+    bytes, a 128 MiB in-memory dataset cost the parent one copy and each worker three (the
+    bytes, their inner pickle and the unpickled dataset; docs/performance.md).
+    """
+
+    def __init__(self, core: bytes, buffers: list[pickle.PickleBuffer],
+                 providers: dict[str, str]) -> None:
+        self.core = core
+        self.providers = providers
+        self._buffers = buffers  # references to the parent's own buffers, not copies
+        self._payload: bytes | None = None
+
+    def share(self, name: Callable[[], str]) -> bytes:
+        """The payload every worker receives; its segments are written on the first call
+        (named by ``name()``: the pool's prefix, so that its sweep removes them).
+
+        Raises:
+            OSError: A segment could not be written.
+        """
+        if self._payload is None:
+            segments = _shm.write_segments(self._buffers, name)
+            self._buffers = []
+            self._payload = pickle.dumps((self.core, self.providers, segments))
+        return self._payload
+
+
+def boot_payload(fn: Callable[[Any], Any], size: int, spec: Processes, stage: str,
+                  prefix: str) -> Boot:
     providers = _shm.lazy_providers()
     setup = {
         "fn": fn, "init": spec.init, "prefix": prefix,
@@ -68,8 +96,7 @@ def boot_payload(fn: Callable[[Any], Any], size: int, spec: Processes, stage: st
         "reseed": spec.reseed,
     }
     try:
-        # (what the worker runs, the lazy providers): start_context reads the first part
-        return pickle.dumps((bytes(cloudpickle.dumps(setup, protocol=5)), providers))
+        return Boot(*_shm.pickle_by_value(setup), providers)
     except Exception as exc:
         what = "init" if _pickles(fn) else "function"
         obj = spec.init if what == "init" else fn
@@ -99,6 +126,7 @@ _preloaded = False
 
 
 def start_context(spec: Processes, boot: bytes = b"") -> Any:
+    # ``boot``: a pickled tuple whose first part is the pickle workers run (Boot.share's)
     """The start context; for the first forkserver pool, the server's preload list.
 
     Workers fork from the server with the preloaded modules already imported: a worker starts

@@ -123,7 +123,7 @@ class ProcessPool:
         finally:
             os.close(fd)
         self._wake_r, self._wake_w = os.pipe()
-        self._context = start_context(self.spec, self.boot)
+        self._context = start_context(self.spec, self.boot.share(self._name))
         for wid in range(self.size):
             self._slots.append(self._spawn(wid))
         self._reader = threading.Thread(
@@ -134,7 +134,7 @@ class ProcessPool:
     def _spawn(self, wid: int) -> Slot:
         parent, child = multiprocessing.Pipe(duplex=True)
         process = self._context.Process(
-            target=worker_main, args=(child, self.boot, self._status_path, wid),
+            target=worker_main, args=(child, self.boot.share(self._name), self._status_path, wid),
             name=f"asyncflow-{self.stage}-{wid}", daemon=True,
         )
         with without_main():

@@ -42,12 +42,15 @@ __all__ = [
     "load_lazy",
     "load_reducer_modules",
     "loads",
+    "map_private",
+    "pickle_by_value",
     "reducer_modules",
     "register_lazy_reducers",
     "register_reducer",
     "segment_prefix",
     "sweep",
     "sweep_stale",
+    "write_segments",
 ]
 
 #: Where segments live: tmpfs on Linux; the temporary directory elsewhere.
@@ -206,17 +209,71 @@ def dumps(
         big.clear()
         stream = io.BytesIO()
         _cloud_pickler()(stream, protocol=5, buffer_callback=keep).dump(obj)
+    return stream.getvalue(), write_segments(big, name) if name is not None else []
+
+
+def pickle_by_value(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Pickle ``obj`` by value (cloudpickle, with the registered reducers), its buffers of
+    ``SHM_THRESHOLD`` bytes or more left out of the stream: references, not copies.
+
+    What a pool sends every worker at boot (its Dataset, say): :func:`write_segments` puts the
+    buffers in shared memory once, and each worker maps them with :func:`map_private`.
+
+    Raises:
+        pickle.PicklingError, TypeError, AttributeError: ``obj`` cannot be pickled.
+    """
+    if _lazy:
+        _load_lazy()
+    big: list[pickle.PickleBuffer] = []
+
+    def keep(buffer: pickle.PickleBuffer) -> bool:
+        if buffer.raw().nbytes < SHM_THRESHOLD:
+            return True
+        big.append(buffer)
+        return False
+
+    stream = io.BytesIO()
+    _cloud_pickler()(stream, protocol=5, buffer_callback=keep).dump(obj)
+    return stream.getvalue(), big
+
+
+def write_segments(buffers: Iterable[pickle.PickleBuffer],
+                   name: Callable[[], str]) -> list[tuple[str, int]]:
+    """Write each buffer to a new segment named ``name()``; return ``(path, size)`` of each.
+
+    Raises:
+        OSError: A segment could not be written (those written are unlinked).
+    """
     segments: list[tuple[str, int]] = []
     try:
-        for buffer in big:
-            path = os.path.join(SHM_DIR, name()) if name is not None else ""
+        for buffer in buffers:
+            path = os.path.join(SHM_DIR, name())
             segments.append((path, _write_segment(path, buffer.raw())))
     except BaseException:
-        for path, _ in segments:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        discard(segments)
         raise
-    return stream.getvalue(), segments
+    return segments
+
+
+def map_private(segments: Iterable[tuple[str, int]]) -> list[Any]:
+    """Map segments that several processes read (left in place): copy-on-write mappings, so
+    every reader shares the same pages until it writes to its own copy of one.
+
+    Raises:
+        OSError: A segment is missing or has the wrong size.
+    """
+    maps: list[Any] = []
+    for path, size in segments:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if os.fstat(fd).st_size != size:
+                raise OSError(f"shared-memory segment {path} holds {os.fstat(fd).st_size} "
+                              f"bytes, expected {size}")
+            maps.append(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
+                                  prot=mmap.PROT_READ | mmap.PROT_WRITE) if size else bytearray())
+        finally:
+            os.close(fd)
+    return maps
 
 
 def _write_segment(path: str, data: memoryview) -> int:

@@ -156,8 +156,9 @@ def worker_main(conn: Connection, boot: bytes, status_path: str, wid: int) -> No
     """Boot, then run jobs until told to stop. Never raises: errors go to the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
-        core, lazy = pickle.loads(boot)
-        setup = pickle.loads(core)
+        core, lazy, segments = pickle.loads(boot)
+        # the setup's large buffers (a Dataset's arrays) on pages every worker shares
+        setup = pickle.loads(core, buffers=_shm.map_private(segments))
         info = WorkerInfo(id=wid, pid=os.getpid(), **setup["info"])
         set_worker_info(info)
         for trigger, provider in lazy.items():
