@@ -1,0 +1,194 @@
+"""Memory of ``asyncflow.DataLoader`` on worker processes against torch's DataLoader (issue 23).
+
+How to run::
+
+    python benchmarks/bench_loader_memory.py                 # both jobs, 3 interleaved runs
+    python benchmarks/bench_loader_memory.py --runs 1 --jobs array
+    python benchmarks/bench_loader_memory.py --quick         # one run, a 32 MiB array
+
+Each contender runs in a child process of its own, which measures its process tree itself: the
+PSS summed over the tree (``/proc/<pid>/smaps_rollup``), sampled every 50 ms, its peak less the
+child's own PSS just before the loader was built (after the imports and the dataset). The peak's
+split by role (the parent, the forkserver, the resource tracker, the workers) says where the
+memory went. Shared-memory files nobody maps are in no process's PSS: the ``shm`` column adds
+this run's files in ``/dev/shm`` at the peak.
+
+Jobs, both with 4 workers, ``persistent_workers=True``, 2 epochs:
+
+* ``images``: the issue's setup, 1,024 photo-derived JPEGs (``_imagedata.py``) read by a PIL
+  Dataset (``_loaders._Folder``: resize 224, centre crop), batches of 32, normalized float32;
+* ``array``: an in-memory Dataset, one ``--array-mib`` MiB uint8 array, rows as float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+KINDS = {"torch": "torch DataLoader", "asyncflow": 'asyncflow.DataLoader(workers="processes")'}
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    kids = [int(c) for c in fh.read().split()]
+                found += kids
+                todo += kids
+        except OSError:
+            continue
+    return found
+
+
+def _pss_mib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _role(pid: int, me: int) -> str:
+    if pid == me:
+        return "parent"
+    try:
+        with open(f"/proc/{pid}/cmdline") as fh:
+            cmd = fh.read()
+    except OSError:
+        return "worker"
+    for role in ("resource_tracker", "forkserver"):
+        if role in cmd and _parent_of(pid) == me:
+            return role
+    return "worker"
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+def _shm_mib() -> float:
+    total = 0
+    for entry in os.scandir("/dev/shm"):
+        if entry.name.startswith((f"asyncflow-{os.getpid()}-", "torch_")):
+            try:
+                total += entry.stat().st_size
+            except OSError:
+                pass
+    return total / 2**20
+
+
+def _loader(kind: str, job: str, array_mib: int) -> Any:
+    import torch
+
+    if job == "images":
+        from _imagedata import build_dataset
+        from _loaders import _collate_normalize, _Folder, list_images
+
+        dataset: Any = _Folder(list_images(str(build_dataset(1024))), 224)
+        args: dict[str, Any] = {"batch_size": 32, "collate_fn": _collate_normalize}
+    else:
+        from _memdata import ArrayRows
+
+        dataset, args = ArrayRows(array_mib), {"batch_size": 32}
+    args.update(num_workers=4, persistent_workers=True)
+    if kind == "torch":
+        return torch.utils.data.DataLoader(dataset, **args)
+    import asyncflow
+
+    return asyncflow.DataLoader(dataset, workers="processes", **args)
+
+
+def child(kind: str, job: str, array_mib: int) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    me = os.getpid()
+    make = _loader(kind, job, array_mib) if job == "array" else None  # the data before base
+    base = _pss_mib(me)
+    peak: dict[str, Any] = {"total": 0.0}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.05):
+            tree = {p: _pss_mib(p) for p in [me, *_descendants(me)]}
+            if sum(tree.values()) > peak["total"]:
+                roles: dict[str, float] = {}
+                for pid, pss in tree.items():
+                    role = _role(pid, me)
+                    roles[role] = roles.get(role, 0.0) + pss
+                peak.update(total=sum(tree.values()), roles=roles, shm=_shm_mib())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    loader = make if make is not None else _loader(kind, job, array_mib)
+    start = time.perf_counter()
+    for _ in range(2):
+        for _batch in loader:
+            pass
+    seconds = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    roles = peak.get("roles", {})
+    roles["parent"] = roles.get("parent", base) - base
+    return {"kind": kind, "job": job, "above": peak["total"] - base, "roles": roles,
+            "shm": peak.get("shm", 0.0), "seconds": seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--jobs", default="images,array")
+    parser.add_argument("--array-mib", type=int, default=256)
+    parser.add_argument("--quick", action="store_true", help="one run, a 32 MiB array")
+    parser.add_argument("--child", nargs=2, metavar=("KIND", "JOB"))
+    args = parser.parse_args()
+    if args.quick:
+        args.runs, args.array_mib = 1, 32
+    if args.child:
+        print(json.dumps(child(*args.child, args.array_mib)))
+        return
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for job in args.jobs.split(","):
+        for _ in range(args.runs):
+            for kind in KINDS:  # interleaved: the machine's drift hits every row alike
+                out = subprocess.run(
+                    [sys.executable, "-W", "ignore", __file__, "--child", kind, job,
+                     "--array-mib", str(args.array_mib)],
+                    capture_output=True, text=True, check=True, timeout=600,
+                )
+                results.setdefault((job, kind), []).append(json.loads(out.stdout))
+    print("| job | loader | PSS above the parent, runs | median | vs torch | shm at peak "
+          "| where (median run): parent, forkserver, tracker, workers |")
+    print("|---|---|---|---:|---:|---:|---|")
+    for (job, kind), runs in results.items():
+        above = sorted(r["above"] for r in runs)
+        torch_median = statistics.median(r["above"] for r in results[(job, "torch")])
+        mid = sorted(runs, key=lambda r: r["above"])[len(runs) // 2]
+        where = ", ".join(f"{mid['roles'].get(r, 0):.0f}"
+                          for r in ("parent", "forkserver", "resource_tracker", "worker"))
+        print(f"| {job} | {KINDS[kind]} | {', '.join(f'{a:.0f}' for a in above)} MiB "
+              f"| {statistics.median(above):.0f} MiB "
+              f"| {statistics.median(above) / torch_median:.2f}x | {mid['shm']:.0f} MiB "
+              f"| {where} |")
+
+
+if __name__ == "__main__":
+    main()
