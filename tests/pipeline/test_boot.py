@@ -53,9 +53,48 @@ def test_a_persistent_pool_keeps_its_boot_segment_until_it_shuts_down() -> None:
     pipe = Pipeline(range(6)).map(HoldsArray(), concurrency=2,
                                   workers=Processes(persistent=True))
     for _ in range(2):  # the second epoch's workers are the first's
-        assert len({pid for pid, _, _ in pipe}) == 2
+        assert {kind for _, _, kind in pipe} == {"mmap"}
     # the array's segment stays between epochs, for a worker started again after a death
     assert [n for n in _my_segments() if not n.endswith("status")] != []
     del pipe
     gc.collect()
     assert _my_segments() == []
+
+
+def _mapped_file(address: int) -> str:
+    """The file mapped at ``address`` in this process ('' for anonymous memory)."""
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            span, *rest = line.split()
+            low, high = (int(a, 16) for a in span.split("-"))
+            if low <= address < high:
+                return rest[4] if len(rest) > 4 else ""
+    return ""
+
+
+class TensorRows:
+    """A torch Dataset holding 1 MiB of tensor: each item says where its worker's copy lies."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.data = torch.zeros(1 << 18, dtype=torch.float32)
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> str:
+        return _mapped_file(self.data.data_ptr())
+
+
+def test_a_datasets_tensor_is_mapped_by_the_dataloaders_workers_not_copied() -> None:
+    pytest.importorskip("torch")
+    from asyncflow import DataLoader
+
+    loader = DataLoader(TensorRows(), batch_size=2, num_workers=2, workers="processes",
+                        collate_fn=list)
+    where = [path for batch in loader for path in batch]
+    assert len(where) == 4
+    assert all(os.path.basename(p).startswith("asyncflow-") for p in where), where
+    del loader
+    gc.collect()
