@@ -70,15 +70,18 @@ class Boot:
 
     def share(self, name: Callable[[], str]) -> bytes:
         """The payload every worker receives; its segments are written on the first call
-        (named by ``name()``: the pool's prefix, so that its sweep removes them).
-
-        Raises:
-            OSError: A segment could not be written.
+        (named by ``name()``: the pool's prefix, so that its sweep removes them). Where
+        ``/dev/shm`` has no room for them (a container's 64 MB default), the buffers travel
+        in the payload instead, a copy per worker as before.
         """
         if self._payload is None:
-            segments = _shm.write_segments(self._buffers, name)
+            shared: list[Any]
+            try:
+                shared = _shm.write_segments(self._buffers, name)
+            except OSError:
+                shared = [bytearray(buffer.raw()) for buffer in self._buffers]
             self._buffers = []
-            self._payload = pickle.dumps((self.core, self.providers, segments))
+            self._payload = pickle.dumps((self.core, self.providers, shared))
         return self._payload
 
 

@@ -255,15 +255,20 @@ def write_segments(buffers: Iterable[pickle.PickleBuffer],
     return segments
 
 
-def map_private(segments: Iterable[tuple[str, int]]) -> list[Any]:
+def map_private(segments: Iterable[tuple[str, int] | bytearray]) -> list[Any]:
     """Map segments that several processes read (left in place): copy-on-write mappings, so
-    every reader shares the same pages until it writes to its own copy of one.
+    every reader shares the same pages until it writes to its own copy of one. A buffer given
+    as a ``bytearray`` (sent in band) is used as it is.
 
     Raises:
         OSError: A segment is missing or has the wrong size.
     """
     maps: list[Any] = []
-    for path, size in segments:
+    for segment in segments:
+        if isinstance(segment, bytearray):  # sent in the payload: no room in SHM_DIR
+            maps.append(segment)
+            continue
+        path, size = segment
         fd = os.open(path, os.O_RDONLY)
         try:
             if os.fstat(fd).st_size != size:

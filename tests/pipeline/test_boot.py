@@ -98,3 +98,17 @@ def test_a_datasets_tensor_is_mapped_by_the_dataloaders_workers_not_copied() -> 
     assert all(os.path.basename(p).startswith("asyncflow-") for p in where), where
     del loader
     gc.collect()
+
+
+def test_without_room_in_shared_memory_the_buffers_travel_in_the_payload(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def full(path: str, data: memoryview) -> int:
+        raise OSError(28, "No space left on device", path)
+
+    monkeypatch.setattr(_shm, "_write_segment", full)
+    fn = HoldsArray()
+    out = list(Pipeline(range(10)).map(fn, concurrency=2, workers="processes"))
+    assert {kind for _, _, kind in out} == {"bytearray"}  # a copy per worker, writable
+    assert sum(first == 0 for _, first, _ in out) == len({pid for pid, _, _ in out})
+    assert _my_segments() == []
