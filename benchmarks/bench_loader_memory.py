@@ -17,6 +17,7 @@ Jobs, both with 4 workers, ``persistent_workers=True``, 2 epochs:
 
 * ``images``: the issue's setup, 1,024 photo-derived JPEGs (``_imagedata.py``) read by a PIL
   Dataset (``_loaders._Folder``: resize 224, centre crop), batches of 32, normalized float32;
+* ``images`` also for ``image.folder(train=True)`` with its defaults (a random-resized crop);
 * ``array``: an in-memory Dataset, one ``--array-mib`` MiB uint8 array, rows as float32.
 """
 
@@ -36,7 +37,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-KINDS = {"torch": "torch DataLoader", "asyncflow": 'asyncflow.DataLoader(workers="processes")'}
+KINDS = {"torch": "torch DataLoader", "asyncflow": 'asyncflow.DataLoader(workers="processes")',
+         "folder": "image.folder(train=True), defaults"}
 
 
 def _descendants(pid: int) -> list[int]:
@@ -109,6 +111,10 @@ def _loader(kind: str, job: str, array_mib: int) -> Any:
 
         dataset, args = ArrayRows(array_mib), {"batch_size": 32}
     args.update(num_workers=4, persistent_workers=True)
+    if kind == "folder":  # its defaults: as many decoders as cores, processes from 2
+        from asyncflow import image
+
+        return image.folder(str(build_dataset(1024)), batch_size=32, size=224, train=True)
     if kind == "torch":
         return torch.utils.data.DataLoader(dataset, **args)
     import asyncflow
@@ -169,6 +175,8 @@ def main() -> None:
     for job in args.jobs.split(","):
         for _ in range(args.runs):
             for kind in KINDS:  # interleaved: the machine's drift hits every row alike
+                if kind == "folder" and job != "images":
+                    continue
                 out = subprocess.run(
                     [sys.executable, "-W", "ignore", __file__, "--child", kind, job,
                      "--array-mib", str(args.array_mib)],
