@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
+import time
 
 import pytest
 
@@ -105,8 +106,12 @@ def test_hedged_reads_cut_the_tail(leak_check: None) -> None:
         pipe = recipe([store.url(i) for i in range(n)])
         got = list(pipe)  # without hedging, this takes 30 s: past the test's timeout
         check_all(store, got, n)
-        # Each slow object's first request was cancelled and its connection closed.
+        # Each slow object's first request was cancelled and its connection closed; the
+        # server hears of a close when its own loop gets to it (up to 10 s under load).
         assert all(store.hits[i] == 2 for i in slow)
+        deadline = time.monotonic() + 10
+        while store.abandoned < len(slow) and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert store.abandoned >= len(slow)
         # The budget: at most 15% extra requests, counted over the run.
         assert store.requests <= n * 1.15
