@@ -70,7 +70,7 @@ import urllib.parse
 import urllib.request
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -323,11 +323,9 @@ async def _serve(app: Any, host: str, port: int, started: Any, stop: asyncio.Eve
 
 
 @contextlib.contextmanager
-def fault_server() -> Iterator[FaultServer]:
-    """Run the fault server on 127.0.0.1 (a free port) on a thread with its own loop."""
-    store: dict[str, bytes] = {}
-    hits: Counter[str] = Counter()
-    seen: list[tuple[str, dict[str, str]]] = []
+def serve_in_thread(make_app: Callable[[], Any], name: str) -> Iterator[str]:
+    """Serve ``make_app()`` (built on the server's loop) on 127.0.0.1 (a free port) on a
+    thread with its own loop; yield its base URL; stop it on exit."""
     ready = threading.Event()
     port: list[int] = []
     failure: list[BaseException] = []
@@ -341,8 +339,7 @@ def fault_server() -> Iterator[FaultServer]:
     def run() -> None:
         asyncio.set_event_loop(loop)
         try:
-            app = fault_app(store, hits, seen)
-            loop.run_until_complete(_serve(app, LOOPBACK, 0, started, stop))
+            loop.run_until_complete(_serve(make_app(), LOOPBACK, 0, started, stop))
         except BaseException as exc:  # reported to the starting thread
             failure.append(exc)
             ready.set()
@@ -350,16 +347,26 @@ def fault_server() -> Iterator[FaultServer]:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
-    thread = threading.Thread(target=run, name="fault-server", daemon=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     ready.wait(30)
     if failure or not port:
-        raise RuntimeError(f"the fault server did not start: {failure}")
+        raise RuntimeError(f"the {name} did not start: {failure}")
     try:
-        yield FaultServer(f"http://{LOOPBACK}:{port[0]}", store, hits, seen)
+        yield f"http://{LOOPBACK}:{port[0]}"
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(30)
+
+
+@contextlib.contextmanager
+def fault_server() -> Iterator[FaultServer]:
+    """Run the fault server on 127.0.0.1 (a free port) on a thread with its own loop."""
+    store: dict[str, bytes] = {}
+    hits: Counter[str] = Counter()
+    seen: list[tuple[str, dict[str, str]]] = []
+    with serve_in_thread(lambda: fault_app(store, hits, seen), "fault server") as base:
+        yield FaultServer(base, store, hits, seen)
 
 
 @contextlib.contextmanager

@@ -23,13 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.servers import LOOPBACK, _serve
+from tests.servers import serve_in_thread
 
 __all__ = ["Store", "body_of", "store_server"]
 
@@ -135,38 +134,12 @@ def store_server(
     truncate_second: bool = False,
 ) -> Iterator[Store]:
     """Run the store on 127.0.0.1 (a free port) on a thread with its own loop."""
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    ready = threading.Event()
-    port: list[int] = []
-    failure: list[BaseException] = []
     store = Store("", size)
 
-    def started(p: int) -> None:
-        port.append(p)
-        ready.set()
+    def make() -> Any:
+        return _app(store, rate=rate, burst=burst, retry_after=retry_after, latency=latency,
+                    slow=slow or {}, stuck=stuck, truncate_second=truncate_second)
 
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            app = _app(store, rate=rate, burst=burst, retry_after=retry_after, latency=latency,
-                       slow=slow or {}, stuck=stuck, truncate_second=truncate_second)
-            loop.run_until_complete(_serve(app, LOOPBACK, 0, started, stop))
-        except BaseException as exc:  # reported to the starting thread
-            failure.append(exc)
-            ready.set()
-        finally:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-
-    thread = threading.Thread(target=run, name="store-server", daemon=True)
-    thread.start()
-    ready.wait(30)
-    if failure or not port:
-        raise RuntimeError(f"the store server did not start: {failure}")
-    store.base = f"http://{LOOPBACK}:{port[0]}"
-    try:
+    with serve_in_thread(make, "store server") as base:
+        store.base = base
         yield store
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(30)
