@@ -1,23 +1,19 @@
 """Imports point one way: the engine knows none of its features, and features only the layers
 below them.
 
-Every module under ``asyncflow/`` is parsed (not imported), and every import is collected:
-absolute and relative, at module level, inside functions, under ``if TYPE_CHECKING:``, and
-``importlib.import_module("...")`` with a literal name. A type-only import is an import too: it
-ties the engine's source to the feature all the same.
+Every module under ``asyncflow/`` is parsed (not imported) by ``tests/structure.py``, and every
+import is collected: absolute and relative, at module level, inside functions, under
+``if TYPE_CHECKING:``, and ``importlib.import_module("...")`` with a literal name. A type-only
+import is an import too: it ties the engine's source to the feature all the same.
 """
 
 from __future__ import annotations
 
-import ast
-import functools
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "asyncflow"
+from tests.structure import all_imports, collect_imports, under
 
 #: What the engine (``asyncflow.pipeline``) may import besides itself: the error tree and the
 #: two helpers it is built on. Features attach through its public seams instead
@@ -61,89 +57,15 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Import:
-    file: Path
-    line: int
-    target: str
-
-    def where(self) -> str:
-        file = self.file
-        if file.is_relative_to(PACKAGE.parent):
-            file = file.relative_to(PACKAGE.parent)
-        return f"{file}:{self.line}"
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _is_module(name: str) -> bool:
-    path = PACKAGE.parent.joinpath(*name.split("."))
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
-
-
-def _targets(node: ast.AST, package: str) -> Iterator[str]:
-    if isinstance(node, ast.Import):
-        yield from (alias.name for alias in node.names)
-    elif isinstance(node, ast.ImportFrom):
-        if node.level:
-            parts = package.split(".")
-            base = ".".join(parts[: len(parts) - node.level + 1])
-            module = f"{base}.{node.module}" if node.module else base
-        else:
-            module = node.module or ""
-        for alias in node.names:
-            # ``from . import _display`` imports a module; ``from . import Pipeline`` a name.
-            name = f"{module}.{alias.name}"
-            yield name if _is_module(name) else module
-    elif (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute | ast.Name)
-        and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
-        in ("import_module", "__import__")
-        and node.args
-        and isinstance(node.args[0], ast.Constant)
-        and isinstance(node.args[0].value, str)
-    ):
-        yield node.args[0].value
-
-
-def collect_imports(path: Path, module: str | None = None) -> list[Import]:
-    """Every import in the module at ``path`` (named ``module``, by default from its place
-    under ``asyncflow/``), at any depth, as absolute module names."""
-    module = module or _module_name(path)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    tree = ast.parse(path.read_text(), filename=str(path))
-    found: dict[Import, None] = {}
-    for node in ast.walk(tree):
-        for target in _targets(node, package):
-            if target == "asyncflow" or target.startswith("asyncflow."):
-                found[Import(path, getattr(node, "lineno", 0), target)] = None
-    return list(found)
-
-
-@functools.cache
-def _all_imports() -> dict[str, list[Import]]:
-    return {_module_name(p): collect_imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
-
-
-def _under(name: str, prefix: str) -> bool:
-    return name == prefix or name.startswith(prefix + ".")
-
-
 def test_the_engine_imports_none_of_its_features() -> None:
     bad = [
         f"{imp.where()}: the engine imports {imp.target}; asyncflow.pipeline may import only "
         f"itself and {', '.join(ENGINE_MAY_IMPORT)} (features attach through its public seams, "
         "see asyncflow/pipeline/EXTENDING.md)"
-        for module, imports in _all_imports().items() if _under(module, "asyncflow.pipeline")
+        for module, imports in all_imports().items() if under(module, "asyncflow.pipeline")
         for imp in imports
-        if not _under(imp.target, "asyncflow.pipeline")
-        and not any(_under(imp.target, ok) for ok in ENGINE_MAY_IMPORT)
+        if not under(imp.target, "asyncflow.pipeline")
+        and not any(under(imp.target, ok) for ok in ENGINE_MAY_IMPORT)
     ]
     assert not bad, "\n".join(bad)
 
@@ -152,9 +74,9 @@ def test_the_engine_imports_none_of_its_features() -> None:
 def test_layers_point_one_way(importer: str, forbidden: tuple[str, ...], why: str) -> None:
     bad = [
         f"{imp.where()}: {importer} must not import {imp.target} ({why})"
-        for module, imports in _all_imports().items() if _under(module, importer)
+        for module, imports in all_imports().items() if under(module, importer)
         for imp in imports
-        if any(_under(imp.target, f) for f in forbidden)
+        if any(under(imp.target, f) for f in forbidden)
     ]
     assert not bad, "\n".join(bad)
 
@@ -188,7 +110,7 @@ def test_the_walker_sees_every_kind_of_import(tmp_path: Path) -> None:
 
 def test_features_still_reach_the_engine() -> None:
     """The rules above are not vacuous: the walker finds the arrows that should exist."""
-    imports = _all_imports()
+    imports = all_imports()
     assert any(
         i.target.startswith("asyncflow.pipeline") for i in imports["asyncflow.torch._transfer"]
     )
@@ -213,9 +135,9 @@ def test_features_use_the_engines_public_names() -> None:
     bad = [
         f"{imp.where()}: {module} imports the engine's private {imp.target}; import from "
         "asyncflow.pipeline (its public seams, see asyncflow/pipeline/EXTENDING.md)"
-        for module, imports in _all_imports().items() if not _under(module, "asyncflow.pipeline")
+        for module, imports in all_imports().items() if not under(module, "asyncflow.pipeline")
         for imp in imports
-        if _under(imp.target, "asyncflow.pipeline")
+        if under(imp.target, "asyncflow.pipeline")
         and imp.target not in PUBLIC_ENGINE_MODULES
         and (module, imp.target) not in KNOWN_PRIVATE_REACHES
     ]
