@@ -29,12 +29,10 @@ never wrapped. Messages and reprs are redacted (no credentials, signatures or ke
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from ._redact import redact
-
-if TYPE_CHECKING:
-    from .pipeline._stats import FailureRecord
 
 __all__ = [
     "AsyncflowError",
@@ -99,6 +97,17 @@ class LoaderTimeout(StallError, RuntimeError):
 class WorkerError(AsyncflowError, RuntimeError):
     """A worker process died (a segfault, the OOM killer) or could not start; the message names
     the worker, the stage and the item it held."""
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """One skipped or fatal item: where it failed, on what, and why (public as
+    ``asyncflow.pipeline.FailureRecord``; kept here, beside the error that carries it)."""
+
+    stage: str
+    item: str
+    error_type: str
+    message: str
 
 
 class FailureBudgetExceeded(AsyncflowError):

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
+from .._errors import FailureRecord
 from .._redact import redact
 from ._features import feature
 
@@ -77,16 +78,6 @@ def count_items(values: list[Any]) -> int:
 def count_one(value: Any) -> int:
     """User items in one value: 1, an :class:`ItemGroup` its length."""
     return len(value) if value.__class__ is ItemGroup else 1
-
-
-@dataclass(frozen=True)
-class FailureRecord:
-    """One skipped or fatal item: where it failed, on what, and why."""
-
-    stage: str
-    item: str
-    error_type: str
-    message: str
 
 
 class StageCounters:

@@ -117,17 +117,12 @@ def test_features_still_reach_the_engine() -> None:
     assert any(i.target == "asyncflow._errors" for i in imports["asyncflow.pipeline._spec"])
 
 
-#: Features that still reach into the engine's private modules (issue 15 removes these):
-#: (importer, target). No new entry should be needed: use ``asyncflow.pipeline``'s public
-#: names, and add one there (documented in EXTENDING.md) when a feature needs more.
 # The engine's public face: its package, its seeding (``seeding.py``) and its shared-memory
-# names (``shm.py``).
+# names (``shm.py``). Nothing outside the engine imports its private modules: use
+# ``asyncflow.pipeline``'s public names, and add one there (documented in EXTENDING.md) when a
+# feature needs more.
 PUBLIC_ENGINE_MODULES = {
     "asyncflow.pipeline", "asyncflow.pipeline.seeding", "asyncflow.pipeline.shm"
-}
-
-KNOWN_PRIVATE_REACHES = {
-    ("asyncflow._errors", "asyncflow.pipeline._stats"),
 }
 
 
@@ -139,6 +134,5 @@ def test_features_use_the_engines_public_names() -> None:
         for imp in imports
         if under(imp.target, "asyncflow.pipeline")
         and imp.target not in PUBLIC_ENGINE_MODULES
-        and (module, imp.target) not in KNOWN_PRIVATE_REACHES
     ]
     assert not bad, "\n".join(bad)
