@@ -31,7 +31,7 @@ from typing import Any
 from ._errors import ConfigError
 from ._journal_records import Failure, JournalRecord, TornHeader, lines, record
 from ._redact import redact
-from ._world import world
+from .ranks import world
 
 __all__ = ["Failure", "Journal", "JournalRecord", "explain", "journal", "rebuild"]
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from asyncflow import ConfigError, Pipeline, Split
-from asyncflow._elastic import _checksum, remaining, settled_of
-from asyncflow._split import Share
 from asyncflow.pipeline._span import span_json
+from asyncflow.ranks import Share
+from asyncflow.ranks._elastic import _checksum, remaining, settled_of
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,8 @@ from dataclasses import replace
 from typing import Any
 
 from .._errors import ConfigError, ConfigTypeError
-from .._split import Part, Split
 from ..pipeline import Processes, choose_workers, usable_cpus
+from ..ranks import Part, Split
 from ._rows import DecodeIntoSharedRow
 
 __all__ = ["check_arguments", "decode_workers", "resolve_split"]

@@ -29,9 +29,9 @@ from typing import Any, cast
 import torch
 
 from .._blob import check_max_bytes
-from .._split import Part, Split
 from ..pipeline import ItemGroup, Pipeline, Processes
 from ..pipeline.seeding import fresh_seed
+from ..ranks import Part, Split
 from . import _explain
 from ._batch import IMAGENET_MEAN, IMAGENET_STD
 from ._config import check_arguments, decode_path, decode_workers, resolve_split

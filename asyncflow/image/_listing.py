@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._split import Part
 from ..pipeline import ItemGroup, listing_identity
 from ..pipeline.seeding import epoch_rng
+from ..ranks import Part
 from ._digests import file_tokens, relative_names
 
 __all__ = ["Listing", "Sample"]

@@ -26,18 +26,18 @@ _LAZY = {
     "WeightedRandomSampler": "asyncflow.sources._samplers",
     "DistributedSampler": "asyncflow.sources._samplers",
     # splitting a source across ranks and workers (issue 16)
-    "Split": "asyncflow._split",
-    "Share": "asyncflow._split",
-    "Part": "asyncflow._split",
+    "Split": "asyncflow.ranks",
+    "Share": "asyncflow.ranks",
+    "Part": "asyncflow.ranks",
 }
 
 __getattr__ = lazy_getattr(__name__, _LAZY)
 
 if TYPE_CHECKING:
     # "import X as X" marks an explicit re-export for type checkers (``__all__`` is computed).
-    from .._split import Part as Part
-    from .._split import Share as Share
-    from .._split import Split as Split
+    from ..ranks import Part as Part
+    from ..ranks import Share as Share
+    from ..ranks import Split as Split
     from ._list import list_objects as list_objects
     from ._read import read_bytes as read_bytes
     from ._read import session as session

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError, ConfigTypeError
-from .._world import world
+from ..ranks import world
 from ._orders import (
     Block,
     check_int,

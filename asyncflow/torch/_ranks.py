@@ -250,7 +250,7 @@ def worker_states(loader_state: Mapping[str, Any]) -> list[dict[str, Any]]:
             dataset state holds more than one pipeline state; or no worker's holds one (no
             batch delivered yet, or a dataset without ``state_dict()``).
     """
-    from .._elastic import untouched_state
+    from ..ranks import untouched_state
 
     iterable = loader_state.get("iterable") if isinstance(loader_state, Mapping) else None
     lanes = iterable.get("lanes") if isinstance(iterable, Mapping) else None

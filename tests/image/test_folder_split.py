@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from asyncflow import ConfigError, ConfigTypeError, Split, image
-from asyncflow._split import cut
+from asyncflow.ranks import cut
 
 from ._pictures import write_tree
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from asyncflow import ConfigError, Pipeline
-from asyncflow._elastic import _checksum
 from asyncflow.pipeline import listing_identity
 from asyncflow.pipeline._identity import describe_difference, sequence_identity
 from asyncflow.pipeline._resume import _sampled
+from asyncflow.ranks._elastic import _checksum
 
 pytestmark = pytest.mark.usefixtures("leak_check")
 

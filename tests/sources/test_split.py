@@ -1,4 +1,4 @@
-"""Split: one process's share of a list, across ranks and workers (asyncflow/_split.py)."""
+"""Split: one process's share of a list, across ranks and workers (asyncflow/ranks/_split.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from asyncflow import ConfigError, ConfigTypeError, Pipeline, Split, sources
-from asyncflow._split import Part, cut, padding
 from asyncflow.pipeline.seeding import epoch_rng
+from asyncflow.ranks import Part, cut, padding
 from tests.torchrun import free_port
 
 WORLDS = range(1, 9)

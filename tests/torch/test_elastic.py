@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from asyncflow._elastic import settled_of
+from asyncflow.ranks import settled_of
 from asyncflow.torch import gather_states
 from tests.torchrun import torchrun
 

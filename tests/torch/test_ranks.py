@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import IterableDataset, get_worker_info
 
 from asyncflow import ConfigError, DataLoader, Pipeline, Split
-from asyncflow._split import cut
+from asyncflow.ranks import cut
 from asyncflow.torch import StepStats, even_steps
 from tests.torchrun import free_port, torchrun
 

@@ -18,7 +18,7 @@ import pytest
 from torch.utils.data import IterableDataset
 
 from asyncflow import ConfigError, DataLoader, Pipeline, Split
-from asyncflow._elastic import remaining
+from asyncflow.ranks import remaining
 from asyncflow.torch import gather_states, worker_states
 from tests.torchrun import torchrun
 

@@ -22,7 +22,7 @@ draws, the same on every rank, as ``DistributedSampler`` shuffles.
 
 A pipeline over a share saves the share's part in its state (:meth:`Share.split_state`), and
 :meth:`Split.resume` cuts what every rank's states left of the epoch between another number of
-ranks (elastic resume, asyncflow/_elastic.py).
+ranks (elastic resume, asyncflow/ranks/_elastic.py).
 
 Nothing here imports torch: ``torch.distributed`` is read only when the program has imported it
 (a process group cannot be initialized without that), and likewise torch's
@@ -36,56 +36,16 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, overload
 
+from .._errors import ConfigError, ConfigTypeError
+from ..pipeline import Span, sequence_identity
+from ._cut import Remainder, check_count, cut, padding
 from ._dealt import AsyncDealt, Dealt
-from ._errors import ConfigError, ConfigTypeError
+from ._elastic import remaining, resumed_ordinals
 from ._world import env_int, process_group
-from .pipeline import Span, sequence_identity
 
 __all__ = ["Part", "Share", "Split", "cut", "padding"]
 
 T = TypeVar("T")
-Remainder = Literal["pad", "drop"]
-
-
-def _check_count(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigTypeError(f"{name} must be an int, got {value!r}")
-    if value < low:
-        raise ConfigError(f"{name} must be >= {low}, got {value}")
-    return value
-
-
-def cut(n: int, index: int, count: int, *, remainder: Remainder = "pad") -> list[int]:
-    """The positions, out of ``n``, that part ``index`` of ``count`` takes (in order).
-
-    Every part gets ``ceil(n / count)`` positions with ``"pad"`` (the list extended
-    cyclically: position ``n + k`` is position ``k``), ``n // count`` with ``"drop"`` (the
-    last ``n % count`` positions left out), as torch's ``DistributedSampler`` without and
-    with ``drop_last``. An empty list gives every part nothing.
-
-    Raises:
-        ConfigError: ``n < 0``, ``count < 1``, ``index`` outside ``[0, count)`` or an
-            unknown ``remainder``.
-    """
-    _check_count("n", n, 0)
-    _check_count("count", count, 1)
-    _check_count("index", index, 0)
-    if index >= count:
-        raise ConfigError(f"part index {index} is outside [0, {count - 1}] ({count} parts)")
-    if remainder not in ("pad", "drop"):
-        raise ConfigError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
-    if n == 0:
-        return []
-    total = -(-n // count) * count if remainder == "pad" else n // count * count
-    return [position % n for position in range(index, total, count)]
-
-
-def padding(n: int, count: int, *, remainder: Remainder = "pad") -> int:
-    """How many items ``"pad"`` repeats (or ``"drop"`` leaves out) for ``n`` items in
-    ``count`` parts: the repeats are positions ``0, 1, ...`` of the list, cyclically."""
-    if n == 0:
-        return 0
-    return (-n) % count if remainder == "pad" else n % count
 
 
 @dataclass(frozen=True)
@@ -130,7 +90,7 @@ class Part:
         ``shuffle``)."""
         if not self.shuffle or not ordinals:
             return ordinals
-        from .pipeline.seeding import epoch_rng  # NumPy: imported when first needed
+        from ..pipeline.seeding import epoch_rng  # NumPy: imported when first needed
 
         order = epoch_rng(self.seed, epoch).permutation(n)
         return [int(order[i]) for i in ordinals]
@@ -181,9 +141,9 @@ class Split:
 
     def __post_init__(self) -> None:
         if self.world_size is not None:
-            _check_count("world_size", self.world_size, 1)
+            check_count("world_size", self.world_size, 1)
         if self.rank is not None:
-            _check_count("rank", self.rank, 0)
+            check_count("rank", self.rank, 0)
             if self.world_size is not None and self.rank >= self.world_size:
                 raise ConfigError(f"rank {self.rank} is outside [0, {self.world_size - 1}] "
                                   f"(world_size={self.world_size})")
@@ -265,8 +225,6 @@ class Split:
                 ``shuffle`` or ``seed`` differs from theirs (the message says what); an
                 item delivered in part, with ``partial="refuse"``.
         """
-        from ._elastic import remaining
-
         left = remaining(states, partial=partial)
         listed = items if isinstance(items, Sequence) else list(items)
         left.check(listed, remainder=self.remainder, shuffle=bool(self.shuffle), seed=self.seed)
@@ -292,10 +250,10 @@ class Split:
             epoch: The epoch whose order a ``shuffle`` draws (a :class:`Share` takes
                 later ones from ``set_epoch``).
         """
-        _check_count("epoch", epoch, 0)
+        check_count("epoch", epoch, 0)
         if isinstance(items, Iterable):
             return Share(self, items, epoch)
-        return AsyncDealt(self, items, epoch)
+        return AsyncDealt(lambda n: self.part().positions(n, epoch), items)
 
 
 class Share(Generic[T]):
@@ -324,7 +282,7 @@ class Share(Generic[T]):
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the order of ``epoch`` from the next iteration on (with ``shuffle``)."""
-        self.epoch = _check_count("epoch", epoch, 0)
+        self.epoch = check_count("epoch", epoch, 0)
 
     def _listed(self) -> Sequence[T]:
         return self.items if isinstance(self.items, Sequence) else list(self.items)
@@ -336,8 +294,6 @@ class Share(Generic[T]):
         settled = self._resumed()
         if settled is None:
             return part.positions(n, self.epoch)
-        from ._elastic import resumed_ordinals
-
         ordinals = resumed_ordinals(n, settled, part.index, part.count, part.remainder)
         return part.order(ordinals, n, self.epoch)
 

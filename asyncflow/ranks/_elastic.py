@@ -25,8 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._errors import ConfigError
-from .pipeline import Span, sequence_identity
+from .._errors import ConfigError
+from ..pipeline import Span, sequence_identity
+from ._cut import cut
 
 __all__ = [
     "Partial", "Remaining", "listing_hash", "remaining", "resumed_ordinals", "settled_of",
@@ -71,8 +72,6 @@ def resumed_ordinals(n: int, settled: Span | None, index: int, count: int,
     """The ordinals (of ``n``) that part ``index`` of ``count`` takes, in order, when the
     ones in ``settled`` are done (``None``: none are): :func:`~asyncflow.cut` over those left.
     A ``"pad"`` repeat is the ordinal it repeats."""
-    from ._split import cut
-
     if settled is None:
         return cut(n, index, count, remainder="pad" if remainder == "pad" else "drop")
     left = _left(n, settled)

@@ -14,13 +14,11 @@ from collections.abc import (
     AsyncIterable,
     AsyncIterator,
     Awaitable,
+    Callable,
     Iterator,
     Sequence,
 )
-from typing import TYPE_CHECKING, TypeVar
-
-if TYPE_CHECKING:
-    from ._split import Split
+from typing import TypeVar
 
 __all__ = ["AsyncDealt", "Dealt"]
 
@@ -51,11 +49,19 @@ class Dealt(Iterator[T]):
 
 class AsyncDealt(AsyncIterator[T]):
     """``split(async_iterable)``: every item of ``items`` is read, then this part's are
-    yielded, each keyed by its list position as :class:`Dealt` keys it."""
+    yielded, each keyed by its list position as :class:`Dealt` keys it.
 
-    def __init__(self, split: Split, items: AsyncIterable[T], epoch: int) -> None:
+    Args:
+        positions_of: The part's positions in a list of ``n`` items (asked once the list is
+            read, so that the part is resolved as late as for a sequence).
+        items: The whole list, the same on every rank.
+    """
+
+    def __init__(
+        self, positions_of: Callable[[int], list[int]], items: AsyncIterable[T]
+    ) -> None:
         self.positions: list[int] = []
-        self._gen = self._deal(split, items, epoch)
+        self._gen = self._deal(positions_of, items)
 
     def __aiter__(self) -> AsyncDealt[T]:
         return self
@@ -71,7 +77,9 @@ class AsyncDealt(AsyncIterator[T]):
         """The list position of this iteration's ``index``-th item: its seed key."""
         return self.positions[index]
 
-    async def _deal(self, split: Split, items: AsyncIterable[T], epoch: int) -> AsyncGenerator[T]:
+    async def _deal(
+        self, positions_of: Callable[[int], list[int]], items: AsyncIterable[T]
+    ) -> AsyncGenerator[T]:
         """Every item of ``items``, then this part's.
 
         Cancellation:
@@ -84,6 +92,6 @@ class AsyncDealt(AsyncIterator[T]):
         finally:
             if close is not None:
                 await close()
-        self.positions = split.part().positions(len(listed), epoch)
+        self.positions = positions_of(len(listed))
         for i in self.positions:
             yield listed[i]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ._errors import ConfigError
+from .._errors import ConfigError
 
 __all__ = ["env_int", "process_group", "world"]
 

@@ -1,0 +1,55 @@
+"""How a list of ``n`` items is cut into parts: the one rule behind every split, fresh or
+resumed (a pure function of the length, the part and the remainder policy)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from .._errors import ConfigError, ConfigTypeError
+
+__all__ = ["Remainder", "check_count", "cut", "padding"]
+
+Remainder = Literal["pad", "drop"]
+
+
+def check_count(name: str, value: Any, low: int) -> int:
+    """``value``, checked to be an int (not a bool) of at least ``low``; ``name`` names it in
+    the error."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigTypeError(f"{name} must be an int, got {value!r}")
+    if value < low:
+        raise ConfigError(f"{name} must be >= {low}, got {value}")
+    return value
+
+
+def cut(n: int, index: int, count: int, *, remainder: Remainder = "pad") -> list[int]:
+    """The positions, out of ``n``, that part ``index`` of ``count`` takes (in order).
+
+    Every part gets ``ceil(n / count)`` positions with ``"pad"`` (the list extended
+    cyclically: position ``n + k`` is position ``k``), ``n // count`` with ``"drop"`` (the
+    last ``n % count`` positions left out), as torch's ``DistributedSampler`` without and
+    with ``drop_last``. An empty list gives every part nothing.
+
+    Raises:
+        ConfigError: ``n < 0``, ``count < 1``, ``index`` outside ``[0, count)`` or an
+            unknown ``remainder``.
+    """
+    check_count("n", n, 0)
+    check_count("count", count, 1)
+    check_count("index", index, 0)
+    if index >= count:
+        raise ConfigError(f"part index {index} is outside [0, {count - 1}] ({count} parts)")
+    if remainder not in ("pad", "drop"):
+        raise ConfigError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
+    if n == 0:
+        return []
+    total = -(-n // count) * count if remainder == "pad" else n // count * count
+    return [position % n for position in range(index, total, count)]
+
+
+def padding(n: int, count: int, *, remainder: Remainder = "pad") -> int:
+    """How many items ``"pad"`` repeats (or ``"drop"`` leaves out) for ``n`` items in
+    ``count`` parts: the repeats are positions ``0, 1, ...`` of the list, cyclically."""
+    if n == 0:
+        return 0
+    return (-n) % count if remainder == "pad" else n % count
