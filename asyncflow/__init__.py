@@ -63,12 +63,14 @@ __getattr__ = lazy_getattr(__name__, _LAZY)
 
 # The engine imports none of its features: the methods and options that need one
 # (``pipe.to_device``, ``pipe.cache``, ``pipe.progress``, the HTML and text reprs, ``retry=`` /
-# ``timeout=``) look it up by name, and it is imported when first used.
+# ``timeout=``) look it up by name, and it is imported when first used. Likewise the journal
+# reads an ``image.folder`` record's crops through ``"journal_crops:image.folder"``.
 for _name, _target in {
     "to_device": "asyncflow.torch._transfer:to_device",
     "cache": "asyncflow.cache._pipeline:cache",
     "progress_hook": "asyncflow._progress:progress_hook",
     "journal": "asyncflow._journal:journal",
+    "journal_crops:image.folder": "asyncflow.image._explain:record_crops",
     "pipeline_html": "asyncflow._display:pipeline_html",
     "stats_text": "asyncflow._display:stats_text",
     "stats_html": "asyncflow._display:stats_html",

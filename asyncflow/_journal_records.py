@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._errors import ConfigError
+from .pipeline import feature
+
 __all__ = ["Failure", "JournalRecord", "TornHeader", "lines", "record"]
 
 
@@ -98,17 +101,21 @@ _KNOWN = frozenset({"epoch", "step", "rank", "kind", "positions", "items", "fail
                     "digests", "crops"})
 
 
+def _crops(line: dict[str, Any], config: dict[str, Any]) -> tuple[Any, ...]:
+    """The crops of a record's rows, read by the feature its kind registers as
+    ``"journal_crops:<kind>"`` (``image.folder``'s: ``asyncflow/__init__.py`` registers it);
+    a kind that registers none (``"pipeline"``) has no crops."""
+    try:
+        read = feature(f"journal_crops:{line['kind']}")
+    except ConfigError:
+        return ()
+    return tuple(read(line, config))
+
+
 def record(line: dict[str, Any], config: dict[str, Any]) -> JournalRecord:
     items = tuple((str(p), int(label), int(s)) for p, label, s in line.get("items", ()))
-    crops: tuple[Any, ...] = ()
     digests = tuple(None if d is None else str(d) for d in line.get("digests", ()))
-    if line["kind"] == "image.folder":
-        from .image._explain import crops as crops_of
-        from .image._explain import recorded_crops
-
-        recorded = recorded_crops(line)
-        crops = tuple(crops_of(config, line["epoch"], [list(i) for i in items])
-                      if recorded is None else recorded)
+    crops = _crops(line, config)
     positions = line.get("positions")
     return JournalRecord(
         epoch=line["epoch"], step=line["step"], rank=line["rank"], kind=line["kind"],

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from ._folder import ImageFolder
 
-__all__ = ["begin", "crops", "entry", "rebuild", "recorded_crops"]
+__all__ = ["begin", "crops", "entry", "rebuild", "record_crops", "recorded_crops"]
 
 KIND = "image.folder"
 
@@ -128,6 +128,21 @@ def recorded_crops(line: dict[str, Any]) -> list[Crop | None] | None:
         return None
     return [None if c is None else Crop((int(c[0]), int(c[1]), int(c[2]), int(c[3])),
                                         bool(c[4])) for c in drawn]
+
+
+def record_crops(line: dict[str, Any], config: dict[str, Any]) -> list[Crop | None]:
+    """The crops of a journal record's rows: those it holds, or (a record written before they
+    were) drawn again from each file as it is now.
+
+    The journal reads ``image.folder`` records through this: ``asyncflow/__init__.py``
+    registers it as the feature ``"journal_crops:image.folder"``, so the journal imports
+    nothing of ``asyncflow.image``.
+    """
+    recorded = recorded_crops(line)
+    if recorded is not None:
+        return recorded
+    items = [[str(p), int(label), int(s)] for p, label, s in line.get("items", ())]
+    return list(crops(config, line["epoch"], items))
 
 
 def crops(config: dict[str, Any], epoch: int, items: list[Any]) -> list[Crop]:

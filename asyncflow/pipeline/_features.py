@@ -12,6 +12,9 @@ the ``retry=`` / ``timeout=`` checks) look them up here. The names the engine as
 * ``"pipeline_html"``: ``pipeline_html(pipe) -> str``
 * ``"stats_text"``, ``"stats_html"``: ``(stats) -> str``
 * ``"Retry"``, ``"Timeout"``: the option classes ``Pipeline(retry=, timeout=)`` accept
+
+Above the engine, the journal asks for ``"journal_crops:<kind>"``: ``(record line, run
+configuration) -> crops``, how a kind of pipeline (``image.folder``) reads its records' crops.
 """
 
 from __future__ import annotations

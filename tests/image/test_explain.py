@@ -77,6 +77,24 @@ def test_explain_names_the_files_labels_and_crops(tree: Path, tmp_path: Path) ->
     assert record.config["seed"] == 5 and record.config["train"] is True
 
 
+def test_a_record_written_before_crops_were_recorded_draws_them_again(
+    tree: Path, tmp_path: Path
+) -> None:
+    # The journal reads an image.folder record's crops through the "journal_crops" seam
+    # asyncflow/__init__.py registers (the journal imports nothing of asyncflow.image).
+    pipe = image.folder(tree, batch_size=4, size=24, train=True, seed=5, max_failures=1,
+                        workers="threads")
+    _epochs(pipe, tmp_path / "j", 1)
+    recorded = af.explain(tmp_path / "j", epoch=0, step=1)
+    [file] = (tmp_path / "j").glob("rank-*.jsonl")
+    lines = [json.loads(line) for line in file.read_text().splitlines()]
+    file.write_text("".join(
+        json.dumps({k: v for k, v in line.items() if k != "crops"}, separators=(",", ":"))
+        + "\n" for line in lines))
+    drawn = af.explain(tmp_path / "j", epoch=0, step=1)
+    assert drawn.crops == recorded.crops and len(drawn.crops) == len(drawn.items) > 0
+
+
 def test_the_crop_named_is_the_crop_decoded() -> None:
     data = io.BytesIO()
     Image.fromarray(smooth(90, 60, seed=3)).save(data, "PNG")
