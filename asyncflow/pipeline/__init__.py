@@ -4,7 +4,6 @@ Features (``asyncflow.torch``, ``asyncflow.cache``, progress bars, display) exte
 through the public seams exported here; see ``EXTENDING.md``.
 """
 
-from ._assemble import Assembler
 from ._auto import choose_workers, usable_cpus
 from ._boot import check_picklable
 from ._core import HookFactory
@@ -16,6 +15,7 @@ from ._merge import BranchEnd, Merge, MergeChooser, MergePolicy
 from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender, apply_hooks
 from ._options import RunOptions, RunPlan
 from ._pipeline import Pipeline
+from ._protocols import Assembler
 from ._span import Span
 from ._spec import AssembleSpec, CustomSpec, StageSpec
 from ._stats import FailureRecord, ItemGroup, PipelineStats, StageStats, label_stage

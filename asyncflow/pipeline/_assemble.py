@@ -11,7 +11,7 @@ counts a failed row against the stage's failure budget.
 ``describe()`` entry is of kind ``"assemble"`` and carries ``batch_size`` and ``drop_last``,
 which tools reading a description (``.cache()``) take as "batches of this size come out".
 
-Resuming: an assembler that also numbers its rows (:class:`PositionedAssembler`: each row's
+Resuming: an assembler that also numbers its rows (``_protocols.PositionedAssembler``: each row's
 position in the epoch, and the positions each released batch holds) gives the stage a ledger,
 :class:`AssembleLedger`: a row is settled once its batch is, a failed row at once. The stage's
 saved extras are the settled positions (``{"rows": span}``), which a resumed run hands to the
@@ -22,59 +22,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from .._errors import ConfigError
 from ._ledger import Ledger
 from ._node import NodeContext, Receiver, Sender
+from ._protocols import Assembler
 from ._span import Span
 from ._spec import AssembleSpec
 from ._stats import ItemGroup
 
-__all__ = ["AssembleLedger", "AssembleNode", "Assembler", "PositionedAssembler"]
-
-B_co = TypeVar("B_co", covariant=True)
+__all__ = ["AssembleLedger", "AssembleNode"]
 
 _DRAIN = 4096
-
-
-class Assembler(Protocol[B_co]):
-    """Told of each row as it arrives; returns the batches it completes, in batch order.
-
-    Both methods run on the run's event loop, one row at a time, in arrival order: keep them
-    quick (bookkeeping, not copies of whole batches where that can be avoided).
-    """
-
-    def failure(self, row: Any) -> Exception | None:
-        """The error a failed row carries (it is counted against ``max_failures``), or
-        ``None`` for a row that arrived whole."""
-        ...
-
-    def arrived(self, row: Any, *, ok: bool) -> Sequence[B_co]:
-        """Record ``row`` (``ok``: it arrived whole; else it failed and its batch is released
-        without it) and return the batches now complete, in batch order (often none)."""
-        ...
-
-
-class PositionedAssembler(Assembler[B_co], Protocol[B_co]):
-    """An assembler whose rows have positions (their place in the epoch's order, which fixes
-    their batch): what makes an ``assemble`` stage resumable.
-    """
-
-    def position(self, row: Any) -> int:
-        """The position of ``row`` (failed or not)."""
-        ...
-
-    def release(self, row: Any, *, ok: bool) -> Sequence[tuple[B_co | None, Sequence[int]]]:
-        """As :meth:`arrived`, each batch it releases paired with the positions of the rows
-        it holds (those that arrived whole); ``None`` for a batch released without output
-        (every row failed, or ``drop_last``'s short batch)."""
-        ...
-
-    def resume(self, settled: Span) -> None:
-        """The next run's rows at ``settled`` positions will not arrive (delivered in an
-        earlier run, or failed there): leave them out of their batches."""
-        ...
 
 
 def _positioned(assembler: Any) -> bool:

@@ -34,7 +34,7 @@ from ._workers import Processes, resolve_workers
 if TYPE_CHECKING:
     import os
 
-    from ._assemble import Assembler
+    from ._protocols import Assembler
 
 __all__ = ["Pipeline"]
 

@@ -4,14 +4,24 @@ order, within a bounded window."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._node import Sender
 
-if TYPE_CHECKING:
-    from ._map import MapNode
-
 __all__ = ["Reorder"]
+
+
+class OrderedStage(Protocol):
+    """What a reorder buffer needs of its stage (a map node): the tickets it has handed out,
+    and how it puts out one ticket's results."""
+
+    @property
+    def _ticket(self) -> int: ...
+
+    async def _emit(
+        self, items: list[Any], values: list[Any], failures: list[tuple[int, BaseException]],
+        out: Sender,
+    ) -> None: ...
 
 
 class Reorder:
@@ -19,7 +29,7 @@ class Reorder:
     finishes early takes new work instead of waiting for its turn. The window of tickets
     taken but not yet emitted is bounded (twice the concurrency), which bounds memory."""
 
-    def __init__(self, node: MapNode, window: int) -> None:
+    def __init__(self, node: OrderedStage, window: int) -> None:
         self.node = node
         self.window = window
         self.ready: dict[int, Any] = {}

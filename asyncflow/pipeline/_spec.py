@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .._errors import ConfigError
 
 if TYPE_CHECKING:
-    from ._assemble import Assembler
     from ._node import Node, NodeContext
+    from ._protocols import Assembler
     from ._workers import Processes
 
 __all__ = [
