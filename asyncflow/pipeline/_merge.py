@@ -17,21 +17,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import operator
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, Protocol, TypeVar
+from typing import Any, Generic, Literal, NoReturn, Protocol, TypeVar, runtime_checkable
 
 from .._errors import ConfigError
 from .._scope import RunScope
 from ._merge_resume import END, PASS, TAKE, MergeLedger
 from ._node import NodeContext, Receiver, Sender, apply_hooks
-from ._options import RunPlan
+from ._options import RunOptions, RunPlan
 from ._pools import PoolHolder
 from ._spec import StageSpec
 from ._stats import count_items
-
-if TYPE_CHECKING:
-    from ._core import PipelineCore
 
 __all__ = [
     "Branch",
@@ -47,6 +44,7 @@ __all__ = [
 logger = logging.getLogger("asyncflow")
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 #: What happens to a branch that ran out: ``"stop"`` ends the merge, ``"drop"`` reads it no
 #: more, ``"restart"`` rebuilds it as a new epoch of its input, in the same run.
@@ -82,6 +80,26 @@ class MergePolicy(Protocol):
         ...
 
 
+@runtime_checkable
+class MergeInput(Protocol[T_co]):
+    """What a merge needs of each input: an asyncflow pipeline (``PipelineCore``, which
+    ``Pipeline`` is, has all of it). Its source, stages and settings size the run's threads
+    and name its branch; ``_branch()`` makes a new epoch of it to build into the run."""
+
+    @property
+    def source(self) -> Any: ...
+
+    @property
+    def stages(self) -> tuple[StageSpec, ...]: ...
+
+    @property
+    def options(self) -> RunOptions: ...
+
+    def _branch(self) -> Branch: ...
+
+    def __iter__(self) -> Iterator[T_co]: ...
+
+
 @dataclass(frozen=True, eq=False)
 class Merge(Generic[T]):
     """The source of a pipeline that reads several pipelines in its own run.
@@ -108,20 +126,18 @@ class Merge(Generic[T]):
             at once, its branches never started (``None``: start them at once).
     """
 
-    inputs: Sequence[PipelineCore[T]]
+    inputs: Sequence[MergeInput[T]]
     policy: MergePolicy
     name: str = "merge"
     labels: tuple[str, ...] = field(default=())
     gate: Callable[[], Awaitable[bool]] | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
-        from ._core import PipelineCore
-
         inputs = tuple(self.inputs)
         if not inputs:
             raise ConfigError(f"{self.name}: no pipelines to merge")
         for p in inputs:
-            if not isinstance(p, PipelineCore):
+            if not isinstance(p, MergeInput):
                 raise ConfigError(
                     f"{self.name} takes asyncflow pipelines, got {type(p).__name__}"
                 )

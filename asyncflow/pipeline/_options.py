@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._node import ReceiveHook
-
-if TYPE_CHECKING:
-    from ._merge import Merge
 from ._spec import StageSpec
 
 __all__ = ["RunOptions", "RunPlan"]
@@ -48,7 +45,8 @@ class RunPlan:
             runs upstream's source and stages, then its writer) lists them here.
     """
 
-    open_source: Callable[[], Any] | Merge[Any]
+    # A ``Merge`` is one too (called, it refuses to be opened as a plain source).
+    open_source: Callable[[], Any]
     options: RunOptions
     receive_hooks: tuple[ReceiveHook, ...] = ()
     stages: tuple[StageSpec, ...] | None = None
