@@ -6,9 +6,11 @@ resizes, so a thread pool scales it across cores.
 
 One pass, cheapest first: the header gives the size and the EXIF orientation, from which the
 whole crop is settled; a JPEG is then decoded with DCT-domain downscaling (``Image.draft``)
-when the crop is at least twice the output; one ``resize`` call with a ``box`` crops and
-scales together; the small result is converted to RGB and written once, into ``out`` when
-given (a slot of a batch buffer), mirrored on the way for a training flip.
+when the crop is at least twice the output, by simplejpeg where it is installed
+(``_turbo.py``: the same libjpeg-turbo, less around it), by PIL otherwise; one ``resize``
+call with a ``box`` crops and scales together; the small result is converted to RGB and
+written once, into ``out`` when given (a slot of a batch buffer), mirrored on the way for a
+training flip.
 
 A JPEG is proved whole on the way (``_jpeg.py``): libjpeg pads a scan whose data ends early
 with grey and only warns, and Pillow drops the warning.
@@ -31,7 +33,7 @@ from .._blob import Blob, check_max_bytes, describe_size, read_regular
 from .._errors import ConfigError, DecodeError
 from .._redact import redact_url
 from ..pipeline.seeding import item_random
-from . import _jpeg
+from . import _jpeg, _turbo
 from ._batch import IMAGENET_MEAN, IMAGENET_STD
 from ._geometry import (
     Crop,
@@ -302,12 +304,13 @@ def _decode(
         factor = 1
         if crop is not None and im.format in _DRAFTABLE:
             factor = _draft(im, crop.box, dims, swaps)  # type: ignore[arg-type]
-        if scans is not None:
+        fast = _turbo.decode(data, im.mode, im.size, label) if im.format == "JPEG" else None
+        if fast is None and scans is not None:
             _jpeg.load(im, scans, data, label)
-        else:
+        elif fast is None:
             im.load()
-        pic: Image.Image = im if op is None else im.transpose(op)
-        pic = before_resize(pic)
+        pic: Image.Image = im if fast is None else fast
+        pic = before_resize(pic if op is None else pic.transpose(op))
         if crop is not None:
             assert dims is not None
             box = _scaled_box(crop.box, factor, pic.size)

@@ -1,4 +1,5 @@
-"""Which imaging backend is in use: pillow-simd or Pillow, and libjpeg-turbo or not."""
+"""Which imaging backend is in use: pillow-simd or Pillow, libjpeg-turbo or not, and simplejpeg
+(the kernel's JPEG decoder where it is installed)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,13 @@ def backend_info() -> dict[str, Any]:
         version of each distribution, or ``None``); ``simd_expected`` (pillow-simd is what
         this platform should have: Linux x86_64); ``libjpeg_turbo`` (bool) and its
         ``libjpeg_turbo_version``; ``jpeg_version``, ``zlib_version``; ``problems`` (a list
-        of sentences, empty when the set-up is as intended) and ``ok``.
+        of sentences, empty when the set-up is as intended) and ``ok``; ``simplejpeg``: its
+        version, when the decode kernel decodes JPEGs with it (``None``: PIL decodes them).
     """
     import PIL
     from PIL import features
+
+    from . import _turbo
 
     simd = _installed("pillow-simd")
     plain = _installed("pillow")
@@ -45,6 +49,10 @@ def backend_info() -> dict[str, Any]:
         problems.append(
             "pillow-simd is not installed (expected on Linux x86_64): decoding is slower"
         )
+    if not _turbo.available():
+        problems.append(
+            "simplejpeg is not installed: JPEGs are decoded by PIL, about 0.1 ms slower each"
+        )
     if not turbo:
         problems.append(
             "PIL is not built with libjpeg-turbo: JPEG decoding is several times slower"
@@ -58,6 +66,7 @@ def backend_info() -> dict[str, Any]:
         "libjpeg_turbo_version": features.version_feature("libjpeg_turbo") if turbo else None,
         "jpeg_version": features.version_codec("jpg"),
         "zlib_version": features.version_codec("zlib"),
+        "simplejpeg": _turbo.version(),
         "problems": problems,
         "ok": not problems,
     }

@@ -1,0 +1,100 @@
+"""The decode kernel's fast JPEG decoder: libjpeg-turbo through simplejpeg, when it imports.
+
+simplejpeg ships libjpeg-turbo 3 inside a wheel for every supported Python and platform, and
+decodes straight into a NumPy array with the GIL released. Beside PIL's decoder (pillow-simd's
+included) it saves what surrounds libjpeg: PIL's per-image Python (``load_prepare``, tile
+handling, the decoder object); the ``RGBX`` array it decodes to is PIL's own layout for an
+RGB picture, so taking it in is a copy of each row. The decode is the same
+libjpeg-turbo IDCT and upsampling as PIL's (accurate DCT, fancy upsampling), at the same DCT
+scale that ``Image.draft`` picked, so the pixels match PIL's to within libjpeg-turbo's
+versions. (Its ``fastdct`` and ``fastupsample`` flags are left off: on photos they moved the
+output 1.0 and 0.4 levels on average from a full decode, against 0.1 without them.)
+
+Damage: ``strict=True`` turns libjpeg's warnings into errors, among them the two that mean the
+entropy-coded data ran out (a scan cut short, with or without an end-of-image marker after
+it), which PIL drops; those raise :class:`DecodeError` here. Any other warning or error (junk
+between segments, a bad Huffman code, a 12-bit or arithmetic-coded file) hands the picture to
+PIL's path, which decides exactly as without simplejpeg. What no decoder warns of, a
+progressive file missing its last scans, ``_jpeg.inspect`` refuses before either runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import numpy as np
+from PIL import Image
+
+from .._errors import DecodeError
+
+__all__ = ["available", "decode", "version"]
+
+
+def _load() -> ModuleType | None:
+    try:
+        return importlib.import_module("simplejpeg")
+    except ImportError:  # a speed-up only: PIL decodes every JPEG without it
+        return None
+
+
+_simplejpeg = _load()
+
+#: libjpeg's warnings that the data ran out: JWRN_HIT_MARKER and JWRN_JPEG_EOF.
+_RAN_OUT = ("premature end of data segment", "Premature end of JPEG file")
+#: What each PIL mode of a JPEG is decoded to: four bytes a pixel for RGB, PIL's own layout.
+_FORMATS = {"RGB": "RGBX", "L": "GRAY"}
+
+
+def available() -> bool:
+    """Whether simplejpeg imported (the fast path is in use)."""
+    return _simplejpeg is not None
+
+
+def version() -> str | None:
+    """simplejpeg's version, or ``None`` when it is not installed."""
+    return None if _simplejpeg is None else str(_simplejpeg.__version__)
+
+
+def decode(
+    data: bytes | memoryview, mode: str, size: tuple[int, int], label: str
+) -> Image.Image | None:
+    """Decode a JPEG at the DCT scale that gives ``size`` (``Image.draft``'s choice).
+
+    Args:
+        data: The whole file, already walked by ``_jpeg.inspect`` (not an MPO).
+        mode: PIL's mode for it (``Image.open``'s, unchanged by ``draft``).
+        size: ``(width, height)`` after ``draft``: the full size divided by 1, 2, 4 or 8,
+            rounded up, as libjpeg scales.
+        label: How errors name the image.
+
+    Returns:
+        The picture, in ``mode`` (``RGB`` or ``L``) and of ``size``;
+        ``None`` when PIL's path must decode it (no simplejpeg, a mode it does not take,
+        a warning that is not damage, a size that differs).
+
+    Raises:
+        DecodeError: The entropy-coded data ends early.
+
+    Cancellation:
+        Blocks for one decode (the GIL released); it cannot be interrupted.
+    """
+    if _simplejpeg is None or mode not in _FORMATS:
+        return None
+    target = _FORMATS[mode]
+    width, height = size
+    try:
+        arr: np.ndarray = _simplejpeg.decode_jpeg(
+            data, target, min_height=height, min_width=width, strict=True
+        )
+    except ValueError as exc:
+        if any(text in str(exc) for text in _RAN_OUT):
+            raise DecodeError(
+                f"cannot decode {label}: damaged JPEG: the scan data ends early ({exc})"
+            ) from exc
+        return None
+    if arr.shape[0] != height or arr.shape[1] != width:
+        return None
+    # A gray picture is mapped as it is; an RGB one is copied a row at a time into an "RGB"
+    # image (three bands), which PIL resizes faster than the mapped four-band "RGBX".
+    return Image.frombuffer(mode, size, arr, "raw", target if mode == "RGB" else "L", 0, 1)
