@@ -47,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _common import table  # noqa: E402
+from _gil import measure_gil  # noqa: E402
 from _imagedata import build_dataset  # noqa: E402
 from _loaders import _Folder, list_images  # noqa: E402
 from bench_images import _env  # noqa: E402
@@ -119,7 +120,6 @@ def kernels(paths: list[str], quick: bool) -> dict[str, dict[str, float]]:
     import torch
 
     from asyncflow import image
-    from asyncflow.pipeline._gil import measure_gil
 
     torch.set_num_threads(1)
     dataset = _Folder([(p, 0) for p in paths], SIZE)

@@ -14,6 +14,10 @@ after (its 90th percentile plus a margin, capped at half the switch interval); t
 late wake-ups, less the share that is late with the GIL free, estimates the share of time
 held. A hold shorter than the margin (25 us) is missed in part, so short, frequent holds read
 a little low.
+
+Benchmark tooling, not part of the library: ``bench_gil.py`` measures each kernel with it,
+and docs/performance.md quotes the readings. It imports only the standard library and
+asyncflow's errors, so that the probe itself adds no work to what it measures.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._errors import ConfigError
+from asyncflow import ConfigError
 
 __all__ = ["GilProfile", "measure_gil"]
 
