@@ -104,6 +104,22 @@ def test_both_decoders_give_the_same_rows(monkeypatch: pytest.MonkeyPatch) -> No
     assert np.abs(rows[False] - rows[True]).max() <= 1.0 / (255 * 0.224) + 1e-5
 
 
+@pytest.mark.parametrize("mapped", [True, False])
+def test_rgb_mapped_or_copied_into_pil_gives_the_same_pixels(
+    monkeypatch: pytest.MonkeyPatch, fast_calls: list[bool], mapped: bool
+) -> None:
+    """pillow-simd resizes the decoded array mapped as RGBX, stock Pillow a copy as RGB."""
+    monkeypatch.setattr(_turbo, "_MAP_RGBX", mapped)
+    data = PHOTOS[2].read_bytes()
+    for layout in ("hwc", "chw"):
+        got = image.decode(data, size=(120, 100), train=True, seed=1, layout=layout)
+        with monkeypatch.context() as m:
+            m.setattr(_turbo, "_simplejpeg", None)
+            want = image.decode(data, size=(120, 100), train=True, seed=1, layout=layout)
+        assert np.abs(got.astype(np.int16) - want.astype(np.int16)).max() <= 1
+    assert fast_calls == [True, False, True, False]
+
+
 @pytest.mark.parametrize("fraction", [0.3, 0.6, 0.9, 0.99])
 def test_a_cut_photo_is_a_decode_error(decoder: str, fraction: float) -> None:
     data = PHOTOS[2].read_bytes()
