@@ -1,28 +1,34 @@
-"""Where the one-thread training kernel's time goes, per image (issue 23.3).
+"""The one-thread training kernel against plain PIL, and where its time goes (issue 23.3).
 
 How to run::
 
-    python benchmarks/profile_kernel.py              # 300 JPEGs, 3 passes
+    python benchmarks/profile_kernel.py              # 300 JPEGs, 3 passes, 5 rounds
     python benchmarks/profile_kernel.py --images 1024 --passes 2
 
 Runs ``image.folder(train=True)``'s per-image call as its decode workers make it (a
 random-resized crop to 224, a flip, normalized float32 written into a CHW row of a batch
-buffer) on one thread, first untimed (the files in the page cache), then under ``cProfile``.
-Prints each function's own time (``tottime``) per image, largest first, in milliseconds:
-C calls (PIL's decoder, its resize, NumPy's multiply) show as ``{method ...}`` / ``{built-in
-...}`` rows. A plain PIL RandomResizedCrop + flip + normalize (``torchvision``'s recipe, written
-out) runs before it on the same files, for scale. Profiling adds a few percent to Python-heavy
-rows; the C rows are as measured.
+buffer) on one thread, beside a plain PIL RandomResizedCrop + flip + normalize
+(``torchvision``'s recipe, written out) on the same files with the same PIL, and the kernel
+with simplejpeg hidden (PIL decoding its JPEGs). The three take turns for ``--rounds`` rounds
+(CPU time of this thread; the files in the page cache): the minimum is the least disturbed
+round on a shared machine, and the ratio of minimums is the figure to quote. Then each JPEG
+decoder alone, on the same files at the DCT scale the kernel picks, and the kernel under
+``cProfile``: each function's own time (``tottime``) per image, largest first, in
+milliseconds (C calls show as ``{method ...}`` / ``{built-in ...}`` rows; profiling adds a
+few percent to Python-heavy rows).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import io
 import pstats
 import random
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -60,25 +66,96 @@ def plain_pil(path: str, rng: random.Random, out: np.ndarray) -> None:
         STD, np.float32)[:, None, None]
 
 
+Decoder = Callable[[bytes, int, int, int], object]
+
+
+def decoders() -> dict[str, Decoder]:
+    """Each JPEG decoder that imports: ``(data, k, width, height)``, decoded at 1/``k``."""
+    def pil(data: bytes, k: int, width: int, height: int) -> object:
+        with Image.open(io.BytesIO(data)) as im:
+            if k > 1:
+                im.draft(im.mode, (-(-width // k), -(-height // k)))
+            im.load()
+            return im.im
+
+    found: dict[str, Decoder] = {"PIL (Image.draft)": pil}
+    try:
+        import simplejpeg
+    except ImportError:
+        pass
+    else:
+        found["simplejpeg"] = lambda data, k, width, height: simplejpeg.decode_jpeg(
+            data, "RGBX", min_width=-(-width // k), min_height=-(-height // k))
+    try:
+        import cv2
+    except ImportError:
+        pass
+    else:
+        cv2.setNumThreads(1)
+        flags = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
+                 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
+        found["OpenCV imdecode"] = lambda data, k, width, height: cv2.imdecode(
+            np.frombuffer(data, np.uint8), flags[k])
+    return found
+
+
+def time_decoders(paths: list[str], rounds: int) -> None:
+    """Each decoder alone on the files in memory, at the kernel's DCT scale for its crop."""
+    from asyncflow.image import augmentation
+
+    jobs = []
+    for i, path in enumerate(paths):
+        data = Path(path).read_bytes()
+        with Image.open(path) as im:
+            (width, height), gray = im.size, im.mode == "L"
+        if gray:
+            continue  # the colour photos only: every decoder makes RGB of them
+        box = augmentation(data, size=SIZE, train=True, seed=0, index=i).box
+        factor, k = min(box[2] - box[0], box[3] - box[1]) / SIZE, 1
+        while 2 * k <= factor and k < 8:
+            k *= 2
+        jobs.append((data, k, width, height))
+    times: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for name, fn in decoders().items():
+            start = time.thread_time()
+            for job in jobs:
+                fn(*job)
+            times.setdefault(name, []).append(1000 * (time.thread_time() - start) / len(jobs))
+    print(f"\ndecode alone ({len(jobs)} colour JPEGs, one thread, min of {rounds} rounds):")
+    for name, ms in times.items():
+        print(f"  {name}: {min(ms):.3f} ms per image")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--images", type=int, default=300)
     parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--top", type=int, default=18)
     args = parser.parse_args()
-    from asyncflow.image import backend_info, decode
+    from asyncflow.image import _turbo, backend_info, decode
 
     info = backend_info()
     print(f"Pillow {info['pil_version']} (pillow-simd: {bool(info['pillow_simd'])}), "
-          f"libjpeg-turbo {info['libjpeg_turbo_version']}, NumPy {np.__version__}")
+          f"libjpeg-turbo {info['libjpeg_turbo_version']}, simplejpeg {info['simplejpeg']}, "
+          f"NumPy {np.__version__}")
     paths = [p for p, _ in list_images(str(build_dataset(args.images)))]
     row = np.empty((3, SIZE, SIZE), np.float32)
+    fast = _turbo._simplejpeg
 
     def ours() -> None:
         for epoch in range(args.passes):
             for i, path in enumerate(paths):
                 decode(path, size=SIZE, train=True, seed=0, epoch=epoch, index=i, out=row,
                        layout="chw", normalize=True)
+
+    def ours_pil() -> None:
+        _turbo._simplejpeg = None
+        try:
+            ours()
+        finally:
+            _turbo._simplejpeg = fast
 
     def theirs() -> None:
         rng = random.Random(0)
@@ -88,10 +165,24 @@ def main() -> None:
 
     n = args.passes * len(paths)
     ours()  # the files into the page cache, the imports done
-    for name, fn in (("plain PIL", theirs), ("asyncflow kernel", ours)):
-        start = time.thread_time()
-        fn()
-        print(f"{name}: {1000 * (time.thread_time() - start) / n:.3f} ms CPU per image")
+    contenders = {"plain PIL": theirs, "asyncflow kernel": ours}
+    if fast is not None:
+        contenders["kernel, PIL decoding"] = ours_pil
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(args.rounds):
+        for name, fn in contenders.items():
+            start = time.thread_time()
+            fn()
+            times[name].append(1000 * (time.thread_time() - start) / n)
+    base = times["plain PIL"]
+    print(f"\nms CPU per image, {args.rounds} interleaved rounds of {n} images:")
+    print("| | min | median | plain PIL / it (min) | (median) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, ms in times.items():
+        mid = statistics.median(ms)
+        print(f"| {name} | {min(ms):.3f} | {mid:.3f} | {min(base) / min(ms):.2f}x | "
+              f"{statistics.median(base) / mid:.2f}x |")
+    time_decoders(paths, args.rounds)
     profile = cProfile.Profile()
     profile.enable()
     ours()
