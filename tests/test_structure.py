@@ -20,7 +20,6 @@ KNOWN_CYCLES: list[list[str]] = [
     ["asyncflow.sources._hedge", "asyncflow.sources._limiter", "asyncflow.sources._retry"],
     ["asyncflow.sources._files", "asyncflow.sources._http", "asyncflow.sources._manifest",
      "asyncflow.sources._s3", "asyncflow.sources._transport"],
-    ["asyncflow.image._explain", "asyncflow.image._folder"],
     ["asyncflow.torch._copies", "asyncflow.torch._draws", "asyncflow.torch._iterable",
      "asyncflow.torch._layout", "asyncflow.torch._loader"],
 ]

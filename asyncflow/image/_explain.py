@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -34,14 +34,41 @@ from ._geometry import Crop
 if TYPE_CHECKING:
     import torch
 
-    from ._folder import ImageFolder
+    from ._listing import Listing
+    from ._slots import BatchAssembler  # imports torch: reading a journal does not need it
 
-__all__ = ["begin", "crops", "entry", "rebuild", "record_crops", "recorded_crops"]
+__all__ = [
+    "JournaledFolder", "begin", "crops", "entry", "rebuild", "record_crops", "recorded_crops",
+]
 
 KIND = "image.folder"
 
 
-def begin(pipe: ImageFolder) -> dict[str, Any]:
+class JournaledFolder(Protocol):
+    """What a journal reads of an ``image.folder`` pipeline (``ImageFolder`` is one, and
+    passes itself): where its files are, how it cuts and decodes them, and the assembler
+    that logs which rows each batch held."""
+
+    @property
+    def root(self) -> str: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def _seed(self) -> int: ...
+
+    @property
+    def _decode_options(self) -> dict[str, Any]: ...
+
+    @property
+    def _listing(self) -> Listing: ...
+
+    @property
+    def _assembler(self) -> BatchAssembler: ...
+
+
+def begin(pipe: JournaledFolder) -> dict[str, Any]:
     """Start keeping the assembler's batch records; the run's configuration for a journal
     (what :func:`crops` needs to draw the crops again without the pipeline)."""
     assembler = pipe._assembler
@@ -56,7 +83,7 @@ def begin(pipe: ImageFolder) -> dict[str, Any]:
     }
 
 
-def entry(pipe: ImageFolder, batch: Any, cache: dict[int, Any]) -> dict[str, Any] | None:
+def entry(pipe: JournaledFolder, batch: Any, cache: dict[int, Any]) -> dict[str, Any] | None:
     """The journal record of a delivered batch: its epoch and step (batch number), the
     positions and files it holds in row order, and its failed rows; ``None`` when the batch
     is not one the assembler released (a stage after it made a new one).
@@ -98,7 +125,7 @@ def entry(pipe: ImageFolder, batch: Any, cache: dict[int, Any]) -> dict[str, Any
     }
 
 
-def _read_back(pipe: ImageFolder, epoch: int, items: list[list[Any]]
+def _read_back(pipe: JournaledFolder, epoch: int, items: list[list[Any]]
                ) -> tuple[list[str | None], list[list[Any] | None]]:
     """Each kept file's digest and the crop and flip drawn from its bytes (``None`` for a
     file that can no longer be read: it changed since it was decoded)."""
@@ -157,7 +184,7 @@ def crops(config: dict[str, Any], epoch: int, items: list[Any]) -> list[Crop]:
     ]
 
 
-def rebuild(pipe: ImageFolder, config: dict[str, Any], epoch: int,
+def rebuild(pipe: JournaledFolder, config: dict[str, Any], epoch: int,
             items: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode the batch's kept items again, in its row order, as ``image.folder`` did.
 
