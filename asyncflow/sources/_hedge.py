@@ -64,6 +64,11 @@ class Latencies:
         if self._added % _EVERY == 0 or self._added == MIN_SAMPLES:
             self._sorted = sorted(self._ring)
 
+    def median(self) -> float:
+        """The median of the recent latencies (0 until :data:`MIN_SAMPLES` were seen)."""
+        ranked = self._sorted
+        return ranked[len(ranked) // 2] if len(ranked) >= MIN_SAMPLES else 0.0
+
     def hedge_after(self, quantile: float) -> float | None:
         """Seconds after which a request is late: ``quantile`` of the recent ones, at least
         twice the median; ``None`` until :data:`MIN_SAMPLES` have been seen."""

@@ -12,9 +12,11 @@ it the window:
   above it;
 - halves on 429, 503 or S3 ``SlowDown`` (multiplicative decrease), at most once per window of
   requests: the throttles of requests sent before the last decrease are not counted again;
-- throttled with one request in flight, spaces request starts out instead (10 ms apart,
-  twice as far on each throttle up to a second, a tenth closer on each answer): quick
-  rejections would otherwise let even one request at a time hammer the host;
+- on a throttle, also paces request starts at a little below the rate the host delivered
+  (:mod:`._pace`): a store that limits a rate rather than a concurrency is then probed every
+  few seconds, not many times a second; with one request in flight and no answer to measure,
+  starts are spaced out (10 ms, twice as far on each throttle): quick rejections would
+  otherwise let even one request at a time hammer the host;
 - gives a throttled request's place back at once, so its wait holds no slot, and serves
   retried requests before fresh ones, so that no object starves behind newcomers.
 
@@ -27,16 +29,17 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import random
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from .._scope import current_scope
 from ._hedge import Latencies, race
+from ._pace import Pace
 from ._retry import Retry, Transient
 
-__all__ = ["HOSTS_KEY", "INITIAL_WINDOW", "HostLimiter", "Hosts", "limiter_for"]
+__all__ = ["HOSTS_KEY", "INITIAL_WINDOW", "PACED_WINDOW", "HostLimiter", "Hosts",
+           "limiter_for"]
 
 T = TypeVar("T")
 
@@ -45,9 +48,7 @@ INITIAL_WINDOW = 32
 #: No hedges for a host that throttled within this many seconds: a hedge is one more request.
 HEDGE_QUIET = 2.0
 _KEEP_SENT = 8192  # send times kept for hedging's congestion check
-#: Throttled with one request in flight: starts are spaced this far apart, twice as far on
-#: each throttle (up to MAX_GAP), a tenth closer on each answer.
-MIN_GAP, MAX_GAP = 0.01, 1.0
+#: At this window or below, every throttle (not only the first of a window) spaces starts.
 PACED_WINDOW = 2.0
 
 
@@ -82,8 +83,7 @@ class HostLimiter:
         self._tokens = 0.0
         self._starts: dict[int, float] = {}  # requests in flight: when each began, oldest first
         self._sent_at: list[float] = []  # when the recent requests were sent, in order
-        self._gap = 0.0  # seconds between starts once the window is down to one (0: none)
-        self._paused_until = float("-inf")
+        self.pace = Pace()
         self._timer_at = float("-inf")  # when the wake-up at the end of a pause is due
 
     async def run(
@@ -105,11 +105,11 @@ class HostLimiter:
             Cancelling the caller while it waits for a place leaves the queue; while the
             try runs, cancels it (and its hedge) and frees its place.
         """
-        if (self.in_flight < self.window and self._paused_until <= self._time()
+        now = self._time()
+        if (self.in_flight < self.window and self.pace.delay(now) <= 0
                 and not (self._retried or (self._fresh and not retried))):
             self.in_flight += 1
-            if self._gap:
-                self._paused_until = self._time() + self._gap
+            self.pace.started(now)
         else:
             await self._wait(self._retried if retried else self._fresh)
         seq = self._sent
@@ -154,12 +154,14 @@ class HostLimiter:
 
     def _release(self, seq: int, elapsed: float, *, ok: bool, throttled: bool) -> None:
         if ok:
-            if self._gap:  # paced: each answer narrows the gap a little (additive increase)
-                self._gap = self._gap * 0.9 if self._gap > MIN_GAP / 2 else 0.0
-            self.last_success = self._time()
+            now = self.last_success = self._time()
             self.latencies.add(elapsed)
-            if self.in_flight >= int(self.window) or self._retried or self._fresh:
-                # Grow only a window that limits: a host asked for less proves nothing.
+            waiting = bool(self._retried or self._fresh)
+            self.pace.answered(now, limiting=waiting, window=self.window,
+                               latency=self.latencies.median())
+            if self.in_flight >= int(self.window) or (waiting and self.pace.rate is None):
+                # Grow only a window that limits (not the pace): a host asked for less
+                # proves nothing.
                 self.window = min(float(self.ceiling), self.window + self._step())
         elif throttled:
             self.throttle(seq)
@@ -178,12 +180,9 @@ class HostLimiter:
         """A request numbered ``seq`` (``None``: a hedge, just sent) was throttled."""
         self.throttled += 1
         self.last_throttle = self._time()
-        if self.window <= PACED_WINDOW:
-            # A window of one still sends as fast as the rejections come back (they are quick):
-            # below one request in flight, space the starts out instead, twice as far each time.
-            self._gap = min(MAX_GAP, max(self._gap * 2, MIN_GAP))
-            self._paused_until = self._time() + random.uniform(self._gap / 2, self._gap)
-        if seq is None or seq >= self._recovered:
+        decrease = seq is None or seq >= self._recovered
+        self.pace.throttled(self.last_throttle, decrease=decrease or self.window <= PACED_WINDOW)
+        if decrease:
             self._limit = self.window
             self.window = max(1.0, self.window / 2)
             self._slow_start = False
@@ -198,22 +197,22 @@ class HostLimiter:
         self._wake()
 
     def _wake(self) -> None:
-        """Hand free places to waiters, retried ones first; after a pause, when it ends."""
-        pause = self._paused_until - self._time()
-        if pause > 0:
-            if self._timer_at != self._paused_until and (self._retried or self._fresh):
-                self._timer_at = self._paused_until
-                asyncio.get_running_loop().call_later(pause, self._end_pause)
-            return
+        """Hand free places to waiters, retried ones first; while paced, each at its start's
+        slot (a timer wakes the next)."""
         while self.in_flight < self.window and (self._retried or self._fresh):
+            now = self._time()
+            pause = self.pace.delay(now)
+            if pause > 0:
+                due = now + pause
+                if self._timer_at != due:
+                    self._timer_at = due
+                    asyncio.get_running_loop().call_later(pause, self._end_pause)
+                return
             fut = (self._retried or self._fresh).popleft()
             if not fut.done():
                 self.in_flight += 1
                 fut.set_result(None)
-                if self._gap:  # paced: one start per gap
-                    self._paused_until = self._time() + self._gap
-                    self._wake()
-                    return
+                self.pace.started(now)
 
     def may_hedge(self) -> bool:
         """Whether a hedge is within the budget and the host has not throttled lately."""
@@ -242,8 +241,10 @@ class HostLimiter:
     def report(self) -> str:
         """One line for ``stats().notes``."""
         phase = "growing" if self._slow_start else "adapting"
+        paced = self.pace.rate
+        pace = f", paced at {paced:,.0f}/s" if paced is not None else ""
         line = (f"remote reads from {self.name}: window {int(self.window)} of {self.ceiling} "
-                f"({phase}), {self.requests} requests, {self.throttled} throttled")
+                f"({phase}{pace}), {self.requests} requests, {self.throttled} throttled")
         if self.hedges:
             line += f", {self.hedges} hedged ({self.hedges_won} won)"
         return line

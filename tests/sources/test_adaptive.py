@@ -32,7 +32,8 @@ def check_all(store: Store, got: list[bytes], n: int) -> None:
 def host_note(pipe: Pipeline[bytes], name: str) -> dict[str, int]:
     """The figures of ``name``'s line in ``stats().notes``."""
     [line] = [n for n in pipe.stats().notes if n.startswith(f"remote reads from {name}: ")]
-    found = re.fullmatch(r"remote reads from \S+: window (\d+) of (\d+) \(\w+\), (\d+) "
+    found = re.fullmatch(r"remote reads from \S+: window (\d+) of (\d+) "
+                         r"\(\w+(?:, paced at [\d,]+/s)?\), (\d+) "
                          r"requests, (\d+) throttled(?:, (\d+) hedged \((\d+) won\))?", line)
     assert found is not None, line
     keys = ("window", "ceiling", "requests", "throttled", "hedged", "won")

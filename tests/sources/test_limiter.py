@@ -10,7 +10,8 @@ import pytest
 from asyncflow import Retry, SourceError, Timeout
 from asyncflow._scope import RunScope, use_scope
 from asyncflow.sources._hedge import MIN_SAMPLES, Latencies
-from asyncflow.sources._limiter import INITIAL_WINDOW, MIN_GAP, HostLimiter, limiter_for
+from asyncflow.sources._limiter import INITIAL_WINDOW, HostLimiter, limiter_for
+from asyncflow.sources._pace import MIN_GAP
 from asyncflow.sources._retry import Transient, with_retries
 
 RETRY = Retry(backoff=0)
@@ -234,3 +235,36 @@ async def test_throttled_at_a_window_of_one_it_spaces_its_starts(async_leak_chec
         got = await asyncio.gather(*(gate.run(ok, retried=i % 2 == 0, retry=RETRY)
                                      for i in range(20)))
     assert got == ["ok"] * 20 and gate.in_flight == 0
+
+
+async def test_a_rate_limited_host_is_paced_with_few_rejections(async_leak_check: None) -> None:
+    gate = HostLimiter("http://h", ceiling=256)
+    loop = asyncio.get_running_loop()
+    tokens, at, rate, burst = 10.0, loop.time(), 200.0, 10.0
+    rejected = 0
+    times: list[float] = []
+    start = loop.time()
+
+    async def bucket() -> str:
+        nonlocal tokens, at, rejected
+        now = loop.time()
+        tokens, at = min(burst, tokens + (now - at) * rate), now
+        if tokens < 1.0:
+            rejected += 1
+            times.append(now - start)
+            raise Transient("HTTP 503 Slow Down", status=503, throttled=True)
+        tokens -= 1.0
+        await asyncio.sleep(0.005)
+        return "ok"
+
+    retry = Retry(backoff=0.05, hedge=0)
+    async with asyncio.timeout(60):
+        got = await asyncio.gather(*(with_retries(bucket, what=f"GET {i}", retry=retry,
+                                                  timeout=Timeout(), gate=gate)
+                                     for i in range(600)))
+    assert got == ["ok"] * 600 and gate.in_flight == 0
+    # The window alone probes the rate many times a second, a few rejections each time.
+    # Paced at the rate the host delivered (measured after its first half second), it is
+    # not probed again within the hold (4 s): no rejection after the first second.
+    assert gate.pace.rate is not None and "paced at" in gate.report()
+    assert rejected == len(times) and [t for t in times if t > 1.0] == []
