@@ -20,8 +20,6 @@ KNOWN_CYCLES: list[list[str]] = [
     ["asyncflow.sources._hedge", "asyncflow.sources._limiter", "asyncflow.sources._retry"],
     ["asyncflow.sources._files", "asyncflow.sources._http", "asyncflow.sources._manifest",
      "asyncflow.sources._s3", "asyncflow.sources._transport"],
-    ["asyncflow.torch._copies", "asyncflow.torch._draws", "asyncflow.torch._iterable",
-     "asyncflow.torch._layout", "asyncflow.torch._loader"],
 ]
 
 def test_no_import_cycle_between_files() -> None:

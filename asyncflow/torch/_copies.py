@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._errors import ConfigError
 
 if TYPE_CHECKING:
-    from ._loader import DataLoader
+    from ._facade import Loader
 
 __all__ = ["copy_for_persistent_threads", "stale_kept_workers"]
 
 
-def copy_for_persistent_threads(loader: DataLoader[Any]) -> None:
+def copy_for_persistent_threads(loader: Loader) -> None:
     """Give persistent thread workers their own copy of the dataset, taken as they start.
 
     torch's persistent workers keep the copy of the dataset they got when they started, so
@@ -48,7 +48,7 @@ def copy_for_persistent_threads(loader: DataLoader[Any]) -> None:
         fetch.dataset = own
 
 
-def stale_kept_workers(loader: DataLoader[Any]) -> bytes | None:
+def stale_kept_workers(loader: Loader) -> bytes | None:
     """Whether the worker processes kept alive for a loader that did not ask for persistent
     workers hold a copy of the dataset that differs from the dataset now: then, as torch's
     workers would be, they must start again, with the dataset as it is.

@@ -22,13 +22,13 @@ from torch.utils.data import BatchSampler
 from ._shuffle import ShuffleSampler
 
 if TYPE_CHECKING:
-    from ._loader import DataLoader
+    from ._facade import Loader
     from ._state import LoaderState
 
 __all__ = ["TorchDraws", "torch_workers", "worker_seed"]
 
 
-def torch_workers(loader: DataLoader[Any]) -> int:
+def torch_workers(loader: Loader) -> int:
     """``num_workers`` as torch's loader has it: as given, ``0`` when not given."""
     return int(loader.__dict__.get("_workers_asked") or 0)
 
@@ -56,7 +56,7 @@ class TorchDraws:
         loader: The DataLoader.
     """
 
-    def __init__(self, loader: DataLoader[Any]) -> None:
+    def __init__(self, loader: Loader) -> None:
         self.loader = loader
         self.generator_start: torch.Tensor | None = None
         self.sampler_generator_start: torch.Tensor | None = None

@@ -23,7 +23,7 @@ from ._layout import choose, pinning, worker_spec
 from ._state import EpochIterator, LoaderState
 
 if TYPE_CHECKING:
-    from ._loader import DataLoader
+    from ._facade import Loader
 
 __all__ = ["IterableEpochs"]
 
@@ -40,7 +40,7 @@ class IterableEpochs:
         ConfigError: ``saved`` is not an iterable loader's state.
     """
 
-    def __init__(self, loader: DataLoader[Any], saved: dict[str, Any] | None) -> None:
+    def __init__(self, loader: Loader, saved: dict[str, Any] | None) -> None:
         self.loader = loader
         lanes, note = self._plan(loader)
         resume = _resume_plan(saved, lanes, loader._state.next_epoch)
@@ -57,7 +57,7 @@ class IterableEpochs:
             and not loader.persistent_workers
         self.runs: list[Run | None] = []
 
-    def _plan(self, loader: DataLoader[Any]) -> tuple[int, str | None]:
+    def _plan(self, loader: Loader) -> tuple[int, str | None]:
         probe = LaneFetch(loader.dataset, loader.collate_fn, loader.batch_size, loader.drop_last)
         spec = worker_spec(loader, TorchWorkerInit(loader.dataset, loader.worker_init_fn))
         self.processes, note = choose(loader, probe, spec, "fetch")
@@ -162,7 +162,7 @@ class IterableEpochs:
             template._pools.shutdown()
 
 
-def _warn_past_len(loader: DataLoader[Any], yielded: int) -> None:
+def _warn_past_len(loader: Loader, yielded: int) -> None:
     """Warn, as torch's loader does, once more batches came than ``len(loader)`` promised."""
     promised = loader._IterableDataset_len_called
     if promised is None or yielded <= promised:
@@ -179,7 +179,7 @@ def _tasks(epoch: int, start: int) -> Iterator[tuple[int, int]]:
     return ((epoch, position) for position in itertools.count(start))
 
 
-def _length(loader: DataLoader[Any]) -> int:
+def _length(loader: Loader) -> int:
     asked = loader._IterableDataset_len_called  # torch's len() notes it was asked: we don't
     try:
         return len(loader)

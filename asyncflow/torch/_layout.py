@@ -16,7 +16,7 @@ from ._args import start_method
 from ._fetch import Failed, Fetch, Indexed, Positioned, TorchWorkerInit, is_stateful, pin
 
 if TYPE_CHECKING:
-    from ._loader import DataLoader
+    from ._facade import Loader
 
 __all__ = [
     "choose",
@@ -44,18 +44,18 @@ _SMALL = ("a PIL-style Dataset's threads wait little for the GIL, and sending ea
           "Dataset whose Python holds the GIL")
 
 
-def dataset_of(loader: DataLoader[Any]) -> Any:
+def dataset_of(loader: Loader) -> Any:
     """The dataset the loader's threads read, untyped (its optional methods, ``state_dict``,
     are duck-typed): persistent thread workers' own copy once they have it."""
     return loader.dataset if loader._copy is None else loader._copy
 
 
-def pinning(loader: DataLoader[Any]) -> bool:
+def pinning(loader: Loader) -> bool:
     """Whether batches get page-locked: ``pin_memory`` asked, CUDA present, no ``device=``."""
     return bool(loader.pin_memory) and loader.device is None and torch.cuda.is_available()
 
 
-def worker_spec(loader: DataLoader[Any], init: TorchWorkerInit) -> Processes:
+def worker_spec(loader: Loader, init: TorchWorkerInit) -> Processes:
     """The worker processes' options, from the loader's torch arguments."""
     return Processes(
         start_method=start_method(loader.multiprocessing_context),  # type: ignore[arg-type]
@@ -67,7 +67,7 @@ def worker_spec(loader: DataLoader[Any], init: TorchWorkerInit) -> Processes:
     )
 
 
-def default_workers(loader: DataLoader[Any]) -> int:
+def default_workers(loader: Loader) -> int:
     """``num_workers`` for a loader not given one: torch's default, ``0``, wherever workers
     would change what the loader delivers or calls, and the usable cores elsewhere.
 
@@ -82,7 +82,7 @@ def default_workers(loader: DataLoader[Any]) -> int:
     return usable_cpus()
 
 
-def needs_processes(loader: DataLoader[Any]) -> str | None:
+def needs_processes(loader: Loader) -> str | None:
     """Why only worker processes give torch's meaning to this loader, if they do.
 
     Threads cannot: torch's ``get_worker_info()`` is one global, ``None`` in this process,
@@ -101,7 +101,7 @@ def needs_processes(loader: DataLoader[Any]) -> str | None:
     return None
 
 
-def _delivers_by_worker(loader: DataLoader[Any]) -> bool:
+def _delivers_by_worker(loader: Loader) -> bool:
     """Whether what the loader delivers depends on the workers' identities: an iterable
     dataset read by several workers, or a dataset that asks which worker it is in."""
     return ((loader._dataset_kind == _DatasetKind.Iterable and loader.num_workers > 1)
@@ -120,7 +120,7 @@ def _asks_worker_info(*objects: Any) -> bool:
     return False
 
 
-def choose(loader: DataLoader[Any], fn: Any, spec: Processes, stage: str
+def choose(loader: Loader, fn: Any, spec: Processes, stage: str
            ) -> tuple[Processes | None, str | None]:
     """Threads (``None``) or worker processes for ``fn``, and why when chosen here."""
     if loader.num_workers == 0 or loader.workers == "threads":
@@ -154,7 +154,7 @@ def choose(loader: DataLoader[Any], fn: Any, spec: Processes, stage: str
     return replace(spec, persistent=True), note
 
 
-def epoch_pipeline(loader: DataLoader[Any], fetch: Fetch) -> Pipeline:
+def epoch_pipeline(loader: Loader, fetch: Fetch) -> Pipeline:
     """The template of a map-style loader's epochs: fetch (and collate) on threads or worker
     processes, then pin or copy to the device. Each epoch runs it over its own source."""
     states = loader._state.dataset_states
@@ -203,7 +203,7 @@ def _pin_positioned(item: Positioned) -> Positioned:
     return item if isinstance(item.batch, Failed) else item._replace(batch=pin(item.batch))
 
 
-def dataset_states_of(loader: DataLoader[Any]) -> dict[str, Any] | None:
+def dataset_states_of(loader: Loader) -> dict[str, Any] | None:
     """The dataset's saved state for a loader's state dict: the copy in this process and
     each worker process's, as of the latest batch delivered; ``None`` for a dataset without
     ``state_dict()``."""
@@ -216,7 +216,7 @@ def dataset_states_of(loader: DataLoader[Any]) -> dict[str, Any] | None:
     return {"main": main, "workers": {w: s for w, s in states.items() if w is not None}}
 
 
-def restore_dataset_states(loader: DataLoader[Any], saved: dict[str, Any] | None) -> None:
+def restore_dataset_states(loader: Loader, saved: dict[str, Any] | None) -> None:
     """Keep a state dict's dataset states for the loader's next workers (or its own copy).
 
     Raises:
@@ -254,7 +254,7 @@ def restored(source: Iterator[Indexed], dataset: Any, state: Any) -> Iterator[In
     return source if first is None else itertools.chain([first], source)
 
 
-def epoch_length(loader: DataLoader[Any]) -> int:
+def epoch_length(loader: Loader) -> int:
     """``len(loader)``, or 0 where the dataset has no length."""
     try:
         return len(loader)
