@@ -22,6 +22,7 @@ KNOWN_CYCLES: list[list[str]] = [
      "asyncflow.sources._s3", "asyncflow.sources._transport"],
 ]
 
+
 def test_no_import_cycle_between_files() -> None:
     found = cycles()
     new = [group for group in found if group not in KNOWN_CYCLES]
