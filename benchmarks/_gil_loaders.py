@@ -39,9 +39,12 @@ def torch_dataloader(root: str, size: int, batch: int, workers: int) -> Any:
     )
 
 
-def _folder(mode: str | None) -> Make:
+def _folder(mode: str | None, in_kernel: bool = False) -> Make:
     def make(root: str, size: int, batch: int, workers: int) -> Any:
         from asyncflow import image
+        from asyncflow.image import _folder
+
+        _folder._NORMALIZE_IN_KERNEL = in_kernel  # float32 rows, as before issue 23's change
 
         extra: dict[str, Any] = {} if mode is None else {"workers": mode}
         return image.folder(root, batch_size=batch, size=size, decode_concurrency=workers,
@@ -70,6 +73,7 @@ KINDS: dict[str, Make] = {
     "folder": _folder(None),
     "folder-threads": _folder("threads"),
     "folder-processes": _folder("processes"),
+    "folder-kernel": _folder(None, in_kernel=True),  # the defaults, normalized by the decoders
     "loader": _loader(None),
     "loader-threads": _loader("threads"),
     "loader-processes": _loader("processes"),

@@ -12,6 +12,7 @@ in a second environment with stock Pillow, where asyncflow is not installed.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -135,14 +136,19 @@ def spdl(root: str, size: int, batch_size: int, workers: int) -> Callable[[], It
 # -- asyncflow --------------------------------------------------------------------------
 
 
-def asyncflow(root: str, size: int, batch_size: int, workers: int) -> Callable[[], Iterable[Any]]:
+def asyncflow(root: str, size: int, batch_size: int, workers: int,
+              in_kernel: bool = False) -> Callable[[], Iterable[Any]]:
     from asyncflow import image
+    from asyncflow.image import _folder
 
+    _folder._NORMALIZE_IN_KERNEL = in_kernel  # float32 rows, as before issue 23's change
     pipe = image.folder(root, batch_size=batch_size, size=size, decode_concurrency=workers)
     return lambda: pipe
 
 
-LOADERS = {"dataloader": dataloader, "spdl": spdl, "asyncflow": asyncflow}
+LOADERS = {"dataloader": dataloader, "spdl": spdl, "asyncflow": asyncflow,
+           # image.folder normalizing in its decoders (float32 rows), to compare (issue 23)
+           "asyncflow-kernel": functools.partial(asyncflow, in_kernel=True)}
 
 
 def tree_cpu_seconds(pid: int | None = None) -> float:

@@ -40,7 +40,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 KINDS = {"torch": "torch DataLoader", "asyncflow": 'asyncflow.DataLoader(workers="processes")',
-         "folder": "image.folder(train=True), defaults"}
+         "folder": "image.folder(train=True), defaults",
+         "folder-kernel": "the same, normalized in the decoders (float32 rows, before)"}
 
 
 def _descendants(pid: int) -> list[int]:
@@ -155,8 +156,12 @@ def _loader(kind: str, job: str, array_mib: int) -> Any:
 
         dataset, args = ArrayRows(array_mib), {"batch_size": 32}
     args.update(num_workers=4, persistent_workers=True)
-    if kind == "folder":  # its defaults: as many decoders as cores, processes from 2
+    if kind.startswith("folder"):  # its defaults: as many decoders as cores, processes from 2
         from asyncflow import image
+        from asyncflow.image import _folder
+
+        # "folder-kernel": float32 rows normalized by the decoders, as before uint8 rows
+        _folder._NORMALIZE_IN_KERNEL = kind == "folder-kernel"
 
         return image.folder(str(build_dataset(1024)), batch_size=32, size=224, train=True)
     if kind == "torch":
@@ -209,7 +214,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--jobs", default="images,array")
-    parser.add_argument("--kinds", default=",".join(KINDS), help="a subset of " + ",".join(KINDS))
+    parser.add_argument("--kinds", default="torch,asyncflow,folder",
+                        help="a subset of " + ",".join(KINDS))
     parser.add_argument("--array-mib", type=int, default=256)
     parser.add_argument("--quick", action="store_true", help="one run, a 32 MiB array")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "JOB"))
@@ -223,7 +229,7 @@ def main() -> None:
     for job in args.jobs.split(","):
         for _ in range(args.runs):
             for kind in args.kinds.split(","):  # interleaved: drift hits every row alike
-                if kind == "folder" and job != "images":
+                if kind.startswith("folder") and job != "images":
                     continue
                 out = subprocess.run(
                     [sys.executable, "-W", "ignore", __file__, "--child", kind, job,

@@ -347,10 +347,12 @@ class Pipeline(PipelineCore[T_co]):
         return self.with_stage(ShuffleSpec(buffer_size=buffer_size, seed=seed, name=name))
 
     def to_device(
-        self, device: Any, *, non_blocking: bool = True, pool_size: int | None = None
+        self, device: Any, *, non_blocking: bool = True, pool_size: int | None = None,
+        then: Callable[[Any], Any] | None = None,
     ) -> Self:
         """Copy batches to ``device``: staged in pinned memory, copied on a side CUDA stream,
-        waited for by the consumer's stream (see :func:`asyncflow.torch.to_device`).
+        waited for by the consumer's stream (see :func:`asyncflow.torch.to_device`);
+        ``then(batch)`` runs on each batch once it is on the device, before the hand-off.
 
         Must be the last stage. ``"cpu"`` returns the pipeline unchanged.
 
@@ -358,9 +360,10 @@ class Pipeline(PipelineCore[T_co]):
             ConfigError: ``device`` is CUDA and CUDA is not available.
         """
         to_device = feature("to_device")
-        if pool_size is None:
-            return cast(Self, to_device(self, device, non_blocking=non_blocking))
-        return cast(Self, to_device(self, device, non_blocking=non_blocking, pool_size=pool_size))
+        options: dict[str, Any] = {} if then is None else {"then": then}
+        if pool_size is not None:
+            options["pool_size"] = pool_size
+        return cast(Self, to_device(self, device, non_blocking=non_blocking, **options))
 
     def cache(self, path: str | os.PathLike[str], **options: Any) -> Pipeline[T_co]:
         """Store the output on the first pass, replay it afterwards (see :mod:`asyncflow.cache`).

@@ -8,6 +8,10 @@ For each batch, in a worker thread of the pipeline:
    and a CUDA event is recorded there;
 3. the buffer goes back to the pool with that event, to be reused once the copy is done.
 
+A ``then`` function runs on the copied batch on the side stream before the event, in the same
+worker thread: work on the device that belongs to the transfer (``image.folder`` copies uint8
+batches, 4x fewer bytes, and normalizes them there).
+
 In the consumer's thread, just before the batch is handed over, the consumer's current stream
 waits on the event (a device-side wait: the host does not block) and every copied tensor is
 ``record_stream``-ed on it, so the caching allocator does not reuse its memory while kernels
@@ -17,6 +21,7 @@ queued on the consumer's stream may still read it. The pool is freed when the ru
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -35,6 +40,8 @@ P = TypeVar("P", bound="Pipeline")
 __all__ = ["DeviceTransfer", "InFlight", "resolve_device", "to_device"]
 
 DEFAULT_POOL_SIZE = 4
+
+Then = Callable[[Any], Any]
 
 
 def resolve_device(device: str | int | torch.device) -> torch.device:
@@ -93,6 +100,8 @@ class DeviceTransfer:
         non_blocking: Queue the copies asynchronously. ``False`` waits for each batch's
             copies in the worker thread (the consumer still never waits on the host).
         pool_size: Pinned buffers in the pool, hence batches that may be in flight at once.
+        then: Applied to each copied batch on the side stream, before its event is recorded
+            (the consumer gets its result).
     """
 
     def __init__(
@@ -102,9 +111,11 @@ class DeviceTransfer:
         non_blocking: bool = True,
         pool_size: int = DEFAULT_POOL_SIZE,
         pool: PinnedPool | None = None,
+        then: Then | None = None,
     ) -> None:
         self.device = device
         self.non_blocking = non_blocking
+        self.then = then
         self.pool = pool if pool is not None else PinnedPool(pool_size)
         self.stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
 
@@ -126,6 +137,7 @@ class DeviceTransfer:
                     else s
                     for s in sources
                 ]
+                result = None if self.then is None else self.then(rebuild(copies))
                 event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 event.record(self.stream)
         except BaseException:
@@ -139,6 +151,11 @@ class DeviceTransfer:
             event.synchronize()
         moved = [c for c, s in zip(copies, sources, strict=True) if c is not s]
         keep = [s for s, was_staged in zip(sources, staged, strict=True) if not was_staged]
+        if self.then is not None:
+            # Made on the side stream: the consumer's stream must hold them too, not the
+            # copies (freed here, used by the side stream alone).
+            made = [t for t in flatten(result)[0] if t.device == self.device]
+            return InFlight(result, made, event, [*keep, *copies])
         return InFlight(rebuild(copies), moved, event, keep)
 
     def receive(self, item: Any) -> Any:
@@ -180,10 +197,12 @@ class _TransferNode:
     """The ``to_device`` stage of one run: stages and queues copies on a worker thread."""
 
     def __init__(
-        self, ctx: NodeContext, *, device: torch.device, non_blocking: bool, pool_size: int
+        self, ctx: NodeContext, *, device: torch.device, non_blocking: bool, pool_size: int,
+        then: Then | None = None,
     ) -> None:
         self.ctx = ctx
-        self.transfer = DeviceTransfer(device, non_blocking=non_blocking, pool_size=pool_size)
+        self.transfer = DeviceTransfer(device, non_blocking=non_blocking, pool_size=pool_size,
+                                       then=then)
         ctx.add_receive_hook(self.transfer.receive)
         ctx.add_stop_callback(self.transfer.close)
 
@@ -203,9 +222,10 @@ class _TransferNode:
                 ctx.produced(1)
 
 
-def _cpu_node_fn(device: torch.device, non_blocking: bool) -> Any:
+def _cpu_node_fn(device: torch.device, non_blocking: bool, then: Then | None) -> Any:
     def move(batch: Any) -> Any:
-        return map_tensors(lambda t: t.to(device, non_blocking=non_blocking), batch)
+        moved = map_tensors(lambda t: t.to(device, non_blocking=non_blocking), batch)
+        return moved if then is None else then(moved)
 
     return move
 
@@ -216,6 +236,7 @@ def to_device(
     *,
     non_blocking: bool = True,
     pool_size: int = DEFAULT_POOL_SIZE,
+    then: Then | None = None,
 ) -> P:
     """``pipe`` with its batches copied to ``device``, overlapping the copies with compute.
 
@@ -233,6 +254,10 @@ def to_device(
             for each batch's copy.
         pool_size: Pinned buffers in the pool: how many batches may be in flight on the bus
             at once. Pinned memory held is at most ``pool_size`` times the largest batch.
+        then: A function of each batch once it is on the device, run in the stage's worker
+            thread (for CUDA, on the side stream that copied it, before the consumer's stream
+            is made to wait): for example, normalize uint8 images copied 4x smaller. With
+            ``"cpu"``, a ``map`` stage that applies it.
 
     Raises:
         ConfigError: ``device`` is malformed, or is CUDA and this machine has no CUDA (or
@@ -242,14 +267,15 @@ def to_device(
     if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
         raise ConfigError(f"pool_size must be an int >= 1, got {pool_size!r}")
     if dev.type == "cpu":
-        return pipe
+        return pipe if then is None else cast(P, pipe.map(then, name="to_device"))
     if dev.type != "cuda":
         # The items keep their type (tensors move), and the copy its class.
-        return cast(P, pipe.map(_cpu_node_fn(dev, non_blocking), name="to_device"))
+        return cast(P, pipe.map(_cpu_node_fn(dev, non_blocking, then), name="to_device"))
     spec = CustomSpec(
         label="to_device",
         factory=functools.partial(
-            _TransferNode, device=dev, non_blocking=bool(non_blocking), pool_size=pool_size
+            _TransferNode, device=dev, non_blocking=bool(non_blocking), pool_size=pool_size,
+            then=then,
         ),
         options={"device": str(dev), "non_blocking": bool(non_blocking), "pool_size": pool_size},
         concurrency=1,
