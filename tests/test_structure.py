@@ -15,20 +15,10 @@ from tests.structure import (
     upward_imports,
 )
 
-#: Cycles left, each to be broken (issue 24); the list only shrinks: a cycle gone must leave it.
-KNOWN_CYCLES: list[list[str]] = [
-    ["asyncflow.sources._hedge", "asyncflow.sources._limiter", "asyncflow.sources._retry"],
-    ["asyncflow.sources._files", "asyncflow.sources._http", "asyncflow.sources._manifest",
-     "asyncflow.sources._s3", "asyncflow.sources._transport"],
-]
-
 
 def test_no_import_cycle_between_files() -> None:
     found = cycles()
-    new = [group for group in found if group not in KNOWN_CYCLES]
-    gone = [group for group in KNOWN_CYCLES if group not in found]
-    assert not new, f"files that import each other (move what they share down): {new}"
-    assert not gone, f"cycles broken: remove them from KNOWN_CYCLES: {gone}"
+    assert not found, f"files that import each other (move what they share down): {found}"
 
 
 def test_no_import_points_up_a_layer() -> None:

@@ -28,8 +28,8 @@ from .._blob import read_regular
 from .._errors import SourceError, SourceNotFound, SourcePermissionError
 from ..pipeline import run_thread
 from ._manifest import MANIFEST_SUFFIXES, local_entries
+from ._objects import ObjectInfo
 from ._retry import Retry, Timeout
-from ._transport import ObjectInfo
 
 __all__ = ["FileTransport", "file_path", "open_file", "read_file", "stream_file"]
 

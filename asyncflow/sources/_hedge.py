@@ -18,15 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from .._errors import SourceError
 from ._retry import Transient
 
-if TYPE_CHECKING:
-    from ._limiter import HostLimiter
-
-__all__ = ["MIN_SAMPLES", "RECHECK", "Latencies", "race"]
+__all__ = ["MIN_SAMPLES", "RECHECK", "HedgedHost", "Latencies", "race"]
 
 T = TypeVar("T")
 
@@ -79,6 +76,31 @@ class Latencies:
         return max(at, MEDIAN_FLOOR * ranked[len(ranked) // 2])
 
 
+class HedgedHost(Protocol):
+    """What hedging needs of a host's limiter (``_limiter.HostLimiter`` is one)."""
+
+    name: str
+    latencies: Latencies
+    hedges_won: int
+
+    def may_hedge(self) -> bool:
+        """Whether a hedge is within the budget and the host has not throttled lately."""
+        ...
+
+    def spend_hedge(self) -> bool:
+        """Take one hedge from the budget; ``False`` when none is left."""
+        ...
+
+    def overdue(self, due: float, span: float, share: float) -> bool:
+        """Whether more than ``share`` of the requests sent in the ``span`` seconds before
+        ``due`` are still in flight."""
+        ...
+
+    def throttle(self, seq: int | None = None) -> None:
+        """A request was throttled (``None``: a hedge)."""
+        ...
+
+
 class _Hedge(Generic[T]):
     """The second request of one hedged try, and the primary's timeout scope it cuts short."""
 
@@ -86,7 +108,7 @@ class _Hedge(Generic[T]):
                  "task", "timer", "won")
 
     def __init__(
-        self, backup: Callable[[], Awaitable[T]], gate: HostLimiter, quantile: float
+        self, backup: Callable[[], Awaitable[T]], gate: HedgedHost, quantile: float
     ) -> None:
         self._backup, self._gate, self._quantile = backup, gate, quantile
         self._loop = asyncio.get_running_loop()
@@ -167,7 +189,7 @@ class _Hedge(Generic[T]):
 async def race(
     attempt: Callable[[], Awaitable[T]],
     backup: Callable[[], Awaitable[T]],
-    gate: HostLimiter,
+    gate: HedgedHost,
     quantile: float,
 ) -> T:
     """``attempt()``, raced by ``backup()`` if it runs late (see the module).

@@ -24,16 +24,14 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .._errors import ConfigError, SourceError, SourceTimeout
 from .._scope import current_scope
 
-if TYPE_CHECKING:
-    from ._limiter import HostLimiter
-
 __all__ = [
     "THROTTLE_STATUSES",
+    "Limiter",
     "Retry",
     "Timeout",
     "Transient",
@@ -43,6 +41,23 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+class Limiter(Protocol):
+    """What the retry loop needs of a host's limiter (``_limiter.HostLimiter`` is one)."""
+
+    last_success: float  # the event loop's time of the host's last successful read
+
+    async def run(
+        self,
+        attempt: Callable[[], Awaitable[T]],
+        *,
+        retried: bool,
+        retry: Retry,
+        hedge: Callable[[], Awaitable[T]] | None = None,
+    ) -> T:
+        """One try within the host's window (see ``HostLimiter.run``)."""
+        ...
 
 log = logging.getLogger("asyncflow.sources")
 
@@ -244,7 +259,7 @@ async def with_retries(
     retry: Retry,
     timeout: Timeout,
     deadline: float | None = None,
-    gate: HostLimiter | None = None,
+    gate: Limiter | None = None,
     hedge: Callable[[], Awaitable[T]] | None = None,
 ) -> T:
     """Run ``attempt()`` until it returns, fails for good, or ``retry`` gives up.

@@ -32,6 +32,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from .._errors import SourceError, SourceNotFound, SourcePermissionError
 from .._scope import current_scope
 from ._limiter import limiter_for
+from ._objects import ObjectInfo
 from ._redact import describe_exception, redact_url
 from ._retry import (
     THROTTLE_STATUSES,
@@ -42,7 +43,6 @@ from ._retry import (
     with_retries,
 )
 from ._retry_stream import retry_stream
-from ._transport import ObjectInfo
 
 __all__ = ["S3Transport", "fetch", "list_page", "s3_client", "split_s3_url", "stream"]
 

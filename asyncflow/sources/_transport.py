@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from collections.abc import AsyncGenerator, Callable, Iterable
-from dataclasses import dataclass
 from typing import Protocol
 
 from .._errors import ConfigError, SourceError, SourcePermissionError
 from .._scope import current_scope
+from ._objects import DEFAULT_SCHEMES, ObjectInfo, scheme_of
 from ._redact import redact_url
 from ._retry import Retry, Timeout
 
@@ -44,28 +43,6 @@ __all__ = [
     "transport_for",
 ]
 
-DEFAULT_SCHEMES = frozenset({"file", "http", "https", "s3"})
-_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*):")
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    """One listed object: what ``list_objects(..., detail=True)`` yields.
-
-    ``read_bytes`` accepts it in place of its URL.
-
-    Attributes:
-        url: The object's full URL (``"s3://bucket/key"``), or its path for a local file.
-        size: Its size in bytes, when the listing says.
-        etag: The store's entity tag, when the listing says.
-    """
-
-    url: str
-    size: int | None = None
-    etag: str | None = None
-
-    def __repr__(self) -> str:
-        return f"ObjectInfo(url={redact_url(self.url)!r}, size={self.size!r}, etag={self.etag!r})"
 
 
 class Transport(Protocol):
@@ -102,17 +79,6 @@ def as_url(item: object) -> str:
         path = os.fspath(item)
         return path if isinstance(path, str) else os.fsdecode(path)
     raise ConfigError(f"expected a URL, a path or an ObjectInfo, got {type(item).__name__}")
-
-
-def scheme_of(url: str) -> str:
-    """The lower-case scheme of ``url``; ``"file"`` for a plain path."""
-    sep = url.find("://")
-    if sep > 0 and (head := url[:sep]) in DEFAULT_SCHEMES:  # the common case, no regex
-        return head
-    match = _SCHEME.match(url)
-    if match is None or ("://" not in url and match.group(1).lower() != "file"):
-        return "file"
-    return match.group(1).lower()
 
 
 def enabled_schemes(schemes: Iterable[str] | None) -> frozenset[str]:
