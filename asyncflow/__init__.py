@@ -2,6 +2,28 @@
 
 ``import asyncflow`` is light: torch, aiohttp, aiobotocore and PIL load lazily, when a name that
 needs them is first used.
+
+Layout, bottom first: a module imports only those above it in its own layer or the layers
+below (``tests/structure.py`` holds it; docs/concepts.md draws it)::
+
+    base      _errors.py   every error, the tree drawn in its docstring, and FailureRecord
+              _redact.py   the one redactor of secrets in messages and URLs
+              _scope.py    RunScope: resources that live as long as one run (HTTP, S3)
+              _lazy.py     module attributes imported when first used
+              _tree.py     the one walker of nested items (dicts, lists, tuples, namedtuples)
+              _recycle.py  the one recycler of batch buffers
+              _blob.py     bytes that name their source; the reader of whole local files
+    engine    pipeline/    specs, the fluent Pipeline, runs, channels, stage nodes, workers
+    services  ranks/       a process's share of a list, elastic resume, rank and world size
+              journal/     which items made each output, and that output made again
+    features  sources/     where items come from: samplers, files, HTTP, S3, tar shards
+              image/       decode, crop and resize into batch buffers (image.folder)
+              torch/       collate, pinned buffers, to_device, the DataLoader facade
+              cache/       store a pipeline's output, replay it
+              report/      the stats table, progress bars, the profiler
+    face      __init__.py  this module: the public names; it registers the features the engine
+                           looks up by name (register_feature)
+              cli/         the ``asyncflow`` command (``__main__.py`` runs it)
 """
 
 from __future__ import annotations
@@ -52,11 +74,11 @@ _LAZY = {
     "Split": "asyncflow.sources",
     "DataLoader": "asyncflow.torch",
     "mix": "asyncflow.sources._mix",
-    "profile": "asyncflow._profile",
-    "Journal": "asyncflow._journal",
-    "JournalRecord": "asyncflow._journal",
-    "explain": "asyncflow._journal",
-    "rebuild": "asyncflow._journal",
+    "profile": "asyncflow.report",
+    "Journal": "asyncflow.journal",
+    "JournalRecord": "asyncflow.journal",
+    "explain": "asyncflow.journal",
+    "rebuild": "asyncflow.journal",
 }
 
 __getattr__ = lazy_getattr(__name__, _LAZY)
@@ -68,12 +90,12 @@ __getattr__ = lazy_getattr(__name__, _LAZY)
 for _name, _target in {
     "to_device": "asyncflow.torch._transfer:to_device",
     "cache": "asyncflow.cache._pipeline:cache",
-    "progress_hook": "asyncflow._progress:progress_hook",
-    "journal": "asyncflow._journal:journal",
+    "progress_hook": "asyncflow.report._progress:progress_hook",
+    "journal": "asyncflow.journal:journal",
     "journal_crops:image.folder": "asyncflow.image._explain:record_crops",
-    "pipeline_html": "asyncflow._display:pipeline_html",
-    "stats_text": "asyncflow._display:stats_text",
-    "stats_html": "asyncflow._display:stats_html",
+    "pipeline_html": "asyncflow.report._tables:pipeline_html",
+    "stats_text": "asyncflow.report._tables:stats_text",
+    "stats_html": "asyncflow.report._tables:stats_html",
     "Retry": "asyncflow.sources._retry:Retry",
     "Timeout": "asyncflow.sources._retry:Timeout",
 }.items():
@@ -86,8 +108,8 @@ register_lazy_reducers("torch", "asyncflow.torch._share")
 
 if TYPE_CHECKING:
     from . import image, sources
-    from ._journal import Journal, JournalRecord, explain, rebuild
-    from ._profile import profile
+    from .journal import Journal, JournalRecord, explain, rebuild
+    from .report import profile
     from .sources import (
         DistributedSampler,
         RandomSampler,

@@ -10,7 +10,7 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``asyncflow`` command line; returns the exit status."""
-    from ._cli import run
+    from .cli import run
 
     return run(argv)
 

@@ -32,10 +32,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("asyncflow._errors", "asyncflow._redact", "asyncflow._scope", "asyncflow._lazy",
               "asyncflow._tree", "asyncflow._recycle", "asyncflow._blob")),
     ("engine", (ENGINE,)),
-    ("services", ("asyncflow.ranks", "asyncflow._journal", "asyncflow._journal_records")),
+    ("services", ("asyncflow.ranks", "asyncflow.journal")),
     ("features", ("asyncflow.sources", "asyncflow.image", "asyncflow.torch", "asyncflow.cache",
-                  "asyncflow._display", "asyncflow._progress", "asyncflow._profile")),
-    ("face", ("asyncflow", "asyncflow.__main__", "asyncflow._cli", "asyncflow._demo")),
+                  "asyncflow.report")),
+    ("face", ("asyncflow", "asyncflow.__main__", "asyncflow.cli")),
 )
 
 

@@ -41,3 +41,13 @@ def test_the_threads_are_those_the_picture_names() -> None:
     assert seen["async"] == {"asyncflow-pic"}
     assert seen["sync"] and all(re.fullmatch(r"asyncflow-pic-worker-\d+", n)
                                 for n in seen["sync"])
+
+
+def test_the_layer_picture_names_every_top_level_module_and_package() -> None:
+    picture = PAGE.read_text().split("### Layers", 1)[1].split("```", 2)[1]
+    package = ROOT / "asyncflow"
+    names = [p.name for p in package.glob("*.py")]
+    names += [f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()]
+    assert len(names) > 10
+    missing = [name for name in names if name not in picture]
+    assert not missing, f"docs/concepts.md's layer picture leaves out {missing}"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncflow._demo import make_sample_folder
+from asyncflow.cli._demo import make_sample_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

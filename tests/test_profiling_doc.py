@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from asyncflow._display import _STATS_HEADERS
+from asyncflow.report._tables import _STATS_HEADERS
 from tests.doc_citations import cited_tests
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ KiB** (one read for a file up to 2 KiB): a file added, removed, renamed or swapp
 another image changes the listing; a file rewritten to another size, or with another start
 (the header's first bytes) or end (the last scan data, which any other picture changes),
 changes its token. A change of pixels in the middle of a file of the same size, with the same
-ends, is not seen there: the journal (``asyncflow/_journal.py``) records a digest of each
+ends, is not seen there: the journal (``asyncflow/journal/``) records a digest of each
 decoded file's whole bytes, which ``rebuild`` checks.
 
 That costs about 14 microseconds a file from the page cache on our two-core machine (an

@@ -4,7 +4,7 @@ A batch of an image-folder epoch is fixed by the listing alone: batch ``k`` hold
 at positions ``[k * batch_size, (k + 1) * batch_size)`` of the epoch's order (shuffled by
 ``(seed, epoch)``, cut to the rank's part), less the rows that failed to decode; each image's
 crop and flip come from ``item_random(seed, epoch, sample)`` and the picture's size. So a
-journal (``asyncflow/_journal.py``) needs, per delivered batch, what the assembler saw: its
+journal (``asyncflow/journal/``) needs, per delivered batch, what the assembler saw: its
 listing, its number and its failed rows (``BatchAssembler.take_log``); and, because a file can
 be rewritten in place, what each file held: :func:`entry` reads each kept file once, records
 a digest of its bytes and the crop and flip drawn from them (with :func:`~asyncflow.image.

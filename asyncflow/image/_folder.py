@@ -157,9 +157,9 @@ class ImageFolder(Pipeline[Batch]):
         if isinstance(state.get("epoch"), int):
             self._listing.set_epoch(state["epoch"])
 
-    def _journal_begin(self) -> dict[str, Any] | None:
-        """For a journal (``asyncflow/_journal.py``): start noting which batch is which; the
-        run's configuration. ``None`` when stages after the batches make new ones."""
+    def journal_begin(self) -> dict[str, Any] | None:
+        """For a journal (:class:`~asyncflow.journal.Journaled`): start noting which batch is
+        which; the run's configuration. ``None`` when stages after the batches make new ones."""
         stages = self.describe()
         kinds = [stage["kind"] for stage in stages]
         after = stages[kinds.index("assemble") + 1:]
@@ -169,10 +169,12 @@ class ImageFolder(Pipeline[Batch]):
             return None
         return _explain.begin(self)
 
-    def _journal_entry(self, batch: Any, cache: dict[int, Any]) -> dict[str, Any] | None:
+    def journal_entry(self, batch: Any, cache: dict[int, Any]) -> dict[str, Any] | None:
+        """For a journal: the record of a delivered batch (``None``: not one of its own)."""
         return _explain.entry(self, batch, cache)
 
-    def _rebuild(self, config: dict[str, Any], epoch: int, items: list[Any]) -> Batch:
+    def journal_rebuild(self, config: dict[str, Any], epoch: int, items: list[Any]) -> Batch:
+        """For :func:`asyncflow.rebuild`: a recorded batch decoded again, bit for bit."""
         return _explain.rebuild(self, config, epoch, items)
 
     def __len__(self) -> int:

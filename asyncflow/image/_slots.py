@@ -150,7 +150,7 @@ class BatchAssembler:
         self._resume: Span | None = None  # for the next run to start (see resume())
         self._scratch: tuple[np.ndarray, str] | None = None  # rows at settled positions
         #: Released batches' ``(run, number, [(row, error), ...], absent rows)`` by ``id`` of
-        #: their labels tensor, for a journal (``asyncflow/_journal.py``) to take; ``None``:
+        #: their labels tensor, for a journal (``asyncflow/journal/``) to take; ``None``:
         #: not kept.
         self.log: dict[int, _Logged] | None = None
         #: Claims that waited the full second for older batches (0 when the decoders' hand-offs

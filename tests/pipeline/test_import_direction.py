@@ -22,35 +22,38 @@ ENGINE_MAY_IMPORT = ("asyncflow._errors", "asyncflow._redact", "asyncflow._scope
 
 _FEATURES = (
     "asyncflow.torch", "asyncflow.cache", "asyncflow.sources", "asyncflow.image",
-    "asyncflow._display", "asyncflow._progress", "asyncflow._profile",
+    "asyncflow.report",
 )
-_FRONT = ("asyncflow._cli", "asyncflow._demo", "asyncflow.__main__")
+_FRONT = ("asyncflow.cli", "asyncflow.__main__")
 
 #: (importer, forbidden targets, why). A name covers the module and everything under it.
 RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("asyncflow.sources",
-     ("asyncflow.torch", "asyncflow.cache", "asyncflow.image", "asyncflow._display",
-      "asyncflow._progress", "asyncflow._profile", *_FRONT),
+     ("asyncflow.torch", "asyncflow.cache", "asyncflow.image", "asyncflow.report", *_FRONT),
      "sources say where items come from; they know nothing of what consumes them"),
     ("asyncflow.image",
-     ("asyncflow.torch", "asyncflow.cache", "asyncflow.sources", "asyncflow._display",
-      "asyncflow._progress", "asyncflow._profile", *_FRONT),
+     ("asyncflow.torch", "asyncflow.cache", "asyncflow.sources", "asyncflow.report", *_FRONT),
      "image decoding is pure and torch-free (its worker processes never load torch)"),
     ("asyncflow.cache",
-     ("asyncflow.torch", "asyncflow.image", "asyncflow.sources", "asyncflow._display",
-      "asyncflow._progress", "asyncflow._profile", *_FRONT),
+     ("asyncflow.torch", "asyncflow.image", "asyncflow.sources", "asyncflow.report", *_FRONT),
      "the cache stores any pipeline's output through the engine's public seams"),
     ("asyncflow.torch",
-     ("asyncflow.cache", "asyncflow.image", "asyncflow._display", "asyncflow._progress",
-      "asyncflow._profile", *_FRONT),
+     ("asyncflow.cache", "asyncflow.image", "asyncflow.report", *_FRONT),
      "torch integration builds on the engine and the sources, not on other features"),
-    ("asyncflow._display",
-     ("asyncflow.pipeline", *_FEATURES[:4], "asyncflow._progress", "asyncflow._profile",
-      *_FRONT),
+    ("asyncflow.report",
+     (*_FEATURES[:4], *_FRONT),
+     "the tables, bars and profiler read what the engine gives them, not another feature"),
+    ("asyncflow.report._tables",
+     ("asyncflow.pipeline", *_FEATURES[:4], "asyncflow.report._progress",
+      "asyncflow.report._profile", *_FRONT),
      "display formats what it is given (duck-typed stats and descriptions)"),
-    ("asyncflow._progress",
-     ("asyncflow.pipeline", *_FEATURES[:4], "asyncflow._profile", *_FRONT),
+    ("asyncflow.report._progress",
+     ("asyncflow.pipeline", *_FEATURES[:4], "asyncflow.report._profile", *_FRONT),
      "a progress bar is a consumer hook built from the run it is given"),
+    ("asyncflow.journal",
+     (*_FEATURES, *_FRONT),
+     "the journal reaches image.folder through its Journaled protocol and the crops reader the "
+     "face registers, never by import"),
     ("asyncflow._errors",
      (*_FEATURES, *_FRONT),
      "the error tree is the bottom layer: everything imports it"),
@@ -87,7 +90,7 @@ def test_the_walker_sees_every_kind_of_import(tmp_path: Path) -> None:
         "import importlib\n"                              # 2
         "from typing import TYPE_CHECKING\n"              # 3
         "from .._errors import ConfigError\n"             # 4
-        "from .. import _display\n"                       # 5
+        "from .. import _redact\n"                        # 5
         "if TYPE_CHECKING:\n"                             # 6
         "    from ..torch._transfer import to_device\n"   # 7
         "def f():\n"                                      # 8
@@ -100,7 +103,7 @@ def test_the_walker_sees_every_kind_of_import(tmp_path: Path) -> None:
     found = {(i.line, i.target) for i in collect_imports(path, "asyncflow.pipeline._probe")}
     assert found == {
         (4, "asyncflow._errors"),
-        (5, "asyncflow._display"),
+        (5, "asyncflow._redact"),
         (7, "asyncflow.torch._transfer"),
         (9, "asyncflow.cache"),
         (10, "asyncflow.pipeline._spec"),

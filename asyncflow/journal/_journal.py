@@ -28,10 +28,11 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from ._errors import ConfigError
-from ._journal_records import Failure, JournalRecord, TornHeader, lines, record
-from ._redact import redact
-from .ranks import world
+from .._errors import ConfigError
+from .._redact import redact
+from ..ranks import world
+from ._protocol import Journaled
+from ._records import Failure, JournalRecord, TornHeader, lines, record
 
 __all__ = ["Failure", "Journal", "JournalRecord", "explain", "journal", "rebuild"]
 
@@ -94,11 +95,11 @@ class _Hook:
 
     def __init__(self, journal: Journal, run: Any) -> None:
         self.journal, self.rank = journal, world()[0] if journal.rank is None else journal.rank
-        begin = getattr(journal.pipe, "_journal_begin", None)
-        self.config: dict[str, Any] | None = begin() if begin is not None else None
+        own = isinstance(journal.pipe, Journaled)
+        self.config: dict[str, Any] | None = journal.pipe.journal_begin() if own else None
         # A library pipeline that journals its own outputs, with stages after them that make
         # new ones: its lineage's positions are not the items (image.folder's are groups).
-        self.untraced = begin is not None and self.config is None
+        self.untraced = own and self.config is None
         self.cache: dict[int, Any] = {}
         lineage = run.lineage
         assert lineage is not None  # hooks are made as the run starts
@@ -138,7 +139,7 @@ class _Hook:
     def __call__(self, item: Any) -> Any:
         line = None
         if self.config is not None:
-            line = self.journal.pipe._journal_entry(item, self.cache)
+            line = self.journal.pipe.journal_entry(item, self.cache)
             if line is not None:
                 line = {**line, "rank": self.rank, "kind": self.config["kind"]}
         if line is None:
@@ -299,14 +300,13 @@ def rebuild(pipe: Any, record: JournalRecord) -> Any:
         Blocks until the output is made (it decodes, or runs the pipeline to its end): call
         it from a thread in async code. Interrupting it stops the run it started.
     """
-    if record.kind == "image.folder":
-        rebuild_batch = getattr(pipe, "_rebuild", None)
-        if rebuild_batch is None:
-            raise ConfigError("this record is of an image.folder batch: pass that pipeline")
+    if record.kind != "pipeline":  # a pipeline that journals its own outputs made it
+        if not isinstance(pipe, Journaled):
+            raise ConfigError(f"this record was made by {record.kind}: pass that pipeline")
         items = [list(i) for i in record.items]
         if len(record.digests) == len(items):  # each file must hold the bytes decoded
             items = [[*i, d] for i, d in zip(items, record.digests, strict=True)]
-        return rebuild_batch(record.config, record.epoch, items)
+        return pipe.journal_rebuild(record.config, record.epoch, items)
     if record.positions is None:
         raise ConfigError("the journal holds no positions for this output: a stage kept no "
                           "ledger (see Pipeline.state_dict for which)")

@@ -1,7 +1,7 @@
 """A journal's lines read back: its records, by id, whatever a crash left of the last one.
 
 Each line of ``rank-<rank>.jsonl`` is one JSON object: a run's header (``{"run": {...}}``) or
-the record of one delivered output (``asyncflow/_journal.py`` writes them). A crash can cut
+the record of one delivered output (``asyncflow/journal/`` writes them). A crash can cut
 the line being written; a later run ends a cut line before appending (``Journal._open``), so
 a cut line never swallows the next one. :func:`lines` gives each line with its JSON value, or
 ``None`` for a cut or damaged one; :func:`record` makes a :class:`JournalRecord` of a record
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._errors import ConfigError
-from .pipeline import feature
+from .._errors import ConfigError
+from ..pipeline import feature
 
 __all__ = ["Failure", "JournalRecord", "TornHeader", "lines", "record"]
 

@@ -12,7 +12,7 @@ import html
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ._redact import redact
+from .._redact import redact
 
 __all__ = [
     "pipeline_html",

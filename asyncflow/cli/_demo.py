@@ -13,7 +13,7 @@ __all__ = ["make_sample_folder", "run_demo"]
 
 def make_sample_folder(root: Path, images: int = 256, *, seed: int = 0) -> Path:
     """:func:`asyncflow.image.sample_folder` (imported when called: PIL loads then)."""
-    from .image._samples import sample_folder
+    from ..image._samples import sample_folder
 
     return sample_folder(root, images, seed=seed)
 
@@ -38,14 +38,14 @@ def run_demo(
     progress: bool = True,
 ) -> int:
     """Run ``image.folder`` over ``data`` (or a generated folder) and print what it did."""
-    from . import ConfigError, image
-    from ._display import pipeline_text
+    from .. import ConfigError, image
+    from ..report._tables import pipeline_text
 
     with tempfile.TemporaryDirectory(prefix="asyncflow-demo-") as tmp:
         if data is None:
             start = time.perf_counter()
             root = make_sample_folder(Path(tmp) / "images", images)
-            from .image._samples import sample_photos
+            from ..image._samples import sample_photos
 
             source = "the sample photos" if sample_photos() else "generated pictures"
             print(f"made {images} JPEGs from {source} in {time.perf_counter() - start:.1f} s")

@@ -23,8 +23,8 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ._display import table_html, table_text
-from ._errors import ConfigError
+from .._errors import ConfigError
+from ._tables import table_html, table_text
 
 __all__ = ["ProfileReport", "StageProfile", "profile"]
 
@@ -177,7 +177,7 @@ def _per_source_item(stage: StageProfile, report: ProfileReport) -> float:
 
 
 def _bold(text: str) -> str:
-    from ._display import _Raw
+    from ._tables import _Raw
 
     return _Raw(f"<b>{text}</b>")
 
@@ -250,7 +250,7 @@ def _timed_run(pipe: Any, tap: _Tap) -> tuple[float, Any]:
 
 
 def _take(pipe: Any, sample: int) -> tuple[list[Any], float]:
-    from .pipeline import Pipeline
+    from ..pipeline import Pipeline
 
     items: list[Any] = []
     start = time.perf_counter()

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from asyncflow import ConfigError, Pipeline
-from asyncflow._progress import ProgressBar, _bar_class, in_notebook, progress_hook
+from asyncflow.report._progress import ProgressBar, _bar_class, in_notebook, progress_hook
 
 
 def _slow(x: int) -> int:

@@ -10,7 +10,7 @@ import pytest
 
 import asyncflow
 from asyncflow import ConfigError, Pipeline
-from asyncflow._profile import ProfileReport
+from asyncflow.report._profile import ProfileReport
 
 
 async def _wait(x: int) -> int:

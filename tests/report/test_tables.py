@@ -6,7 +6,8 @@ import asyncio
 import re
 
 from asyncflow import Pipeline
-from asyncflow._display import (
+from asyncflow.pipeline import FailureRecord, PipelineStats, StageStats
+from asyncflow.report._tables import (
     pipeline_html,
     pipeline_text,
     stages_text,
@@ -14,7 +15,6 @@ from asyncflow._display import (
     stats_text,
     table_text,
 )
-from asyncflow.pipeline import FailureRecord, PipelineStats, StageStats
 
 
 def _stage(name: str, *, utilization: float = 0.1, failures: int = 0, **kw: object) -> StageStats:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncflow._cli import check_pil, run
-from asyncflow._demo import make_sample_folder
+from asyncflow.cli._command import check_pil, run
+from asyncflow.cli._demo import make_sample_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -120,7 +120,7 @@ def _display_stats(run: Any) -> Any:
         from IPython.display import HTML, display
     except ImportError:
         return None
-    from ._display import stats_html
+    from ._tables import stats_html
 
     return display(HTML(stats_html(run.stats())), display_id=True)  # type: ignore[no-untyped-call]
 
@@ -128,7 +128,7 @@ def _display_stats(run: Any) -> Any:
 def _update_stats(handle: Any, snapshot: Any) -> None:
     from IPython.display import HTML
 
-    from ._display import stats_html
+    from ._tables import stats_html
 
     handle.update(HTML(stats_html(snapshot)))  # type: ignore[no-untyped-call]
 
@@ -141,7 +141,7 @@ def progress_hook(**options: Any) -> Callable[[Any], ProgressBar]:
     """
     count = options.get("count")
     if count is not None and not callable(count):
-        from ._errors import ConfigError
+        from .._errors import ConfigError
 
         raise ConfigError(f"progress(count=...) must be a callable, got {count!r}")
 

@@ -18,8 +18,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ._errors import AsyncflowError
-from ._redact import describe_exception, redact
+from .._errors import AsyncflowError
+from .._redact import describe_exception, redact
 
 __all__ = ["build_parser", "run"]
 
@@ -46,7 +46,7 @@ def pil_status() -> dict[str, Any]:
     ``asyncflow info`` is what users run when things are broken.
     """
     try:
-        from .image import backend_info
+        from ..image import backend_info
 
         return dict(backend_info())
     except Exception as exc:
@@ -105,7 +105,7 @@ def _torch_status() -> dict[str, Any]:
 
 def collect_info() -> dict[str, Any]:
     """Everything ``asyncflow info`` reports, as a JSON-able dict."""
-    from . import __version__
+    from .. import __version__
 
     return {
         "asyncflow": __version__,
@@ -274,7 +274,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_cache_info(args: argparse.Namespace) -> int:
     """Print what the cache at ``PATH`` holds; exit 1 when there is none or it is unusable."""
-    from .cache import info
+    from ..cache import info
 
     try:
         result = info(args.path)
@@ -292,7 +292,7 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .. import __version__
 
     parser = argparse.ArgumentParser(
         prog="asyncflow",

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import asyncflow as af
 from asyncflow import ConfigError, Journal, Pipeline
+from asyncflow.journal import Journaled
 
 pytestmark = pytest.mark.usefixtures("leak_check")
 
@@ -183,3 +185,36 @@ def test_a_damaged_record_is_named_and_unknown_fields_are_kept(tmp_path: Path) -
     with pytest.raises(ConfigError, match=r"rank-00000\.jsonl:4: the record of output "
                                           r"\(epoch=0, step=2, rank=0\) is damaged"):
         af.explain(tmp_path, epoch=0, step=2)
+
+
+class OwnRecords:
+    """Stands for a pipeline that records its own outputs, through the public protocol only
+    (``image.folder`` is one): each output's record names its items."""
+
+    source = None
+
+    def journal_begin(self) -> dict[str, Any]:
+        return {"kind": "pairs", "size": 2}
+
+    def journal_entry(self, output: list[int], cache: dict[int, Any]) -> dict[str, Any]:
+        cache[0] = step = cache.get(0, -1) + 1
+        return {"epoch": 0, "step": step, "positions": output,
+                "items": [[f"item-{x}", x, x] for x in output]}
+
+    def journal_rebuild(self, config: dict[str, Any], epoch: int, items: list[Any]) -> Any:
+        assert config == {"kind": "pairs", "size": 2} and epoch == 0
+        return [label for _, label, _ in items]
+
+
+def test_a_pipeline_journals_its_own_outputs_through_the_journaled_protocol(
+    tmp_path: Path,
+) -> None:
+    own = OwnRecords()
+    assert isinstance(own, Journaled)
+    delivered = list(Pipeline(list(range(6))).batch(2).with_hook(Journal(own, tmp_path)))
+    record = af.explain(tmp_path, epoch=0, step=1)
+    assert (record.kind, record.positions, record.items) == (
+        "pairs", (2, 3), (("item-2", 2, 2), ("item-3", 3, 3)))
+    assert af.rebuild(own, record) == delivered[1] == [2, 3]
+    with pytest.raises(ConfigError, match="made by pairs: pass that pipeline"):
+        af.rebuild(build(), record)
