@@ -6,7 +6,7 @@ as ``"module:attribute"`` imported on first use, and the engine's thin methods
 (``Pipeline.to_device``, ``Pipeline.cache``, ``Pipeline.progress``, the HTML and text reprs,
 the ``retry=`` / ``timeout=`` checks) look them up here. The names the engine asks for:
 
-* ``"to_device"``: ``to_device(pipe, device, *, non_blocking=..., pool_size=...)``
+* ``"to_device"``: ``to_device(pipe, device, *, non_blocking=..., pool_size=..., then=...)``
 * ``"cache"``: ``cache(pipe, path, **options)``
 * ``"progress_hook"``: ``progress_hook(**options)``, a hook factory (see ``with_hook``)
 * ``"pipeline_html"``: ``pipeline_html(pipe) -> str``
