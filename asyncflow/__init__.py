@@ -104,7 +104,7 @@ del _name, _target
 
 # Tensors cross worker processes through shared memory once torch is loaded (the engine
 # itself imports neither torch nor asyncflow.torch).
-register_lazy_reducers("torch", "asyncflow.torch._share")
+register_lazy_reducers("torch", "asyncflow.torch._reducers")
 
 if TYPE_CHECKING:
     from . import image, sources

@@ -6,11 +6,11 @@ Importing this package imports torch; ``import asyncflow`` loads it only when on
 
 from __future__ import annotations
 
-from . import _share  # noqa: F401  (registers the tensor reducer for worker processes)
+from . import _reducers  # noqa: F401  (registers the tensor reducer for worker processes)
 from ._collate import Padded, default_collate, pad_collate
+from ._distributed import EvenSteps, StepStats, even_steps, gather_states, worker_states
 from ._loader import DataLoader
 from ._pinned import PinnedPool, PoolStats
-from ._ranks import EvenSteps, StepStats, even_steps, gather_states, worker_states
 from ._transfer import to_device
 
 __all__ = [

@@ -30,7 +30,7 @@ import torch
 from .._errors import ConfigError
 from ..pipeline import CustomSpec
 from ._pinned import PinnedPool, align
-from ._structure import flatten, map_tensors
+from ._tensors import flatten, map_tensors
 
 if TYPE_CHECKING:
     from ..pipeline import NodeContext, Pipeline, Receiver, Sender

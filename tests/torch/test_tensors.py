@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from asyncflow.torch._structure import flatten, map_tensors
+from asyncflow.torch._tensors import flatten, map_tensors
 
 
 class Pair(NamedTuple):

@@ -1,4 +1,5 @@
-"""even_steps and Split under a real ``torchrun``: gloo, CPU, loopback (asyncflow/torch/_ranks.py).
+"""even_steps and Split under a real ``torchrun``: gloo, CPU, loopback
+(asyncflow/torch/_distributed.py).
 
 Each run is a subprocess with a timeout; the test checks its exit code, every rank's result
 file, and that no process of the run is left behind.
@@ -21,7 +22,7 @@ from asyncflow.ranks import cut
 from asyncflow.torch import StepStats, even_steps
 from tests.torchrun import free_port, torchrun
 
-WORKER = Path(__file__).with_name("_ranks_worker.py")
+WORKER = Path(__file__).with_name("_even_steps_worker.py")
 
 
 def _torchrun(mode: str, ranks: int, out: Path) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
-"""One rank of the torchrun tests in tests/torch/test_ranks.py; not a test module itself.
+"""One rank of the torchrun tests in tests/torch/test_even_steps.py; not a test module itself.
 
-``python _ranks_worker.py MODE OUT_DIR``: each rank writes ``OUT_DIR/rank<r>.json``.
+``python _even_steps_worker.py MODE OUT_DIR``: each rank writes ``OUT_DIR/rank<r>.json``.
 
 - ``short``: every rank reads its ``Split()`` share of 24 items in batches of 4 (``drop_last``);
   on rank 1 alone one item fails (skipped within ``max_failures``), so rank 1 has a batch less.
