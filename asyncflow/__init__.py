@@ -89,7 +89,7 @@ __getattr__ = lazy_getattr(__name__, _LAZY)
 # reads an ``image.folder`` record's crops through ``"journal_crops:image.folder"``.
 for _name, _target in {
     "to_device": "asyncflow.torch._transfer:to_device",
-    "cache": "asyncflow.cache._pipeline:cache",
+    "cache": "asyncflow.cache._cached:cache",
     "progress_hook": "asyncflow.report._progress:progress_hook",
     "journal": "asyncflow.journal:journal",
     "journal_crops:image.folder": "asyncflow.image._explain:record_crops",

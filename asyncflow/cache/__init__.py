@@ -1,6 +1,6 @@
 """Decode once, replay at memory speed: a memory-mapped cache of a pipeline's output.
 
-``pipe.cache(path)`` (see :func:`asyncflow.cache._pipeline.cache`) writes each sample to
+``pipe.cache(path)`` (see :func:`asyncflow.cache._cached.cache`) writes each sample to
 numpy memory-mapped files on the first full pass and replays them afterwards, in order or
 shuffled by index. :func:`info` describes a cache on disk (``asyncflow cache info PATH``).
 """
@@ -14,10 +14,10 @@ from ._info import CacheInfo, info
 
 __all__ = ["CacheInfo", "CachedPipeline", "info"]
 
-__getattr__ = lazy_getattr(__name__, {"CachedPipeline": "asyncflow.cache._pipeline"})
+__getattr__ = lazy_getattr(__name__, {"CachedPipeline": "asyncflow.cache._cached"})
 
 if TYPE_CHECKING:
-    from ._pipeline import CachedPipeline
+    from ._cached import CachedPipeline
 
 
 def __dir__() -> list[str]:

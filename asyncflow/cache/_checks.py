@@ -34,7 +34,7 @@ BLOCK_BYTES = 4096
 
 
 class CheckedCache(Protocol):
-    """What the checks read of an open cache (``_store.Reader`` is one): its files, their
+    """What the checks read of an open cache (``_reader.Reader`` is one): its files, their
     identity, and each field's block checksums."""
 
     @property
@@ -118,7 +118,7 @@ class Checks:
         self._damaged: dict[Identity, str] = {}
 
     def damage(self, identity: Identity) -> str | None:
-        """Why the files of ``identity`` (``_store.Reader.identity``) were found damaged in an
+        """Why the files of ``identity`` (``_reader.Reader.identity``) were found damaged in an
         earlier epoch, else None."""
         return self._damaged.get(identity)
 

@@ -7,7 +7,7 @@ is built from upstream's source, upstream's stages, then the ``cache`` stage
     source (upstream's, behind a Gate) -> upstream's stages -> cache -> stages after it
 
 The ``cache`` stage decides the epoch on the run's loop, with its file work on the run's
-threads (:class:`~asyncflow.cache._source.CacheSource` does: take the writer lock, or wait for
+threads (:class:`~asyncflow.cache._epoch.CacheSource` does: take the writer lock, or wait for
 another writer, or find a cache another writer just finished). Until it has decided,
 upstream's source waits at its :class:`Gate` and reads nothing. Filling (or reading upstream
 while another process writes), it opens the gate and passes upstream's items through, writing
@@ -37,7 +37,7 @@ from ..pipeline import (
 )
 
 if TYPE_CHECKING:
-    from ._source import CacheSource
+    from ._epoch import CacheSource
 
 __all__ = ["CacheNode", "Gate", "cache_stage", "hooks_stage", "one_shot_guard"]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ._lock import WriterLock
+from ._reader import CacheInvalid, Reader, leftovers, read_manifest
 from ._schema import Field
-from ._store import CacheInvalid, Reader, leftovers, read_manifest
 
 __all__ = ["CacheInfo", "info"]
 

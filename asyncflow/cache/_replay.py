@@ -32,8 +32,8 @@ import numpy as np
 from .._recycle import PoolStats, Recycler
 from ..pipeline.seeding import epoch_rng
 from ._checks import Checks
+from ._reader import CacheInvalid, Reader, map_shared
 from ._schema import Field, unflatten
-from ._store import CacheInvalid, Reader, map_shared
 
 __all__ = ["BufferPool", "Deferred", "KeptMapping", "finish", "permutation", "replay"]
 

@@ -14,10 +14,10 @@ from asyncflow import SourceError
 from asyncflow.cache import _checks
 from asyncflow.cache._checks import BLOCK_BYTES, BlockSums, Checks, block_rows
 from asyncflow.cache._format import HEADER_BYTES
+from asyncflow.cache._reader import Reader
 from asyncflow.cache._replay import permutation, replay
-from asyncflow.cache._store import Reader
 
-from .test_store import write
+from .test_reader import write
 
 IMAGE_BYTES = 3 * 40 * 40  # above BLOCK_BYTES: a block per image
 

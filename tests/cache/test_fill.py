@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from asyncflow import Pipeline, PipelineError
-from asyncflow.cache._store import HEADER_BYTES, leftovers
+from asyncflow.cache._reader import HEADER_BYTES, leftovers
 
 
 def loop_threads(name: str) -> list[str]:
@@ -84,7 +84,7 @@ def test_a_cache_found_unusable_as_a_replay_begins_fails_that_epoch_and_the_next
     pipe = Pipeline(range(6)).map(make).cache(tmp_path / "c", batched=True)
     list(pipe)
     # its checksum table (size kept): found as the replay begins (a damaged .npy header is
-    # found before the epoch, which then rebuilds at once: tests/cache/test_pipeline.py)
+    # found before the epoch, which then rebuilds at once: tests/cache/test_cached.py)
     with open(tmp_path / "c" / "field0.crc32", "r+b") as fh:
         fh.seek(1)
         fh.write(b"X")

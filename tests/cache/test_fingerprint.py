@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from asyncflow import Pipeline
+from asyncflow.cache._cached import _description
 from asyncflow.cache._fingerprint import (
     canonical,
     describe_change,
@@ -21,7 +22,6 @@ from asyncflow.cache._fingerprint import (
     state_of,
     summarize,
 )
-from asyncflow.cache._pipeline import _description
 
 
 def scale(x: Any, factor: float = 2.0) -> Any:
@@ -48,7 +48,7 @@ def test_canonical_removes_memory_addresses_and_non_json_values() -> None:
 def test_the_same_pipeline_has_the_same_fingerprint_in_another_process(tmp_path: Path) -> None:
     code = (
         "from asyncflow import Pipeline\n"
-        "from asyncflow.cache._pipeline import _description\n"
+        "from asyncflow.cache._cached import _description\n"
         "from asyncflow.cache._fingerprint import fingerprint\n"
         "import functools, operator\n"
         "pipe = Pipeline([f'img/{i}.jpg' for i in range(300)]).map(functools.partial("

@@ -71,7 +71,7 @@ def test_an_unseeded_evaluation_folder_has_the_same_fingerprint_in_every_process
     code = (
         "import json, sys\n"
         "from asyncflow import image\n"
-        "from asyncflow.cache._pipeline import _description\n"
+        "from asyncflow.cache._cached import _description\n"
         f"pipe = image.folder({str(root)!r}, batch_size=2, size=16)\n"
         "print(json.dumps(_description(pipe), sort_keys=True, default=str))\n"
     )

@@ -11,9 +11,9 @@ import pytest
 import asyncflow.cache
 from asyncflow.cache import CacheInfo, info
 from asyncflow.cache._lock import WriterLock
-from asyncflow.cache._store import Writer
+from asyncflow.cache._reader import Writer
 
-from .test_store import batches, write
+from .test_reader import batches, write
 
 
 def test_public_names() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from asyncflow import Pipeline
-from asyncflow.cache._pipeline import _layout
+from asyncflow.cache._cached import _layout
 from asyncflow.pipeline import CustomSpec, NodeContext, Receiver, Sender
 
 

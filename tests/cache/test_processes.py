@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from asyncflow.cache._lock import WriterLock
-from asyncflow.cache._store import Reader, leftovers
+from asyncflow.cache._reader import Reader, leftovers
 
 from ._proc import digest_of, make_batch
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from asyncflow.cache._reader import CacheInvalid, Reader, map_shared, remove_cache
 from asyncflow.cache._replay import Deferred, KeptMapping, _gather, finish, permutation, replay
-from asyncflow.cache._store import CacheInvalid, Reader, map_shared, remove_cache
 
-from .test_store import batches, write
+from .test_reader import batches, write
 
 
 def test_batches_come_back_at_the_upstream_size_with_the_short_last(tmp_path: Path) -> None:

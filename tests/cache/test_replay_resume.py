@@ -10,7 +10,7 @@ import pytest
 
 from asyncflow import ConfigError
 
-from .test_pipeline import images, labels
+from .test_cached import images, labels
 
 
 def _interrupted(make: Any, k: int) -> tuple[list[list[int]], list[list[int]]]:

@@ -26,7 +26,7 @@ from typing import Any, assert_type
 
 from asyncflow import Pipeline, Run, mix
 from asyncflow.cache import CachedPipeline
-from asyncflow.cache._pipeline import cache
+from asyncflow.cache._cached import cache
 
 
 def numbers() -> Iterator[int]:
@@ -116,7 +116,7 @@ follow_imports = silent
 """
 ANALYSED = (
     "asyncflow", "asyncflow.pipeline", "asyncflow.pipeline.*", "asyncflow.cache",
-    "asyncflow.cache._pipeline", "asyncflow.sources._mix",
+    "asyncflow.cache._cached", "asyncflow.sources._mix",
 )
 
 _LINE = re.compile(r"^snippet\.py:(\d+): (error|note): (.*?)(?:  \[([a-z-]+)\])?$")

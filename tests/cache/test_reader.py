@@ -13,10 +13,9 @@ import pytest
 import torch
 
 from asyncflow import ConfigError
-from asyncflow.cache import _store
+from asyncflow.cache import _reader
 from asyncflow.cache._format import manifest_digest
-from asyncflow.cache._replay import replay
-from asyncflow.cache._store import (
+from asyncflow.cache._reader import (
     HEADER_BYTES,
     CacheInvalid,
     Reader,
@@ -24,6 +23,7 @@ from asyncflow.cache._store import (
     leftovers,
     remove_cache,
 )
+from asyncflow.cache._replay import replay
 
 
 def batches(count: int, size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -234,12 +234,12 @@ def test_prefetch_asks_for_the_rows_of_a_cold_cache_only(
     mapped = Reader.open(tmp_path / "c")
     maps = (_Advice(), _Advice())
     reader = dataclasses.replace(mapped, maps=maps)  # type: ignore[arg-type]
-    monkeypatch.setattr(_store, "_resident", lambda page: resident)
+    monkeypatch.setattr(_reader, "_resident", lambda page: resident)
 
     def span(start: int, stop: int, size: int = 3 * 64 * 64) -> tuple[int, int, int]:
         begin = HEADER_BYTES + start * size
         aligned = begin - begin % mmap.PAGESIZE
-        return _store._WILLNEED, aligned, HEADER_BYTES + stop * size - aligned
+        return _reader._WILLNEED, aligned, HEADER_BYTES + stop * size - aligned
 
     reader.prefetch(range(2, 5))
     reader.prefetch(np.array([6, 1]))

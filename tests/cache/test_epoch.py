@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from asyncflow import ConfigError, SourceError
+from asyncflow.cache._epoch import CacheSource
 from asyncflow.cache._lock import WriterLock
-from asyncflow.cache._source import CacheSource
-from asyncflow.cache._store import HEADER_BYTES, Reader, leftovers
+from asyncflow.cache._reader import HEADER_BYTES, Reader, leftovers
 
-from .test_store import write
+from .test_reader import write
 
 
 class Upstream:

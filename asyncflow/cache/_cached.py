@@ -11,11 +11,11 @@ from typing import Any, Self, TypeVar
 
 from .._errors import ConfigError
 from ..pipeline import Merge, Pipeline, RunPlan, StageSpec
+from ._epoch import CacheSource
 from ._fill import Gate, cache_stage, hooks_stage, one_shot_guard
 from ._fingerprint import canonical, fingerprint, state_of, summarize
 from ._info import CacheInfo, info
 from ._replay import finish
-from ._source import CacheSource
 
 __all__ = ["CachedPipeline", "cache"]
 

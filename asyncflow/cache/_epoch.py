@@ -48,8 +48,7 @@ from ._checks import ALL_CHECKED, Checks
 from ._fingerprint import describe_change
 from ._format import MANIFEST, read_manifest
 from ._lock import WriterLock
-from ._replay import BufferPool, KeptMapping, permutation, replay
-from ._store import (
+from ._reader import (
     CacheInvalid,
     Reader,
     Writer,
@@ -60,6 +59,7 @@ from ._store import (
     remove_path,
     sizes_match,
 )
+from ._replay import BufferPool, KeptMapping, permutation, replay
 
 __all__ = ["CacheSource", "EpochCounter", "Upstream"]
 

@@ -18,9 +18,9 @@ import torch
 
 from asyncflow import ConfigError, Pipeline, PipelineError, SourceError
 from asyncflow.cache import CachedPipeline, _replay
+from asyncflow.cache._cached import _layout
 from asyncflow.cache._checks import Checks
-from asyncflow.cache._pipeline import _layout
-from asyncflow.cache._store import HEADER_BYTES, Reader, Writer, leftovers
+from asyncflow.cache._reader import HEADER_BYTES, Reader, Writer, leftovers
 
 
 class Decode:
