@@ -1,6 +1,6 @@
 """Keeping secrets out of text that reaches logs, error messages, notes, reprs and HTML.
 
-The one redactor of the package (``sources._redact`` re-exports it). What it masks:
+The one redactor of the package. What it masks:
 
 * URLs: user info (``user:password@``) and every query *value* (names stay, so a presigned
   URL still reads as one); the fragment is dropped. ``s3://bucket/key`` is left alone (a

@@ -18,13 +18,13 @@ from contextlib import aclosing
 
 import aiohttp
 
+from .._redact import Operation, redact_url
 from ._http_body import body
 from ._http_ranges import Changed, Resume, open_from, stream
 from ._http_session import http_session, session_limit, with_session
 from ._limiter import limiter_for
 from ._manifest import remote_entries
 from ._objects import ObjectInfo
-from ._redact import Operation, redact_url
 from ._retry import Retry, Timeout, Transient, with_retries
 from ._retry_stream import retry_stream
 

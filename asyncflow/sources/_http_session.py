@@ -21,8 +21,8 @@ import aiohttp
 from yarl import URL
 
 from .._errors import SourceError, SourceNotFound, SourcePermissionError
+from .._redact import describe_exception, redact_url
 from .._scope import RunScope, current_scope
-from ._redact import describe_exception, redact_url
 from ._retry import THROTTLE_STATUSES, Retry, Timeout, Transient, parse_retry_after
 
 __all__ = [

@@ -19,8 +19,8 @@ from contextlib import aclosing
 from typing import Any, Literal, overload
 
 from .._errors import ConfigTypeError, SourceNotFound
+from .._redact import redact_url
 from ..ranks import Split
-from ._redact import redact_url
 from ._retry import Retry, Timeout, resolve_policy
 from ._transport import ObjectInfo, Transport, as_url, transport_for
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from urllib.parse import urljoin
 
 from .._errors import SourceError, SourcePermissionError
+from .._redact import redact_url
 from ._objects import ObjectInfo, scheme_of
-from ._redact import redact_url
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_SUFFIXES", "local_entries", "remote_entries"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ._redact import redact_url
+from .._redact import redact_url
 
 __all__ = ["DEFAULT_SCHEMES", "ObjectInfo", "scheme_of"]
 

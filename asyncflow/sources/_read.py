@@ -14,8 +14,8 @@ from typing import Any
 
 from .._blob import Blob, check_max_bytes, describe_size
 from .._errors import ConfigError, SourceError
+from .._redact import redact_url
 from .._scope import RunScope, use_scope
-from ._redact import redact_url
 from ._retry import Retry, Timeout, resolve_policy
 from ._transport import ObjectInfo, Transport, as_url, enabled_schemes, scheme_of, transport_for
 

@@ -30,10 +30,10 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from .._errors import SourceError, SourceNotFound, SourcePermissionError
+from .._redact import describe_exception, redact_url
 from .._scope import current_scope
 from ._limiter import limiter_for
 from ._objects import ObjectInfo
-from ._redact import describe_exception, redact_url
 from ._retry import (
     THROTTLE_STATUSES,
     Retry,

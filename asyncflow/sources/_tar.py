@@ -23,8 +23,8 @@ from contextlib import aclosing
 from typing import Any
 
 from .._errors import ConfigError, SourceError
+from .._redact import redact_url
 from ..pipeline import run_thread
-from ._redact import redact_url
 from ._retry import Retry, Timeout, resolve_policy
 from ._tarstream import Event, ShardDecoder
 from ._tarstream import unsafe_reason as unsafe_reason

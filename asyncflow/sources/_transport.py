@@ -27,9 +27,9 @@ from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Protocol
 
 from .._errors import ConfigError, SourceError, SourcePermissionError
+from .._redact import redact_url
 from .._scope import current_scope
 from ._objects import DEFAULT_SCHEMES, ObjectInfo, scheme_of
-from ._redact import redact_url
 from ._retry import Retry, Timeout
 
 __all__ = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncflow.sources._redact import Operation, describe_exception, redact_text, redact_url
+from asyncflow._redact import Operation, describe_exception, redact_text, redact_url
 
 
 @pytest.mark.parametrize(
