@@ -32,6 +32,7 @@ import numpy as np
 
 from .._errors import ConfigError, ConfigTypeError
 from ..ranks import world
+from ._base_sampler import Sampler
 from ._orders import (
     Block,
     check_int,
@@ -45,7 +46,6 @@ from ._orders import (
     shard_size,
     weighted_blocks,
 )
-from ._sampler import Sampler
 
 __all__ = ["DistributedSampler", "RandomSampler", "SequentialSampler", "WeightedRandomSampler"]
 
