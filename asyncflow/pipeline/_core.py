@@ -18,6 +18,7 @@ from ._handle import ConsumerHook, Run, T_co
 from ._merge import Branch, Merge
 from ._options import RunOptions, RunPlan
 from ._pools import PoolHolder
+from ._protocols import EpochResumable
 from ._resume import load_state, state_of
 from ._run import Runtime
 from ._source import SharedSource, check_source
@@ -75,7 +76,7 @@ class PipelineCore(Generic[T_co]):
             if not isinstance(spec, StageSpec):
                 raise ConfigError(f"not a stage spec: {spec!r:.80}")
             last = stages[index - 1] if index else None
-            if last is not None and getattr(last, "terminal", False):
+            if last is not None and last.terminal:
                 raise ConfigError(
                     f"{last.name or last.default_name()}() must be the last stage: the stages "
                     f"after it would receive batches still in flight (move {spec.kind}() "
@@ -243,9 +244,8 @@ class PipelineCore(Generic[T_co]):
         if epoch is not None:
             self._source.runs = self._source.first = epoch
             # A source that numbers its epochs itself (a cache) resumes the saved one's order
-            resume_epoch = getattr(self._source.source, "resume_epoch", None)
-            if callable(resume_epoch):
-                resume_epoch(epoch)
+            if isinstance(self._source.source, EpochResumable):
+                self._source.source.resume_epoch(epoch)
         self._source.resume_plan = plan
 
     # -- introspection ------------------------------------------------------------------

@@ -28,6 +28,7 @@ from ._node import ItemKeys, Node, NodeContext
 from ._offload import WorkerPool
 from ._options import RunOptions
 from ._pools import PoolHolder
+from ._protocols import Budgeted
 from ._source_node import SourceNode
 from ._spec import (
     AssembleSpec,
@@ -128,7 +129,7 @@ def thread_count(specs: Sequence[StageSpec], source: Any = None) -> int:
 def _default_capacity(spec: StageSpec | None, batched: bool) -> int:
     if isinstance(spec, PrefetchSpec):
         return spec.size
-    buffer = getattr(spec, "buffer", None)
+    buffer = spec.buffer if spec is not None else None
     if buffer is not None:
         return int(buffer)
     concurrency = spec.concurrency_ if spec is not None else 1
@@ -183,7 +184,7 @@ def _add_chain(
         if spec is None and options.source_buffer is not None:
             capacity = options.source_buffer
         last = handoff and index == len(stages) - 1
-        max_bytes = getattr(spec, "buffer_bytes", None) or options.buffer_bytes
+        max_bytes = (spec.buffer_bytes if spec is not None else None) or options.buffer_bytes
         output: Any = (
             Handoff(capacity, run.loop, max_bytes) if last else Channel(capacity, max_bytes)
         )
@@ -192,12 +193,12 @@ def _add_chain(
             name, kind, concurrency, capacity
         )
         counters.output = output
-        limit = getattr(spec, "max_failures", None)
+        limit = spec.max_failures if isinstance(spec, Budgeted) else None
         budget = FailureBudget(options.max_failures if limit is None else limit, name)
         ctx = NodeContext(
             name=name, index=index, counters=counters, budget=budget, pool=run.pool,
             stop=run.stop, scope=run.scope, epoch=run.epoch,
-            executor=getattr(spec, "executor", None),
+            executor=spec.executor if spec is not None else None,
         )
         ctx.lineage = lineage
         ctx.item_keys = keys

@@ -8,12 +8,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, cast
+from typing import TYPE_CHECKING, Any, Generic, Self, cast
 
 from .._errors import StallError
 from ._bridge import Handoff
 from ._cursor import REFILL, Cursor
 from ._lineage import Lineage, received
+from ._protocols import Closable, ConsumerHook
 from ._run import Runtime
 from ._stats import FailureRecord, PipelineStats
 
@@ -29,14 +30,6 @@ else:
     T_co = TypeVar("T_co", covariant=True)  # typing.TypeVar takes a default from 3.13 on
 
 __all__ = ["ConsumerHook", "Run"]
-
-
-class ConsumerHook(Protocol):
-    """Per-run consumer-side hook built by a pipeline-level hook factory."""
-
-    def __call__(self, item: Any) -> Any: ...
-
-    def close(self) -> None: ...
 
 
 class Run(Generic[T_co]):
@@ -185,9 +178,8 @@ class Run(Generic[T_co]):
             self._finalizer.detach()
         hooks, self._hooks = self._hooks, []
         for hook in hooks:
-            close = getattr(hook, "close", None)
-            if close is not None:
-                close()
+            if isinstance(hook, Closable):
+                hook.close()
 
     def __enter__(self) -> Self:
         self._start()

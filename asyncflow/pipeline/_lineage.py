@@ -23,6 +23,7 @@ from typing import Any
 
 from ._expansion import SplitLedger
 from ._ledger import FixedLedger, Ledger, MapLedger, Passthrough, ShuffleLedger
+from ._protocols import SettlingNode, StatefulNode, TracingNode
 from ._source_ledger import SourceLedger, SourcePlan, received
 from ._span import GrowingSpan, Span
 
@@ -35,16 +36,15 @@ _COMPACT_EVERY = 512
 _SETTLING = (SourceLedger, Passthrough, FixedLedger, MapLedger, ShuffleLedger, SplitLedger)
 
 
-def node_ledger(node: Any, spec: Any) -> Ledger | None:
+def node_ledger(node: Any, per: int | None) -> Ledger | None:
     """The ledger of a built node: its own ``ledger`` (the engine's nodes), an adapter for a
-    custom node that implements ``settled_inputs`` itself, one from ``items_per_output``, or
-    ``None``."""
+    custom node that implements ``settled_inputs`` itself (:class:`SettlingNode`), one from
+    its spec's ``items_per_output`` (``per``), or ``None``."""
     ledger = getattr(node, "ledger", None)
     if isinstance(ledger, Ledger):
         return ledger
-    if callable(getattr(node, "settled_inputs", None)):
+    if isinstance(node, SettlingNode):
         return _NodeAdapter(node)
-    per = getattr(spec, "items_per_output", None)
     if isinstance(per, int) and per >= 1:
         return FixedLedger(per, counted=False)
     return None
@@ -53,25 +53,23 @@ def node_ledger(node: Any, spec: Any) -> Ledger | None:
 class _NodeAdapter(Ledger):
     """A custom node's own ``settled_inputs`` / ``inputs_of`` / ``get_state`` / ``set_state``."""
 
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: SettlingNode) -> None:
         super().__init__()
         self.node = node
 
     def settled_inputs(self, outputs: Span) -> Span:
-        return self.node.settled_inputs(outputs)  # type: ignore[no-any-return]
+        return self.node.settled_inputs(outputs)
 
     def inputs_of(self, ordinal: int) -> list[int]:
-        fn = getattr(self.node, "inputs_of", None)
-        return list(fn(ordinal)) if fn is not None else []
+        node = self.node
+        return list(node.inputs_of(ordinal)) if isinstance(node, TracingNode) else []
 
     def get_state(self, outputs: Span, key_of: Any) -> dict[str, Any] | None:
-        fn = getattr(self.node, "get_state", None)
-        return fn() if fn is not None else None
+        return self.node.get_state() if isinstance(self.node, StatefulNode) else None
 
     def set_state(self, state: dict[str, Any]) -> None:
-        fn = getattr(self.node, "set_state", None)
-        if fn is not None:
-            fn(state)
+        if isinstance(self.node, StatefulNode):
+            self.node.set_state(state)
 
 
 class Lineage:
@@ -117,7 +115,7 @@ class Lineage:
             self.missing = names[0]
         names, nodes = names[1:], nodes[1:]
         for name, node, spec in zip(names, nodes, specs, strict=True):
-            ledger = node_ledger(node, spec)
+            ledger = node_ledger(node, spec.items_per_output)
             if ledger is None:
                 self.missing = self.missing or name
                 continue

@@ -34,6 +34,7 @@ from ._hand import Hand
 from ._ledger import MapLedger
 from ._node import NodeContext, Receiver, Sender
 from ._offload import FAILED, run_chunk, run_chunk_remote
+from ._protocols import runs_inline
 from ._reorder import Reorder
 from ._spec import MapSpec
 from ._stages import _MAX_CHUNK, _PER_PROCESS, _TARGET_CHUNK_SECONDS, _progress
@@ -90,7 +91,7 @@ class MapNode:
         # on threads so far, -1 once the stage may never run inline (again).
         self._cheap_chunks = 0 if (
             not self.is_async and self.processes is None and spec.executor is None
-            and getattr(spec.fn, "asyncflow_inline", True) is not False
+            and runs_inline(spec.fn)
         ) else -1
         # state: which inputs each output came from, recorded before it is put out; concurrent
         # workers emit one at a time, so that the records follow the output order

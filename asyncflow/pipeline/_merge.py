@@ -19,7 +19,7 @@ import logging
 import operator
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, NoReturn, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, NoReturn, Protocol, TypeVar, runtime_checkable
 
 from .._errors import ConfigError
 from .._scope import RunScope
@@ -27,6 +27,7 @@ from ._merge_resume import END, PASS, TAKE, MergeLedger
 from ._node import NodeContext, Receiver, Sender, apply_hooks
 from ._options import RunOptions, RunPlan
 from ._pools import PoolHolder
+from ._protocols import BranchEnd, MergeChooser, MergePolicy
 from ._spec import StageSpec
 from ._stats import count_items
 
@@ -46,38 +47,9 @@ logger = logging.getLogger("asyncflow")
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
-#: What happens to a branch that ran out: ``"stop"`` ends the merge, ``"drop"`` reads it no
-#: more, ``"restart"`` rebuilds it as a new epoch of its input, in the same run.
-BranchEnd = Literal["stop", "drop", "restart"]
-
 _ENDS = ("stop", "drop", "restart")
 _TAKE = 32  # items taken from a branch at a time
 _FLUSH = 64  # items chosen before they are put out together
-
-
-class MergeChooser(Protocol):
-    """The choices of one run of a merge (made by :meth:`MergePolicy.open`); called on the
-    run's loop, one call at a time."""
-
-    def choose(self) -> int | None:
-        """The branch (an index into the inputs) to take the next item from, or ``None`` to
-        end the merge."""
-        ...
-
-    def ended(self, branch: int, *, empty: bool) -> BranchEnd:
-        """Branch ``branch`` ran out; ``empty``: it yielded nothing since it (re)started.
-
-        Drop an empty branch rather than restart it: an empty input would restart forever.
-        """
-        ...
-
-
-class MergePolicy(Protocol):
-    """Chooses, run by run, which branch each item of a merge comes from."""
-
-    def open(self, epoch: int, branches: int) -> MergeChooser:
-        """The chooser of the merge's run number ``epoch`` over ``branches`` inputs."""
-        ...
 
 
 @runtime_checkable
@@ -141,7 +113,7 @@ class Merge(Generic[T]):
                 raise ConfigError(
                     f"{self.name} takes asyncflow pipelines, got {type(p).__name__}"
                 )
-        if not callable(getattr(self.policy, "open", None)):
+        if not isinstance(self.policy, MergePolicy):
             raise ConfigError(f"{self.name}: policy must have open(epoch, branches)")
         labels = tuple(self.labels) or tuple(
             p.options.name if p.options.name != "pipeline" else f"input{i}"

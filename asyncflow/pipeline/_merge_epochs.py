@@ -30,6 +30,7 @@ from typing import Any
 
 from .._errors import ConfigError
 from ._lineage import Lineage, SourcePlan
+from ._protocols import EpochResumable, EpochSampler, EpochSettable
 from ._span import Span
 
 __all__ = ["Era", "Track", "branch_at", "count_on", "tracks_of"]
@@ -137,9 +138,8 @@ def branch_at(pipe: Any, era: Era) -> Any:
     epoch it drew for the era, which the era records.
     """
     source = pipe._source
-    sampler = source.source
-    if not (isinstance(getattr(sampler, "next_epoch", None), int)
-            and callable(getattr(sampler, "set_epoch", None))):
+    sampler: EpochSampler | None = source.source
+    if not (isinstance(sampler, EpochSampler) and isinstance(sampler.next_epoch, int)):
         sampler = None
     if era.plan is None or era.lineage is not None:  # a new era: the input's next epoch
         if sampler is not None:
@@ -147,10 +147,10 @@ def branch_at(pipe: Any, era: Era) -> Any:
         return pipe._branch()
     with source.lock:  # the count goes on as it was (count_on), not from this epoch
         count = source.runs
-    for resume_epoch in (getattr(pipe, "set_epoch", None),
-                         getattr(source.source, "resume_epoch", None)):
-        if callable(resume_epoch):
-            resume_epoch(era.epoch)
+    if isinstance(pipe, EpochSettable):
+        pipe.set_epoch(era.epoch)
+    if isinstance(source.source, EpochResumable):
+        source.source.resume_epoch(era.epoch)
     if sampler is not None and era.sampler is not None:
         sampler.set_epoch(era.sampler)
     with source.lock:

@@ -34,6 +34,7 @@ from ._failures import describe_item
 from ._jobs import Job, Slot, blame, exit_reason, merge, settle, stop_workers, unpack
 from ._offload import ChunkResult
 from ._pool import PoolStats
+from ._protocols import round_robin
 from ._worker import STATUS, send, worker_main
 from ._workers import Processes
 
@@ -69,7 +70,7 @@ class ProcessPool:
         # ``first`` go to worker ``first % size``, as torch's loader sends batch i to worker
         # i % num_workers: which worker fetches an item does not depend on timing. Its
         # caller bounds what each worker holds (the loader's prefetch_factor).
-        self.round_robin = getattr(fn, "asyncflow_round_robin", False) is True
+        self.round_robin = round_robin(fn)
         self._jids = itertools.count()
         self._names = itertools.count()
         self._lock = threading.Lock()

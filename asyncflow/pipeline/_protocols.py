@@ -1,20 +1,72 @@
-"""The protocols a feature implements to plug its own logic into an engine stage.
+"""Every hook a feature offers the engine, declared in one place.
 
-A stage's spec (``_spec.py``) names the object it runs by one of these, and the stage's node
-calls it; neither the spec nor a feature needs the node's module to type it.
+The engine asks a source, a node, a stage function or a consumer hook for these methods, and
+for nothing else it does not own: each is a protocol here (``runtime_checkable`` where the
+engine tests for it), or a marker attribute read by the function named below. A feature
+implements the methods under the same names without importing this module (EXTENDING.md,
+"Hooks a feature implements").
+
+Stages:
 
 * :class:`Assembler` / :class:`PositionedAssembler`: what ``Pipeline.assemble`` runs (rows in,
   whole batches out; positioned: resumable), implemented by ``image.folder``'s batch slots.
+* :class:`SettlingNode`, :class:`TracingNode`, :class:`StatefulNode`: a custom node's
+  position for resume (its settled inputs, one output's inputs, JSON extras).
+* :class:`Budgeted`: a spec with a failure budget of its own (``max_failures``).
+* :func:`runs_inline` (``asyncflow_inline = False`` on a map function: never on the loop) and
+  :func:`round_robin` (``asyncflow_round_robin = True``: chunk ``i`` to worker ``i % n``).
+
+Sources and pipelines:
+
+* :class:`ResumableSource` (a sampler's ``state_dict`` / ``load_state_dict``),
+  :class:`ListedSource` (``listing_identity``), :class:`SplitShare` (``split_state``),
+  :class:`KeyedIterator` (``seed_key`` on a source's iterator; public as
+  ``seeding.KeyedIterator``, where it is defined beside the seeds it keys).
+* The epoch: :class:`EpochResumable` (``resume_epoch``: a source told a resumed state's
+  epoch), :class:`EpochSettable` (``set_epoch``: a pipeline or sampler set to an epoch),
+  :class:`EpochSampler` (``next_epoch`` and ``set_epoch``).
+
+Runs: :class:`ConsumerHook` (what a pipeline's hook factory builds per run; a
+:class:`Closable` one is closed when its run ends) and :class:`MergePolicy` /
+:class:`MergeChooser` (the order a merge reads its inputs in: ``asyncflow.mix``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from ._span import Span
+from .seeding import KeyedIterator
 
-__all__ = ["Assembler", "PositionedAssembler"]
+__all__ = [
+    "ROUND_ROBIN",
+    "RUNS_INLINE",
+    "Assembler",
+    "BranchEnd",
+    "Budgeted",
+    "Closable",
+    "ConsumerHook",
+    "EpochResumable",
+    "EpochSampler",
+    "EpochSettable",
+    "KeyedIterator",
+    "ListedSource",
+    "MergeChooser",
+    "MergePolicy",
+    "PositionedAssembler",
+    "ResumableSource",
+    "SettlingNode",
+    "SplitShare",
+    "StatefulNode",
+    "TracingNode",
+    "round_robin",
+    "runs_inline",
+]
+
+#: What happens to a branch that ran out: ``"stop"`` ends the merge, ``"drop"`` reads it no
+#: more, ``"restart"`` rebuilds it as a new epoch of its input, in the same run.
+BranchEnd = Literal["stop", "drop", "restart"]
 
 B_co = TypeVar("B_co", covariant=True)
 
@@ -55,4 +107,174 @@ class PositionedAssembler(Assembler[B_co], Protocol[B_co]):
     def resume(self, settled: Span) -> None:
         """The next run's rows at ``settled`` positions will not arrive (delivered in an
         earlier run, or failed there): leave them out of their batches."""
+        ...
+
+
+@runtime_checkable
+class SettlingNode(Protocol):
+    """A custom node that says which of its inputs are settled (EXTENDING.md, "A stage's
+    position"): what makes a pipeline through it resumable without ``items_per_output``."""
+
+    def settled_inputs(self, outputs: Span) -> Span:
+        """The inputs every output of which is among the settled ``outputs``."""
+        ...
+
+
+@runtime_checkable
+class TracingNode(Protocol):
+    """A custom node that names the inputs of one output (a journal's trace)."""
+
+    def inputs_of(self, ordinal: int) -> Sequence[int]:
+        """The input ordinals output ``ordinal`` was made of."""
+        ...
+
+
+@runtime_checkable
+class StatefulNode(Protocol):
+    """A custom node with JSON extras in the pipeline's state, under the stage's name."""
+
+    def get_state(self) -> dict[str, Any] | None:
+        """The extras to save (``None``: none), read in the consumer's thread."""
+        ...
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Called with the saved extras before a resumed run starts."""
+        ...
+
+
+@runtime_checkable
+class Budgeted(Protocol):
+    """A stage spec that takes a failure budget of its own (``MapSpec``, ``AssembleSpec``):
+    ``None`` is the pipeline's ``max_failures``."""
+
+    @property
+    def max_failures(self) -> int | float | None:
+        """Failed items the stage may skip (an int, or a fraction of its items)."""
+        ...
+
+
+#: A map function's marker: ``False`` keeps it off the run's loop (it blocks, holds a lock).
+RUNS_INLINE = "asyncflow_inline"
+#: A map function's marker: ``True`` deals chunk ``i`` to process worker ``i % n`` (a
+#: DataLoader's fetch, whose batches must come from torch's worker for them).
+ROUND_ROBIN = "asyncflow_round_robin"
+
+
+def runs_inline(fn: Any) -> bool:
+    """Whether ``fn`` may run on the loop when cheap: not when it says ``asyncflow_inline =
+    False``."""
+    return getattr(fn, RUNS_INLINE, True) is not False
+
+
+def round_robin(fn: Any) -> bool:
+    """Whether ``fn``'s chunks go to process workers in turn (``asyncflow_round_robin =
+    True``) rather than to the first free one."""
+    return getattr(fn, ROUND_ROBIN, False) is True
+
+
+@runtime_checkable
+class ResumableSource(Protocol):
+    """A source that saves its own position (a sampler): its ``state_dict()`` is saved under
+    ``"sampler"`` and given back to ``load_state_dict`` on resume."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The source's position, plain JSON."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go back to a saved position."""
+        ...
+
+
+@runtime_checkable
+class ListedSource(Protocol):
+    """A source that says what it lists (``asyncflow.pipeline.listing_identity``), so a
+    resume state over another listing is refused, naming where the two differ."""
+
+    def listing_identity(self) -> dict[str, Any]:
+        """``listing_identity(names, contents)`` of every item the source lists."""
+        ...
+
+
+@runtime_checkable
+class SplitShare(Protocol):
+    """A share of a list cut between ranks (``asyncflow.Split``): its part is saved under
+    ``"split"``, for an elastic resume under another world size."""
+
+    def split_state(self) -> dict[str, Any]:
+        """The share's part, plain JSON."""
+        ...
+
+
+@runtime_checkable
+class EpochResumable(Protocol):
+    """A source that numbers its epochs itself (a cache): told the epoch a resumed state
+    was saved in, its next epoch is that one."""
+
+    def resume_epoch(self, epoch: int) -> None:
+        """The next epoch is ``epoch``."""
+        ...
+
+
+@runtime_checkable
+class EpochSettable(Protocol):
+    """A pipeline or sampler whose next epoch can be set (``image.folder``: its listing's
+    order and crops; a sampler: its order); a merge's resumed branch is set to its era's."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next epoch is ``epoch``."""
+        ...
+
+
+@runtime_checkable
+class EpochSampler(EpochSettable, Protocol):
+    """A sampler that says which epoch it draws next (``asyncflow.sources.Sampler``): a
+    merge records it per era and sets it back on resume."""
+
+    @property
+    def next_epoch(self) -> int:
+        """The epoch its next iteration draws."""
+        ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """A consumer hook with resources: ``close()`` is called once when its run ends."""
+
+    def close(self) -> None:
+        """Release what the hook holds."""
+        ...
+
+
+class ConsumerHook(Protocol):
+    """Per-run consumer-side hook built by a pipeline-level hook factory."""
+
+    def __call__(self, item: Any) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class MergeChooser(Protocol):
+    """The choices of one run of a merge (made by :meth:`MergePolicy.open`); called on the
+    run's loop, one call at a time."""
+
+    def choose(self) -> int | None:
+        """The branch (an index into the inputs) to take the next item from, or ``None`` to
+        end the merge."""
+        ...
+
+    def ended(self, branch: int, *, empty: bool) -> BranchEnd:
+        """Branch ``branch`` ran out; ``empty``: it yielded nothing since it (re)started.
+
+        Drop an empty branch rather than restart it: an empty input would restart forever.
+        """
+        ...
+
+
+@runtime_checkable
+class MergePolicy(Protocol):
+    """Chooses, run by run, which branch each item of a merge comes from."""
+
+    def open(self, epoch: int, branches: int) -> MergeChooser:
+        """The chooser of the merge's run number ``epoch`` over ``branches`` inputs."""
         ...

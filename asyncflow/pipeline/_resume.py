@@ -26,6 +26,7 @@ from .._errors import ConfigError
 from ._identity import describe_difference, sequence_identity
 from ._lineage import SourcePlan, received
 from ._merge import Merge
+from ._protocols import ListedSource, ResumableSource, SplitShare
 from ._span import Span
 
 __all__ = ["VERSION", "fingerprint", "load_state", "state_of"]
@@ -33,12 +34,6 @@ __all__ = ["VERSION", "fingerprint", "load_state", "state_of"]
 #: The state format's version (states without one are a sampler's state plus ``offset``).
 VERSION = 2
 _SAMPLED = 16  # items of a sequence source hashed by states saved before every item was
-
-
-def _is_sampler(source: Any) -> bool:
-    return callable(getattr(source, "state_dict", None)) and callable(
-        getattr(source, "load_state_dict", None)
-    )
 
 
 def _length(source: Any) -> int | None:
@@ -73,10 +68,8 @@ def _identity(source: Any) -> dict[str, Any] | None:
     """What ``source`` lists (``_identity.py``): its own ``listing_identity()``, or every
     item of a sequence; ``None`` for a source that lists nothing it could show again (an
     iterator, a factory without the method)."""
-    own = getattr(source, "listing_identity", None)
-    if callable(own):
-        identity: dict[str, Any] = own()
-        return identity
+    if isinstance(source, ListedSource):
+        return source.listing_identity()
     if isinstance(source, Sequence) and not isinstance(source, str | bytes):
         return sequence_identity(source)
     return None
@@ -181,11 +174,10 @@ def state_of(source: Any, describe: Sequence[dict[str, Any]], last: Any) -> dict
         "nodes": extras,
         "failed": failed,
     }
-    if _is_sampler(source):
+    if isinstance(source, ResumableSource):
         body["sampler"] = {**source.state_dict(), "offset": positions.mark}
-    split_state = getattr(source, "split_state", None)  # a Split share: for elastic resume
-    if callable(split_state):
-        body["split"] = split_state()
+    if isinstance(source, SplitShare):  # for elastic resume
+        body["split"] = source.split_state()
     body["offset"] = positions.mark
     return {**body, "check": _checksum(body, texts)}
 
@@ -247,7 +239,7 @@ def load_state(
     """
     if not isinstance(state, dict):
         raise ConfigError(f"not a pipeline state: {type(state).__name__}")
-    if "version" not in state and "offset" in state and _is_sampler(source):
+    if "version" not in state and "offset" in state and isinstance(source, ResumableSource):
         return _load_legacy(source, state)
     if state.get("version") != VERSION:
         raise ConfigError(
@@ -266,10 +258,10 @@ def load_state(
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
         raise ConfigError(f"the state's epoch must be an int >= 0, got {epoch!r}")
     positions = Span.from_json(state["positions"], "the state's positions", _length(source))
-    _check_body(state, describe, positions, _is_sampler(source))
+    _check_body(state, describe, positions, isinstance(source, ResumableSource))
     nodes = state["nodes"]
     first = 0
-    if _is_sampler(source):
+    if isinstance(source, ResumableSource):
         source.load_state_dict({**state["sampler"], "offset": positions.mark})
         first = positions.mark
     return epoch, SourcePlan(first=first, skip=positions, nodes=nodes)

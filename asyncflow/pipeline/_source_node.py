@@ -13,6 +13,7 @@ from typing import Any
 from .._errors import ConfigError
 from ._node import NodeContext, Receiver, Sender
 from ._offload import next_chunk
+from ._protocols import KeyedIterator
 from ._stages import _SOURCE_CHUNK, _aclose, _progress
 from ._stats import count_items, count_one
 
@@ -62,9 +63,8 @@ class SourceNode:
             )
 
     def _keyed(self, it: Any) -> None:
-        key = getattr(it, "seed_key", None)
-        if callable(key):
-            self.ctx.item_keys.key = key
+        if isinstance(it, KeyedIterator):
+            self.ctx.item_keys.key = it.seed_key
             self.ctx.item_keys.first = self.ctx.lineage.source.plan.first
 
     async def _run_async(self, source: Any, out: Sender) -> None:

@@ -138,6 +138,37 @@ class StageSpec:
     def concurrency_(self) -> int:
         return 1
 
+    # The traits the graph builder, the lineage and the pipeline read of any spec; a
+    # subclass declares a field of the same name to set one. A failure budget of its own is
+    # the protocol ``_protocols.Budgeted`` instead: whether a spec has the field says whether
+    # it can take one (``dataclasses.replace(spec, max_failures=...)``).
+
+    @property
+    def buffer(self) -> int | None:
+        """The output queue's capacity (``None``: the default for the stage)."""
+        return None
+
+    @property
+    def buffer_bytes(self) -> int | None:
+        """The output queue's byte budget (``None``: the pipeline's)."""
+        return None
+
+    @property
+    def executor(self) -> Executor | None:
+        """Where its sync calls run (``None``: the run's worker threads)."""
+        return None
+
+    @property
+    def items_per_output(self) -> int | None:
+        """Source items behind each output item when fixed (what makes a stage resumable
+        without a ledger of its own); ``None`` when unknown."""
+        return None
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the stage must be the last one (a device transfer)."""
+        return False
+
 
 @dataclass(frozen=True, kw_only=True)
 class MapSpec(StageSpec):
