@@ -15,7 +15,7 @@ listing put in them, less any that failed: the engine's ``assemble`` stage tells
 :class:`BatchAssembler` of each decoded (or failed) row and puts out the batches it completes.
 
 Decoders write uint8 rows; with ``normalize`` a batch becomes float32 only when the
-``assemble`` stage releases it, in one vectorized op (bit for bit what the kernel computes per
+``assemble`` stage releases it, in two NumPy passes (bit for bit what the kernel computes per
 row, see ``_slots.py``). The buffers that rows are decoded into, in flight and in the pool, are
 then 4x smaller than float batches: on 2 cores the process tree's memory fell from 0.79-0.82x
 torch DataLoader's to 0.65-0.66x, at the same speed (docs/performance.md). The normalizing is
