@@ -22,7 +22,6 @@ import functools
 import io
 import os
 import random
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +32,7 @@ from .._blob import Blob, check_max_bytes, describe_size, read_regular
 from .._errors import ConfigError, DecodeError
 from .._redact import redact_url
 from ..pipeline.seeding import item_random
-from . import _jpeg, _turbo
+from . import _jpeg, _png, _turbo
 from ._batch import IMAGENET_MEAN, IMAGENET_STD
 from ._geometry import (
     Crop,
@@ -57,7 +56,6 @@ DEFAULT_MAX_PIXELS = 89_478_485
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 
 _DRAFTABLE = frozenset({"JPEG", "MPO"})
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _WHITE = (255, 255, 255)
 
 
@@ -294,7 +292,7 @@ def _decode(
                 f"the limit of {max_pixels} (max_pixels; a decompression bomb?)"
             )
         if im.format == "PNG":
-            _check_png(data, label)
+            _png.check(data, label)
         scans = _jpeg.inspect(data, label) if im.format in _DRAFTABLE else None
         if scans is not None and im.format == "MPO":
             _jpeg.check_frames(im, scans, data, label)
@@ -381,23 +379,3 @@ def _output(
             f"{out.shape}"
         )
     return out
-
-
-def _check_png(data: bytes | memoryview, label: str) -> None:
-    """Verify every chunk's CRC: PIL checks the small chunks but not the image data."""
-    view = memoryview(data)
-    if bytes(view[:8]) != _PNG_SIGNATURE:
-        raise DecodeError(f"cannot decode {label}: not a PNG signature")
-    pos, end = 8, len(view)
-    while pos + 12 <= end:
-        length = int.from_bytes(view[pos : pos + 4], "big")
-        stop = pos + 8 + length
-        if stop + 4 > end:
-            raise DecodeError(f"cannot decode {label}: truncated PNG chunk")
-        ctype = bytes(view[pos + 4 : pos + 8])
-        if zlib.crc32(view[pos + 4 : stop]) != int.from_bytes(view[stop : stop + 4], "big"):
-            raise DecodeError(f"cannot decode {label}: bad PNG checksum in chunk {ctype!r}")
-        if ctype == b"IEND":
-            return
-        pos = stop + 4
-    raise DecodeError(f"cannot decode {label}: truncated PNG (no IEND chunk)")
