@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ._offload import FAILED
+from ._portable import FAILED
 from ._span import Span, runs
 
 __all__ = ["FixedLedger", "Ledger", "MapLedger", "Passthrough", "ShuffleLedger"]

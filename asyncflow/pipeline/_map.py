@@ -37,7 +37,6 @@ from ._offload import FAILED, run_chunk, run_chunk_remote
 from ._protocols import runs_inline
 from ._reorder import Reorder
 from ._spec import MapSpec
-from ._stages import _MAX_CHUNK, _PER_PROCESS, _TARGET_CHUNK_SECONDS, _progress
 from ._stats import count_items
 from ._stepped import Resume
 
@@ -165,12 +164,12 @@ class MapNode:
                     before = self._outputs(items, values, index, clean=False)
                     if before:
                         await out.put_many(before)
-                        _progress(self.ctx, count_items(before))
+                        self.ctx.produced(count_items(before))
                     raise
             outs = self._outputs(items, values, len(values), clean=not failures)
             if outs:
                 await out.put_many(outs)
-            _progress(self.ctx, count_items(outs))
+            self.ctx.produced(count_items(outs))
         finally:
             if self._hand is not None:  # a sync stage's chunk: out of its hands now
                 self._hand.give(len(items))
@@ -384,7 +383,7 @@ class MapNode:
         except Exception:
             running.close()
             raise
-        _progress(self.ctx, count_items(outs))
+        self.ctx.produced(count_items(outs))
         return True
 
 
@@ -396,3 +395,5 @@ _INLINE_AFTER = 3
 _INLINE_PER_ITEM = 5e-6
 #: An inline chunk that takes longer than this sends its stage back to the threads for good.
 _INLINE_CHUNK_LIMIT = 0.001
+_TARGET_CHUNK_SECONDS = 0.002  # a chunk grows until one takes about this long on its worker
+_MAX_CHUNK, _PER_PROCESS = 512, 4  # the largest chunk; chunks in flight per worker process

@@ -9,13 +9,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from typing import Any, Protocol
+from typing import Any
 
 from .._redact import format_exception
 from .._scope import RunScope
 from ._failures import FailureBudget, describe_item
 from ._lineage import Lineage
 from ._offload import WorkerPool, run_in
+from ._protocols import Node, ReceiveHook, Receiver, Sender
 from ._stats import StageCounters
 
 logger = logging.getLogger("asyncflow")
@@ -23,34 +24,6 @@ logger = logging.getLogger("asyncflow")
 __all__ = [
     "ItemKeys", "Node", "NodeContext", "ReceiveHook", "Receiver", "Sender", "apply_hooks",
 ]
-
-
-class Receiver(Protocol):
-    """The input side a node reads (a :class:`Channel`)."""
-
-    async def get_many(self, limit: int) -> list[Any]: ...
-
-
-class Sender(Protocol):
-    """The output side a node writes (a :class:`Channel` or the consumer hand-off)."""
-
-    async def put(self, item: Any) -> None: ...
-
-    async def put_many(self, items: list[Any]) -> None: ...
-
-    def __len__(self) -> int: ...
-
-
-class Node(Protocol):
-    """One stage of one run. ``inp`` is ``None`` for the source."""
-
-    async def run(self, inp: Receiver | None, out: Sender) -> None: ...
-
-
-class ReceiveHook(Protocol):
-    """Runs in the consumer's thread on each item before it is yielded."""
-
-    def __call__(self, item: Any) -> Any: ...
 
 
 def apply_hooks(hooks: Sequence[ReceiveHook], items: list[Any]) -> list[Any]:

@@ -19,23 +19,22 @@ from concurrent.futures import Executor
 from typing import Any
 
 from .._redact import redact
-from ._portable import portable
+from ._portable import FAILED, portable
 from ._threadpool import WorkerPool
 
-__all__ = ["FAILED", "ChunkResult", "WorkerPool", "next_chunk", "run_chunk", "run_chunk_remote"]
+__all__ = [
+    "FAILED",
+    "SOURCE_CHUNK",
+    "ChunkResult",
+    "WorkerPool",
+    "aclose_iterator",
+    "next_chunk",
+    "run_chunk",
+    "run_chunk_remote",
+]
 
-class _Failed:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<FAILED>"
-
-    def __reduce__(self) -> str:
-        return "FAILED"  # one object in every process: a chunk's results come back from one
-
-
-#: Marks a failed item's place in a chunk's results.
-FAILED: Any = _Failed()
+#: Items a source or an expansion reads per hand-off.
+SOURCE_CHUNK = 256
 
 #: (results with FAILED at failed places, [(index, exception)], seconds spent)
 ChunkResult = tuple[list[Any], list[tuple[int, BaseException]], float]
@@ -103,3 +102,10 @@ async def run_in(
         The executor's call is not interrupted; its result is dropped.
     """
     return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+
+async def aclose_iterator(obj: Any) -> None:
+    """Close an async iterator that has ``aclose`` (an async generator), else nothing."""
+    aclose = getattr(obj, "aclose", None)
+    if aclose is not None:
+        await aclose()

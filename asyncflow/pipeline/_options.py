@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._node import ReceiveHook
+from ._protocols import ReceiveHook
 from ._spec import StageSpec
 
 __all__ = ["RunOptions", "RunPlan"]

@@ -19,7 +19,21 @@ from typing import Any
 from .._errors import WorkerError
 from .._redact import redact
 
-__all__ = ["portable", "rebuild_exception"]
+__all__ = ["FAILED", "portable", "rebuild_exception"]
+
+
+class _Failed:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<FAILED>"
+
+    def __reduce__(self) -> str:
+        return "FAILED"  # one object in every process: a chunk's results come back from one
+
+
+#: Marks a failed item's place in a chunk's results.
+FAILED: Any = _Failed()
 
 
 def rebuild_exception(

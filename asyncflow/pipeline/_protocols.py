@@ -8,6 +8,9 @@ implements the methods under the same names without importing this module (EXTEN
 
 Stages:
 
+* :class:`Node`, reading a :class:`Receiver` and writing a :class:`Sender`: one stage of one
+  run (a ``CustomSpec``'s factory builds it); :class:`ReceiveHook`: what a node adds to run on
+  each item in the consumer's thread.
 * :class:`Assembler` / :class:`PositionedAssembler`: what ``Pipeline.assemble`` runs (rows in,
   whole batches out; positioned: resumable), implemented by ``image.folder``'s batch slots.
 * :class:`SettlingNode`, :class:`TracingNode`, :class:`StatefulNode`: a custom node's
@@ -54,8 +57,12 @@ __all__ = [
     "ListedSource",
     "MergeChooser",
     "MergePolicy",
+    "Node",
     "PositionedAssembler",
+    "ReceiveHook",
+    "Receiver",
     "ResumableSource",
+    "Sender",
     "SettlingNode",
     "SplitShare",
     "StatefulNode",
@@ -69,6 +76,34 @@ __all__ = [
 BranchEnd = Literal["stop", "drop", "restart"]
 
 B_co = TypeVar("B_co", covariant=True)
+
+
+class Receiver(Protocol):
+    """The input side a node reads (a :class:`Channel`)."""
+
+    async def get_many(self, limit: int) -> list[Any]: ...
+
+
+class Sender(Protocol):
+    """The output side a node writes (a :class:`Channel` or the consumer hand-off)."""
+
+    async def put(self, item: Any) -> None: ...
+
+    async def put_many(self, items: list[Any]) -> None: ...
+
+    def __len__(self) -> int: ...
+
+
+class Node(Protocol):
+    """One stage of one run. ``inp`` is ``None`` for the source."""
+
+    async def run(self, inp: Receiver | None, out: Sender) -> None: ...
+
+
+class ReceiveHook(Protocol):
+    """Runs in the consumer's thread on each item before it is yielded."""
+
+    def __call__(self, item: Any) -> Any: ...
 
 
 class Assembler(Protocol[B_co]):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-from ._node import Sender
+from ._protocols import Sender
 
 __all__ = ["Reorder"]
 

@@ -12,9 +12,8 @@ from typing import Any
 
 from .._errors import ConfigError
 from ._node import NodeContext, Receiver, Sender
-from ._offload import next_chunk
+from ._offload import SOURCE_CHUNK, aclose_iterator, next_chunk
 from ._protocols import KeyedIterator
-from ._stages import _SOURCE_CHUNK, _aclose, _progress
 from ._stats import count_items, count_one
 
 __all__ = ["SourceNode"]
@@ -79,19 +78,19 @@ class SourceNode:
                     continue
                 ledger.emitted += 1
                 await out.put(item)
-                _progress(self.ctx, count_one(item))
+                self.ctx.produced(count_one(item))
         finally:
-            await _aclose(it)
+            await aclose_iterator(it)
 
     async def _run_sequence(self, seq: Sequence[Any], out: Sender) -> None:
         ledger = self.ctx.lineage.source
         first, plan = ledger.plan.first, ledger.plan  # resumed: settled positions left out
         for low, high in plan.skip.gaps(plan.base, first + len(seq)):
-            for start in range(low - first, high - first, _SOURCE_CHUNK):
-                chunk = list(seq[start : min(start + _SOURCE_CHUNK, high - first)])
+            for start in range(low - first, high - first, SOURCE_CHUNK):
+                chunk = list(seq[start : min(start + SOURCE_CHUNK, high - first)])
                 ledger.emitted += len(chunk)
                 await out.put_many(chunk)
-                _progress(self.ctx, count_items(chunk))
+                self.ctx.produced(count_items(chunk))
 
     async def _run_iterator(self, it: Any, out: Sender) -> None:
         # The iterator may do slow work (listing files, reading a manifest): advance it on a
@@ -109,7 +108,7 @@ class SourceNode:
             while True:
                 running = True
                 ctx.counters.in_flight = 1
-                items, done, error = await ctx.run_sync(_advance, it, _SOURCE_CHUNK, ctx.stop)
+                items, done, error = await ctx.run_sync(_advance, it, SOURCE_CHUNK, ctx.stop)
                 ctx.counters.in_flight = 0
                 running = False
                 if plan.skip.ranges:
@@ -118,7 +117,7 @@ class SourceNode:
                 ledger.emitted += len(items)
                 if items:
                     await out.put_many(items)
-                    _progress(ctx, count_items(items))
+                    ctx.produced(count_items(items))
                 if error is not None:
                     raise error
                 if done:

@@ -19,7 +19,7 @@ from ._channel import Channel, ChannelAborted
 from ._expansion import SplitLedger
 from ._ledger import FixedLedger, Passthrough, ShuffleLedger
 from ._node import NodeContext, Receiver, Sender
-from ._offload import next_chunk
+from ._offload import SOURCE_CHUNK, aclose_iterator, next_chunk
 from ._spec import BatchSpec, MapSpec, PrefetchSpec, ShuffleSpec
 from ._stats import ItemGroup, count_items, count_one
 from .seeding import epoch_random
@@ -32,23 +32,7 @@ __all__ = [
     "UnbatchNode",
 ]
 
-_SOURCE_CHUNK = 256
-_TARGET_CHUNK_SECONDS = 0.002
-_MAX_CHUNK = 512
 _DRAIN = 4096
-_PER_PROCESS = 4  # chunks in flight per worker process
-
-
-def _progress(ctx: NodeContext, produced: int) -> None:
-    """Count ``produced`` items out (user items: see :func:`count_items`)."""
-    ctx.counters.items_out += produced
-    ctx.counters.last_progress = time.monotonic()
-
-
-async def _aclose(obj: Any) -> None:
-    aclose = getattr(obj, "aclose", None)
-    if aclose is not None:
-        await aclose()
 
 
 def _expand_start(
@@ -120,7 +104,7 @@ class FlatMapNode:
                 values = self.ledger.keep(ordinal, values)
                 if values:
                     await out.put_many(values)
-        _progress(self.ctx, count_items(values))
+        self.ctx.produced(count_items(values))
 
     async def _expand(self, item: Any, out: Sender, ordinal: int | None) -> None:
         ctx = self.ctx
@@ -138,14 +122,14 @@ class FlatMapNode:
                     it, chunk, done, error = iter(result), [], False, None
             else:
                 it, chunk, done, error = await ctx.run_sync(
-                    _expand_start, self.fn, item, _SOURCE_CHUNK
+                    _expand_start, self.fn, item, SOURCE_CHUNK
                 )
             if hasattr(it, "__anext__"):
                 try:
                     async for value in it:
                         await self._put(ordinal, [value], out)
                 finally:
-                    await _aclose(it)
+                    await aclose_iterator(it)
                 return
             while True:
                 if chunk:
@@ -154,7 +138,7 @@ class FlatMapNode:
                     raise error
                 if done:
                     return
-                chunk, done, error = await ctx.run_sync(next_chunk, it, _SOURCE_CHUNK)
+                chunk, done, error = await ctx.run_sync(next_chunk, it, SOURCE_CHUNK)
         finally:
             ctx.counters.in_flight -= 1
             ctx.counters.busy += time.perf_counter() - start
@@ -170,7 +154,7 @@ class FlatMapNode:
     async def _direct_worker(self, inp: Receiver, out: Sender) -> None:
         # A single worker takes what is queued in one go; several take one item each, so
         # that the expansions spread over them.
-        limit = _SOURCE_CHUNK if self.concurrency == 1 else 1
+        limit = SOURCE_CHUNK if self.concurrency == 1 else 1
         while await self._expand_chunk(inp, limit, out):
             pass
 
@@ -256,12 +240,12 @@ class BatchNode:
                 batches = [pending[i : i + size] for i in range(0, full, size)]
                 pending = pending[full:]
                 await out.put_many(batches)
-                _progress(self.ctx, len(batches))
+                self.ctx.produced(len(batches))
                 del batches  # handed on: not kept alive while the next chunk is awaited
             del items
         if pending and not self.drop_last:
             await out.put(pending)
-            _progress(self.ctx, 1)
+            self.ctx.produced(1)
         else:
             ledger.drop_rest(len(pending))
 
@@ -297,7 +281,7 @@ class UnbatchNode:
                 ledger.end(ordinal)
                 if items:
                     await out.put_many(items)
-                _progress(self.ctx, count_items(items))
+                self.ctx.produced(count_items(items))
                 del items  # handed on: not kept alive while the next ones are awaited
             del batch, batches
 
@@ -323,7 +307,7 @@ class PrefetchNode:
         count = count_items(items)
         self.ctx.counters.items_in += count
         await out.put_many(items)
-        _progress(self.ctx, count)
+        self.ctx.produced(count)
         return True
 
 
@@ -343,7 +327,7 @@ class ShuffleNode:
         pool: list[Any] = []
         ordinals: list[int] = []  # each pooled item's input ordinal, for the ledger
         taken = 0
-        while items := await inp.get_many(_SOURCE_CHUNK):
+        while items := await inp.get_many(SOURCE_CHUNK):
             self.ctx.counters.items_in += count_items(items)
             ready, ready_ordinals = [], []
             for ordinal, item in enumerate(items, taken):
@@ -359,11 +343,11 @@ class ShuffleNode:
             if ready:
                 ledger.record(ready_ordinals)
                 await out.put_many(ready)
-                _progress(self.ctx, count_items(ready))
+                self.ctx.produced(count_items(ready))
             del items, item, ready  # handed on: not kept alive while the next are awaited
         order = list(range(len(pool)))
         rng.shuffle(order)  # the same permutation as shuffling the pool itself
         ledger.record([ordinals[i] for i in order])
         pool = [pool[i] for i in order]
         await out.put_many(pool)
-        _progress(self.ctx, count_items(pool))
+        self.ctx.produced(count_items(pool))
