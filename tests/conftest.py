@@ -64,7 +64,7 @@ def _children() -> set[int]:
 
 def _segments() -> set[str]:
     """Our shared-memory segments (``/dev/shm/asyncflow-<pid>-...``) of this process."""
-    from asyncflow.pipeline._shm import SHM_DIR
+    from asyncflow.pipeline._segments import SHM_DIR
 
     mine = f"asyncflow-{os.getpid()}-"
     try:

@@ -9,18 +9,18 @@ from ._boot import check_picklable
 from ._core import HookFactory
 from ._current import run_failed
 from ._features import feature, register_feature
-from ._handle import ConsumerHook, Run
 from ._identity import listing_identity, sequence_identity
 from ._merge import BranchEnd, Merge, MergeChooser, MergePolicy
 from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender, apply_hooks
 from ._options import RunOptions, RunPlan
 from ._pipeline import Pipeline
 from ._protocols import Assembler
+from ._run import ConsumerHook, Run
 from ._span import Span
 from ._spec import AssembleSpec, CustomSpec, StageSpec
 from ._stats import FailureRecord, ItemGroup, PipelineStats, StageStats, label_stage
-from ._threadpool import run_thread
-from ._workers import (
+from ._thread_pool import run_thread
+from ._worker_options import (
     Processes,
     WorkerInfo,
     register_worker_setup,
@@ -29,8 +29,8 @@ from ._workers import (
 
 
 def register_reducer(cls: type, reducer: object) -> None:
-    """Send instances of ``cls`` between worker processes with ``reducer`` (see ``_shm.py``)."""
-    from ._shm import register_reducer as register
+    """Send instances of ``cls`` between worker processes with ``reducer`` (``_segments.py``)."""
+    from ._segments import register_reducer as register
 
     register(cls, reducer)  # type: ignore[arg-type]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._errors import ConfigError
-from ._workers import Processes, resolve_workers
+from ._worker_options import Processes, resolve_workers
 
 __all__ = ["choose_workers", "usable_cpus"]
 
@@ -44,7 +44,7 @@ def choose_workers(
     import multiprocessing
     import os
 
-    from ._shm import SHM_DIR
+    from ._segments import SHM_DIR
 
     cores = usable_cpus()
     why_not: str | None = None

@@ -18,8 +18,8 @@ from multiprocessing import spawn
 from typing import Any
 
 from .._errors import ConfigError
-from . import _shm
-from ._workers import Processes, worker_setups
+from . import _segments
+from ._worker_options import Processes, worker_setups
 
 __all__ = ["Boot", "boot_payload", "check_picklable", "start_context", "without_main"]
 
@@ -77,7 +77,7 @@ class Boot:
         if self._payload is None:
             shared: list[Any]
             try:
-                shared = _shm.write_segments(self._buffers, name)
+                shared = _segments.write_segments(self._buffers, name)
             except OSError:
                 shared = [bytearray(buffer.raw()) for buffer in self._buffers]
             self._buffers = []
@@ -87,19 +87,19 @@ class Boot:
 
 def boot_payload(fn: Callable[[Any], Any], size: int, spec: Processes, stage: str,
                   prefix: str) -> Boot:
-    providers = _shm.lazy_providers()
+    providers = _segments.lazy_providers()
     setup = {
         "fn": fn, "init": spec.init, "prefix": prefix,
         # A lazy provider (asyncflow.torch's tensor reducer) and its setup hook load in a
         # worker only once the worker has imported its trigger (torch): an image decoder's
         # workers never import torch.
         "setups": [h for h in worker_setups() if h.__module__ not in providers.values()],
-        "modules": _shm.eager_reducer_modules(),
+        "modules": _segments.eager_reducer_modules(),
         "info": {"num_workers": size, "seed": spec.seed or 0, "stage": stage},
         "reseed": spec.reseed,
     }
     try:
-        return Boot(*_shm.pickle_by_value(setup), providers)
+        return Boot(*_segments.pickle_by_value(setup), providers)
     except Exception as exc:
         what = "init" if _pickles(fn) else "function"
         obj = spec.init if what == "init" else fn
@@ -141,10 +141,10 @@ def start_context(spec: Processes, boot: bytes = b"") -> Any:
     context = multiprocessing.get_context(spec.start_method)
     if spec.start_method == "forkserver" and not _preloaded:
         _preloaded = True
-        heavy = ["asyncflow.pipeline._worker", *_shm.eager_reducer_modules()]
+        heavy = ["asyncflow.pipeline._worker_process", *_segments.eager_reducer_modules()]
         heavy += [m for m in ("numpy", "PIL.Image") if m in sys.modules]
         core = pickle.loads(boot)[0] if boot else b""
-        for trigger, provider in _shm.lazy_providers().items():
+        for trigger, provider in _segments.lazy_providers().items():
             if trigger.encode() in core:  # the function or its Dataset refers to torch
                 heavy.append(provider)
         context.set_forkserver_preload(heavy)

@@ -14,13 +14,13 @@ from typing import Any, Generic, Self, cast
 
 from .._errors import ConfigError
 from ._features import feature
-from ._handle import ConsumerHook, Run, T_co
 from ._merge import Branch, Merge
 from ._options import RunOptions, RunPlan
-from ._pools import PoolHolder
+from ._pool_holder import PoolHolder
 from ._protocols import EpochResumable
 from ._resume import load_state, state_of
-from ._run import Runtime
+from ._run import ConsumerHook, Run, T_co
+from ._runtime import Runtime
 from ._source import SharedSource, check_source
 from ._spec import StageSpec, check_seconds, stage_names
 from ._stats import PipelineStats

@@ -27,7 +27,7 @@ from ._merge_resume import MergeLedger, branch_at, tracks_of
 from ._node import ItemKeys, Node, NodeContext
 from ._offload import WorkerPool
 from ._options import RunOptions
-from ._pools import PoolHolder
+from ._pool_holder import PoolHolder
 from ._protocols import Budgeted
 from ._source_node import SourceNode
 from ._spec import (
@@ -302,7 +302,7 @@ def _merge_node(
 def _process_pool(
     index: int, spec: MapSpec, name: str, ctx: NodeContext, run: RunResources
 ) -> Any:
-    from ._procpool import ProcessPool
+    from ._process_pool import ProcessPool
 
     assert spec.processes is not None
     processes = spec.processes

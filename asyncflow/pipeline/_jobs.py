@@ -13,7 +13,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ._offload import FAILED, ChunkResult
-from ._worker import send
+from ._worker_process import send
 
 __all__ = ["Job", "Slot", "blame", "exit_reason", "merge", "settle", "stop_workers", "unpack"]
 

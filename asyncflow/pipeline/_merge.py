@@ -26,7 +26,7 @@ from .._scope import RunScope
 from ._merge_resume import END, PASS, TAKE, MergeLedger
 from ._node import NodeContext, Receiver, Sender, apply_hooks
 from ._options import RunOptions, RunPlan
-from ._pools import PoolHolder
+from ._pool_holder import PoolHolder
 from ._protocols import BranchEnd, MergeChooser, MergePolicy
 from ._spec import StageSpec
 from ._stats import count_items

@@ -5,7 +5,7 @@ workers receive a *chunk* of items, call the function on each, and return all th
 one hand-off. Chunks grow while the function is cheap and shrink to one item when it is slow,
 so parallelism is not lost on expensive work.
 
-The run's threads themselves are :class:`~asyncflow.pipeline._threadpool.WorkerPool`'s.
+The run's threads themselves are :class:`~asyncflow.pipeline._thread_pool.WorkerPool`'s.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from .._redact import redact
 from ._portable import FAILED, portable
-from ._threadpool import WorkerPool
+from ._thread_pool import WorkerPool
 
 __all__ = [
     "FAILED",

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, overload
 from .._errors import ConfigError
 from ._core import HookFactory, PipelineCore
 from ._features import feature
-from ._handle import T_co
 from ._options import RunOptions
-from ._pools import PoolHolder
+from ._pool_holder import PoolHolder
+from ._run import T_co
 from ._source import SharedSource, Source, check_source
 from ._spec import (
     AssembleSpec,
@@ -29,7 +29,7 @@ from ._spec import (
     check_positive,
     check_seconds,
 )
-from ._workers import Processes, resolve_workers
+from ._worker_options import Processes, resolve_workers
 
 if TYPE_CHECKING:
     import os

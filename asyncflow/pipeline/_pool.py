@@ -1,9 +1,9 @@
 """``Pool``: what a run's pools of workers (threads, processes) have in common.
 
-A run holds one thread pool (:class:`~asyncflow.pipeline._threadpool.WorkerPool`), shared by
+A run holds one thread pool (:class:`~asyncflow.pipeline._thread_pool.WorkerPool`), shared by
 its sync stages and the loop-side helpers of features; a map stage on worker processes holds a
-process pool (:class:`~asyncflow.pipeline._procpool.ProcessPool`), the run's or, when
-persistent, the pipeline object's (:class:`~asyncflow.pipeline._pools.PoolHolder`). Both
+process pool (:class:`~asyncflow.pipeline._process_pool.ProcessPool`), the run's or, when
+persistent, the pipeline object's (:class:`~asyncflow.pipeline._pool_holder.PoolHolder`). Both
 answer :class:`Pool`: their statistics, whether they are shut down, and shutting down with
 the labels of the calls a stop abandoned.
 """

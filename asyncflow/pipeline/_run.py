@@ -1,406 +1,370 @@
-"""One run (one epoch) of a pipeline: its loop thread, stage tasks, channels and stopping.
-
-The data plane runs on a fresh event loop (uvloop when installed) in a daemon thread of its
-own, so that a consumer blocking its thread or loop (a synchronous training step) does not
-stop loading, and so that plain ``for`` works in a thread whose loop is already running
-(Jupyter). Stage failures do not tear the run down at once: the failing stage ends its
-output stream, later stages drain what was produced before the failure, and the consumer
-receives those items and then a :class:`PipelineError`.
-"""
+"""The consumer's handle on one run: iteration (``for`` / ``async for``), lifetime, stats."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import threading
-import time
-from collections.abc import Callable, Sequence, Sized
-from typing import Any
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, Self, cast
 
-from .._redact import describe_exception, format_exception
-from .._scope import RunScope, aclose_scopes, use_scope
+from .._errors import StallError
 from ._bridge import Handoff
-from ._channel import ChannelAborted
-from ._current import RunLocal, enter_run
-from ._graph import RunResources, build_graph, thread_count
-from ._lineage import SourcePlan
-from ._loop import cancel_pending, new_loop, resolve, track
-from ._merge import Merge
-from ._monitor import Monitor, snapshot
-from ._node import NodeContext, ReceiveHook
-from ._options import RunOptions
-from ._outcome import final_error, flatten, mark_abandoned, note_stage, release_frames
-from ._pools import PoolHolder
-from ._spec import StageSpec
-from ._stats import PipelineStats
-from ._threadpool import WorkerPool
+from ._cursor import REFILL, Cursor
+from ._lineage import Lineage, received
+from ._protocols import Closable, ConsumerHook
+from ._runtime import Runtime
+from ._stats import FailureRecord, PipelineStats
 
-__all__ = ["Runtime"]
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
 
-logger = logging.getLogger("asyncflow")
+    # The item type of a pipeline and of its runs. Its default makes a bare ``Pipeline`` or
+    # ``Run`` annotation mean ``Pipeline[Any]``, as it did before they were generic.
+    T_co = TypeVar("T_co", covariant=True, default=Any)
+else:
+    from typing import TypeVar
 
-#: How often KeyboardInterrupt / SystemExit may escape the run's loop before it gives up
-#: running the loop and goes straight to clean-up.
-_MAX_ESCAPES = 8
+    T_co = TypeVar("T_co", covariant=True)  # typing.TypeVar takes a default from 3.13 on
+
+__all__ = ["ConsumerHook", "Run"]
 
 
-class Runtime:
-    """The data plane of one run. Built in the consumer's thread, run on its own thread.
+class Run(Generic[T_co]):
+    """One run (epoch) of a pipeline, from the consumer's side; it yields ``T_co`` items.
 
-    Args:
-        open_source: Returns the source iterable for this run (or a :class:`Merge`: the
-            run reads several pipelines, built as branches of its graph).
-        specs: The stages after the source.
-        options: Pipeline-wide settings.
-        epoch: How many runs of the pipeline started before this one.
-        start: The source position of the source's first item (a resumed epoch).
-        resume: Where a resumed run's source starts and what it leaves out, with the
-            stages' saved state (from ``load_state_dict``).
+    Iterate it with ``for`` or ``async for``; items come in input order unless a stage says
+    otherwise. Leaving a ``with`` / ``async with`` block, :meth:`close`, ``break`` followed by
+    the iterator's release, or garbage collection stops every task and thread of the run.
+
+    A run starts on first use: ``next()``, ``__anext__()``, or entering its context.
+
+    Iteration is thread-safe: threads (and tasks on any loops) sharing one run each get
+    different items, every item exactly once, in the order they ask; consumer-side hooks see
+    one item at a time. The run's error is raised in the consumer that reads it; the others
+    then end as at the end of the stream.
     """
-
-    #: How many errors the run had when a stop was requested (those after it are its echo).
-    _errors_at_stop: int | None = None
 
     def __init__(
         self,
-        open_source: Callable[[], Any] | Merge[Any],
-        specs: Sequence[StageSpec],
-        options: RunOptions,
-        epoch: int,
-        pools: PoolHolder | None = None,
-        start: int = 0,
-        resume: SourcePlan | None = None,
+        make_runtime: Callable[[], Runtime],
+        *,
+        timeout: float | None = None,
+        hooks: tuple[Callable[[Run[Any]], ConsumerHook], ...] = (),
+        on_start: Callable[[Runtime, Run[Any]], None] | None = None,
     ) -> None:
-        self.options = options
-        self.loop = new_loop()
-        self.stop_event = threading.Event()
-        self.scope = RunScope(dict(options.settings))
-        self.errors: list[BaseException] = []
-        self.delivered = 0  # handed over in chunks; taken: ``received(delivered, chunk)``
-        self.chunk: Sized = ()  # what the consumer has not taken of its latest chunk
-        self.start_offset = start  # source items skipped by a resumed run
-        self.consumer: Callable[[], Any] | None = None  # weak reference to the Run
-        self.started_at = time.monotonic()
-        self.finished_at: float | None = None
-        self.pool = WorkerPool(
-            thread_count(specs, open_source), f"asyncflow-{options.name}-worker"
-        )
-        # asyncio.to_thread and run_in_executor(None, ...) on the run's loop use its pool too
-        self.loop.set_default_executor(self.pool.executor)
-        graph = build_graph(open_source, specs, RunResources(
-            options=options, pool=self.pool, stop=self.stop_event, scope=self.scope,
-            loop=self.loop, pools=pools if pools is not None else PoolHolder(), epoch=epoch,
-            start=start, resume=resume,
-        ))
-        self.graph = graph
-        self.epoch = epoch
-        self.lineage = graph.lineage
-        # the consumer surely has every item but those of the chunk it is working through
-        take = max(1, graph.outputs[-1].capacity // 2)
-        self.lineage.follow(lambda: self.delivered - take)
-        self.contexts, self.nodes, self.outputs = graph.contexts, graph.nodes, graph.outputs
-        self.inputs = graph.inputs
-        self.notes: list[str] = [*options.notes, *graph.notes]
-        self.handoff: Handoff = self.outputs[-1]
-        self.receive_hooks: list[ReceiveHook] = [h for c in graph.chain for h in c.receive_hooks]
-        self.monitor = Monitor(
-            options.name, self.contexts, self.outputs, stall_timeout=options.stall_timeout,
-            report_every=options.report_every,
-        )
-        self.thread = threading.Thread(
-            target=self._thread_main, name=f"asyncflow-{options.name}", daemon=True
-        )
-        self._main_task: asyncio.Task[None] | None = None
-        self._node_tasks: dict[Any, asyncio.Task[None]] = graph.tasks  # by context
-        self._group: asyncio.TaskGroup | None = None
-        self._stop_requested = False
-        self._started = False
-        self._done = threading.Event()
-        self._done_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        self._lock = threading.Lock()
+        self._make_runtime: Callable[[], Runtime] | None = make_runtime
+        self._timeout = timeout
+        self._hook_factories = hooks
+        self._on_start = on_start
+        self._rt: Runtime | None = None
+        self._ended: _Ended | None = None  # what a closed run keeps (see _shed)
+        # The latest chunk, shared by the consumers (``_cursor.py``).
+        self._cursor = Cursor()
+        self._closed = False
+        self._hooks: list[ConsumerHook] = []
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._start_lock = threading.Lock()
 
     # -- lifetime -----------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the run's thread (once)."""
-        with self._lock:
-            if self._started or self._stop_requested:
-                return
-            self._started = True
-            self.started_at = time.monotonic()
-            track(self)
-        self.thread.start()
+    def _start(self) -> Runtime | None:
+        if self._closed:
+            return None  # a closed run yields nothing more, and raises nothing more
+        if self._rt is not None:
+            return self._rt
+        with self._start_lock:  # two threads starting it at once start one runtime
+            if self._closed:
+                return None
+            if self._rt is not None:
+                return self._rt
+            return self._start_runtime()
 
-    def request_stop(self) -> None:
-        """Ask the run to stop: drop undelivered items, cancel every stage. Thread-safe,
-        idempotent, never blocks (also called by the garbage collector)."""
-        with self._lock:
-            if self._stop_requested:
-                return
-            self._stop_requested = True
-            self._errors_at_stop = len(self.errors)
-            started = self._started
-        self.lineage.freeze()  # what the torn-down stages do from now on settles nothing
-        self.stop_event.set()
-        # A failure before the stop still reaches a consumer waiting for items.
-        self.handoff.abort(self._final_error())
-        if not started:
-            self._finish_unstarted()
-            return
-        try:
-            self.loop.call_soon_threadsafe(self._cancel_main)
-        except RuntimeError:  # the loop already closed: the run has ended
-            pass
+    def _start_runtime(self) -> Runtime:
+        assert self._make_runtime is not None  # dropped only when closed
+        rt = self._make_runtime()
+        self._rt = rt
+        self._finalizer = weakref.finalize(self, rt.request_stop)
+        if self._on_start is not None:
+            self._on_start(rt, self)
+        self._hooks = [factory(self) for factory in self._hook_factories]
+        functions: list[Callable[[Any], Any]] = [*rt.receive_hooks, *self._hooks]
+        if functions:
+            self._cursor.apply = _compose(functions)
+        rt.start()
+        return rt
 
-    def _finish_unstarted(self) -> None:
-        for ctx in self.contexts:
-            ctx.call_stop_callbacks()
-        if not self.loop.is_closed():
-            self.loop.close()
-        self._done.set()
+    def start(self) -> Self:
+        """Start loading now (iteration would start it anyway). Returns ``self``."""
+        self._start()
+        return self
 
-    def _cancel_main(self) -> None:
-        if self._main_task is not None and not self._main_task.done():
-            self._main_task.cancel()
+    def close(self) -> None:
+        """Stop the run and wait for its thread to end.
 
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def join(self, timeout: float | None = None) -> bool:
-        """Wait for the run's thread to end; True if it did."""
-        if self._started:
-            self.thread.join(timeout)
-            return not self.thread.is_alive()
-        return True
-
-    async def wait_done(self) -> None:
-        """Wait, on the caller's loop, until the run's thread has finished its clean-up.
+        Items not yet consumed are dropped. Safe to call more than once.
 
         Cancellation:
-            Safe: stops waiting; the run goes on stopping by itself.
+            Blocks the calling thread for at most the pipeline's ``stop_timeout`` plus a
+            little; a stage stuck in C code is abandoned (and reported), not waited for.
         """
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        with self._lock:
-            if not self._done.is_set() and self._started:
-                self._done_waiters.append((loop, fut))
-            else:
-                fut.set_result(None)
-        await fut
-
-    def _thread_main(self) -> None:
-        loop = self.loop
-        asyncio.set_event_loop(loop)
-        # run_thread() on this loop uses the run's threads; run_failed() reads its errors
-        enter_run(RunLocal(self.pool, self.errors))
-        try:
-            self._run_loop(loop)
-        finally:
-            self._cleanup(loop)
-            enter_run(None)
-
-    def _run_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        # KeyboardInterrupt and SystemExit raised in any task escape run_until_complete at
-        # once, leaving the other tasks pending: record the exception, stop the stages, and
-        # run the loop again until the main task has finished.
-        main = loop.create_task(self._main())
-        for _ in range(_MAX_ESCAPES):
-            try:
-                loop.run_until_complete(main)
-            except asyncio.CancelledError:
-                pass  # stopped
-            except BaseException as exc:  # forwarded to the consumer, never lost
-                self._crashed(exc)
-            if main.done():
-                return
-            self.stop_event.set()
-            main.cancel()
-
-    def _crashed(self, exc: BaseException) -> None:
-        if any(e is exc for e in self.errors):
+        if not self._close_once():
             return
-        if isinstance(exc, Exception):
-            logger.error(
-                "asyncflow run %r crashed: %s", self.options.name, format_exception(exc)
-            )
-        self.errors.append(exc)
+        rt = self._rt
+        if rt is not None:
+            if not rt.done:
+                rt.request_stop()
+            rt.join(rt.options.stop_timeout + 5.0)
+            if not self.reading:  # else the waiting consumer gets the error itself
+                rt.report_undelivered()
+            self._detach()
+        self._shed()
 
-    def _cleanup(self, loop: asyncio.AbstractEventLoop) -> None:
-        try:
-            self._close_loop(loop)
-            at = self._errors_at_stop
-            for exc in self.errors[len(self.errors) if at is None else at:]:
-                logger.debug(
-                    "asyncflow pipeline %r: failed after the stop: %s", self.options.name,
-                    describe_exception(exc),
-                )
-        except BaseException as exc:  # reported; the hand-off is closed below all the same
-            logger.warning(
-                "asyncflow run %r: clean-up failed: %s", self.options.name,
-                format_exception(exc),
-            )
-            if not isinstance(exc, Exception):
-                self._crashed(exc)
-        finally:
-            # Whatever failed above, the consumer's loop must end.
-            self.finished_at = time.monotonic()
-            release_frames(self.errors)  # a kept error keeps nothing the run used
-            self.handoff.close(self._final_error())
-            if self._stop_requested:
-                self.report_undelivered()
-            with self._lock:
-                self._done.set()
-                waiters, self._done_waiters = self._done_waiters, []
-            for waiter_loop, fut in waiters:
-                try:
-                    waiter_loop.call_soon_threadsafe(resolve, fut)
-                except RuntimeError:
-                    pass
+    async def aclose(self) -> None:
+        """Like :meth:`close`, waiting on the caller's loop instead of blocking it.
 
-    def _close_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        try:
-            cancel_pending(loop)
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
-        except BaseException as exc:  # clean-up goes on; the error is reported, not raised
-            logger.warning(
-                "asyncflow run %r: clean-up of the run's loop failed: %s",
-                self.options.name, format_exception(exc),
-            )
-            if not isinstance(exc, Exception):
-                self._crashed(exc)
-        try:
-            stuck = self.pool.shutdown(self.options.stop_timeout)
-        finally:
-            for ctx in self.contexts:
-                ctx.call_stop_callbacks()
-            asyncio.set_event_loop(None)
-            loop.close()
-        self.notes.extend(mark_abandoned(stuck, self.contexts, self.options.stop_timeout))
-
-    def report_undelivered(self) -> None:
-        """The consumer has left: a failure it was never given is noted and logged, not lost.
-
-        A ``break`` never raises afterwards; the run's error goes to ``stats().notes`` and
-        to a warning instead. Thread-safe; reports at most once.
+        Cancellation:
+            Cancelling the wait leaves the run stopping by itself.
         """
-        run = self.consumer() if self.consumer is not None else None
-        if run is not None and run.reading:
-            return  # a consumer is waiting for items: it gets the error itself
-        error = self.handoff.take_pending()
-        if error is None:
+        if not self._close_once():
             return
-        note = (
-            "the consumer stopped before it was given the run's error: "
-            f"{describe_exception(error)}"
-        )
-        self.notes.append(note)
-        logger.warning("asyncflow pipeline %r: %s", self.options.name, note)
+        rt = self._rt
+        if rt is not None:
+            if not rt.done:
+                rt.request_stop()
+            await rt.wait_done()
+            rt.join(1.0)
+            if not self.reading:
+                rt.report_undelivered()
+            self._detach()
+        self._shed()
 
-    def _final_error(self) -> BaseException | None:
-        """What the consumer gets after the items: ``None``, a :class:`PipelineError` of the
-        stages' exceptions, or a ``BaseException`` raised in a stage (``KeyboardInterrupt``,
-        ``SystemExit``), as itself. Failures after a requested stop are not counted. Never
-        raises."""
-        at = self._errors_at_stop
-        return final_error(self.options.name, self.errors if at is None else self.errors[:at])
+    def _close_once(self) -> bool:
+        """Mark the run closed and drop its chunk; ``False`` if it already was (consumers in
+        several threads may close it at once)."""
+        with self._start_lock:
+            if self._closed:
+                return False
+            self._closed = True
+        self._cursor.clear()
+        return True
 
-    # -- the run ------------------------------------------------------------------------
+    def _abandon(self) -> None:
+        """Stop without waiting (for cancellation paths, where awaiting is not possible)."""
+        self._close_once()
+        if self._rt is not None:
+            self._rt.request_stop()
+            self._detach()
 
-    async def _main(self) -> None:
-        self._main_task = asyncio.current_task()
-        if self.stop_event.is_set():
-            return
-        sampler = None
-        with use_scope(self.scope):
+    def _shed(self) -> None:
+        """Keep only the figures of a closed run whose thread has ended: its pipeline (and
+        so the pipeline's persistent workers and batch slabs), runtime, stages and
+        undelivered items are released when the run ends, not when the last reference to
+        this handle goes (a kept ``PipelineError``'s traceback holds it)."""
+        self._make_runtime, self._hook_factories, self._on_start = None, (), None
+        self._cursor.apply = None
+        rt = self._rt
+        if rt is None or not rt.done:
+            return  # still stopping (a stage abandoned): it keeps what it holds until then
+        rt.delivered -= len(rt.chunk)  # first: a state taken meanwhile counts less, not more
+        rt.chunk = ()
+        self._ended = _Ended(rt.epoch, rt.delivered, rt.snapshot(), self.failure_records())
+        self._rt = None
+
+    def _detach(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            if isinstance(hook, Closable):
+                hook.close()
+
+    def __enter__(self) -> Self:
+        self._start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        self._start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- iteration ----------------------------------------------------------------------
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> T_co:
+        try:  # no lock: with hooks to call one item at a time, this chunk is always empty
+            return cast(T_co, self._cursor.free.popleft())
+        except IndexError:
+            pass
+        while (item := self._cursor.claim_sync()) is REFILL:
+            chunk: list[Any] | None = None
             try:
-                async with asyncio.TaskGroup() as tg:
-                    self._group = tg
-                    self.graph.spawn = self._spawn
-                    self._spawn([c for c in self.contexts if c not in self.graph.deferred])
-                    sampler = asyncio.create_task(self.monitor.run(self._node_tasks, self.snapshot))
+                chunk = self._fetch_sync()
             finally:
-                self.graph.spawn = None
-                try:
-                    if sampler is not None:
-                        sampler.cancel()
-                        await asyncio.gather(sampler, return_exceptions=True)
-                finally:
-                    # A stop may cancel this task again, here or above (a run that ended
-                    # just as its consumer closed it): every scope is closed all the same,
-                    # before the loop ends, or its sessions' connections outlive the loop.
-                    await aclose_scopes([*self.graph.scopes, self.scope])  # branches' first
+                self._refilled_with(chunk)
+        return cast(T_co, item)
 
-    def _spawn(self, contexts: Sequence[NodeContext]) -> None:
-        """Start the tasks of the stages of ``contexts``, each with its stage's run scope
-        current (the run starts its own stages so; a merge node, its branches')."""
-        assert self._group is not None
-        position = {id(ctx): index for index, ctx in enumerate(self.contexts)}
-        for ctx in contexts:
-            index = position[id(ctx)]
-            with use_scope(ctx.scope):
-                coro = self._run_node(
-                    ctx, self.nodes[index], self.inputs[index], self.outputs[index]
-                )
-                try:
-                    self._node_tasks[ctx] = self._group.create_task(coro)
-                except BaseException:  # a group shutting down: the coroutine never runs
-                    coro.close()
-                    raise
+    def _refilled_with(self, chunk: list[Any] | None) -> None:
+        """End a refill: hand the chunk to every consumer, wake the waiting ones."""
+        cursor = self._cursor
+        with cursor.lock:
+            rt = self._rt
+            if chunk and rt is not None and not self._closed:
+                # the chunk first: a state taken meanwhile counts it as not received yet
+                rt.chunk = items = deque(chunk)
+                cursor.install(items)
+                rt.delivered += len(chunk)
+            cursor.refilled()
 
-    async def _run_node(self, ctx: NodeContext, node: Any, inp: Any, out: Any) -> None:
-        ctx.budget.records = ctx.counters.records  # FailureBudgetExceeded carries them
+    @property
+    def reading(self) -> bool:
+        """Whether a consumer is waiting for this run's next items now (a stop from
+        another thread then leaves the run's error to it instead of reporting it)."""
+        return self._cursor.reading > 0
+
+    def _handoff(self) -> Handoff | None:
+        """The run's hand-off, starting the run; ``None`` once it is closed. (The frames an
+        error passes through hold it, not the runtime: see :meth:`_shed`.)"""
+        rt = self._start()
+        return None if rt is None else rt.handoff
+
+    def _fetch_sync(self) -> list[Any]:
+        """The next chunk from the run; ``StopIteration`` at its end (or once closed)."""
+        handoff = self._handoff()
+        if handoff is None:
+            raise StopIteration
         try:
-            await node.run(inp, out)
-        except asyncio.CancelledError:
-            stall = self.monitor.stalled.get(ctx)
-            if stall is None or self.stop_event.is_set():
-                raise
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            self._fail(ctx, inp, out, [stall])
-        except Exception as exc:
-            failures = [e for e in flatten(exc) if not isinstance(e, ChannelAborted)]
-            if failures:
-                self._fail(ctx, inp, out, failures)
-            elif inp is not None:
-                inp.abort()
-        except BaseException as exc:
-            # KeyboardInterrupt, SystemExit, GeneratorExit: caught only to be forwarded, as
-            # itself, to the consumer, after the items already handed over; the run stops.
-            leaves = [
-                e for e in flatten(exc)
-                if not isinstance(e, ChannelAborted | asyncio.CancelledError)
-            ]
-            self._fail(ctx, inp, out, leaves or [exc])
-            self.stop_event.set()
-            self._cancel_main()
-        else:
-            if out is not self.handoff:
-                out.close()  # the hand-off is closed last, with the run's error, in _cleanup
+            chunk = handoff.get_chunk(self._timeout)
+        except TimeoutError:
+            self.close()
+            raise StallError(
+                f"no item arrived within timeout={self._timeout} s; the pipeline is stalled "
+                f"(stats: {self.stats().bottleneck!r} is the busiest stage)"
+            ) from None
+        except BaseException:
+            self.close()
+            raise
+        if not chunk:
+            self.close()
+            raise StopIteration
+        return chunk
 
-    def _fail(self, ctx: NodeContext, inp: Any, out: Any, failures: list[BaseException]) -> None:
-        self.graph.failed.add(ctx)
-        self.lineage.freeze()
-        for exc in failures:
-            note_stage(exc, ctx)
-            if not any(e is exc for e in self.errors):
-                self.errors.append(exc)
-        if out is not self.handoff:
-            out.close()
-        if inp is not None:
-            inp.abort()
+    def __aiter__(self) -> Self:
+        return self
 
-    # -- statistics ---------------------------------------------------------------------
+    async def __anext__(self) -> T_co:
+        try:
+            return cast(T_co, self._cursor.free.popleft())
+        except IndexError:
+            pass
+        while (item := await self._cursor.claim_async()) is REFILL:
+            chunk: list[Any] | None = None
+            try:
+                handoff = self._handoff()
+                chunk = [] if handoff is None else await self._refill_async(handoff)
+            finally:
+                self._refilled_with(chunk)
+            if not chunk:
+                raise StopAsyncIteration
+        return cast(T_co, item)
 
-    def snapshot(self) -> PipelineStats:
-        """Statistics of the run so far (any thread)."""
-        end = self.finished_at if self.finished_at is not None else time.monotonic()
-        elapsed = max(0.0, end - self.started_at) if self._started else 0.0
-        return snapshot(
-            self.contexts, elapsed=elapsed, delivered=self.delivered,
-            running=self._started and not self._done.is_set(),
-            notes=[*self.notes, *(line for scope in (self.scope, *self.graph.scopes)
-                                  for line in scope.reports())],
-            loop_delay_max=self.monitor.loop_delay_max,
-        )
+    async def _refill_async(self, handoff: Handoff) -> list[Any]:
+        try:
+            chunk = await handoff.aget_chunk(self._timeout)
+        except TimeoutError:
+            await self.aclose()
+            raise StallError(f"no item arrived within timeout={self._timeout} s") from None
+        except Exception:
+            await self.aclose()
+            raise
+        except BaseException:
+            # Cancelled (a kernel interrupt, a task torn down) or Ctrl-C: the consumer is going
+            # away. Stop the run now, without awaiting anything more in this task.
+            self._abandon()
+            raise
+        if not chunk:
+            await self.aclose()
+        return chunk
+
+    # -- introspection ------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this run reads, as its stages see it (``0`` before it starts)."""
+        ended = self._ended
+        return ended.epoch if ended else 0 if self._rt is None else self._rt.epoch
+
+    @property
+    def lineage(self) -> Lineage | None:
+        """The run's lineage (``None`` before it starts and once closed): which source
+        positions the output numbered ``ordinal`` was made from (``trace(ordinal)``),
+        keeping records from ``ordinal`` on until traced (``hold(ordinal)``), and where a
+        resumed run started (``resumed``). For features that record what each output was
+        made from."""
+        return None if self._rt is None else self._rt.lineage
+
+    def failure_records(self) -> list[list[FailureRecord]]:
+        """Each stage's failures so far, in run order (copies; the first ones of each stage,
+        as ``stats().failures`` lists them)."""
+        if self._ended is not None:
+            return [list(records) for records in self._ended.failures]
+        return [] if self._rt is None else [list(c.counters.records) for c in self._rt.contexts]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def delivered(self) -> int:
+        """Items handed to the consumer so far."""
+        if self._ended is not None:
+            return self._ended.delivered
+        rt = self._rt
+        return 0 if rt is None else received(rt.delivered, rt.chunk)
+
+    def stats(self) -> PipelineStats:
+        """Statistics of this run so far."""
+        if self._ended is not None:
+            return self._ended.stats
+        return PipelineStats() if self._rt is None else self._rt.snapshot()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("running" if self._rt else "not started")
+        return f"<asyncflow.Run {state}, {self.delivered} delivered>"
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """What a closed run keeps of its runtime (``Run._shed``)."""
+
+    epoch: int
+    delivered: int
+    stats: PipelineStats
+    failures: list[list[FailureRecord]]
+
+
+def _compose(functions: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+    if len(functions) == 1:
+        return functions[0]
+
+    def apply(item: Any) -> Any:
+        for fn in functions:
+            item = fn(item)
+        return item
+
+    return apply

@@ -14,7 +14,7 @@ from .._errors import ConfigError
 if TYPE_CHECKING:
     from ._node import Node, NodeContext
     from ._protocols import Assembler
-    from ._workers import Processes
+    from ._worker_options import Processes
 
 __all__ = [
     "AssembleSpec",

@@ -1,11 +1,11 @@
 """The shared-memory names features may use: where segments live, the size from which
 arrays travel through them, and how a feature names and sweeps segments of its own
 (``image.folder`` writes decoded rows into slabs) or teaches worker processes to send a type
-through them. The mechanism itself is ``_shm.py``."""
+through them. The mechanism itself is ``_segments.py``."""
 
 from __future__ import annotations
 
-from ._shm import (
+from ._segments import (
     SHM_DIR,
     SHM_THRESHOLD,
     register_lazy_reducers,

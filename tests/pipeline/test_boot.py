@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from asyncflow import Pipeline, Processes
-from asyncflow.pipeline import _shm
+from asyncflow.pipeline import _segments
 
 pytestmark = [pytest.mark.usefixtures("leak_check"), pytest.mark.timeout(60)]
 
 
 def _my_segments() -> list[str]:
-    return [n for n in os.listdir(_shm.SHM_DIR) if n.startswith(f"asyncflow-{os.getpid()}-")]
+    return [n for n in os.listdir(_segments.SHM_DIR) if n.startswith(f"asyncflow-{os.getpid()}-")]
 
 
 class HoldsArray:
@@ -106,7 +106,7 @@ def test_without_room_in_shared_memory_the_buffers_travel_in_the_payload(
     def full(path: str, data: memoryview) -> int:
         raise OSError(28, "No space left on device", path)
 
-    monkeypatch.setattr(_shm, "_write_segment", full)
+    monkeypatch.setattr(_segments, "_write_segment", full)
     fn = HoldsArray()
     out = list(Pipeline(range(10)).map(fn, concurrency=2, workers="processes"))
     assert {kind for _, _, kind in out} == {"bytearray"}  # a copy per worker, writable

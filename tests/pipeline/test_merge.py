@@ -17,7 +17,7 @@ import asyncflow
 import asyncflow.pipeline
 from asyncflow import ConfigError, Pipeline, PipelineError, StallError, mix
 from asyncflow._scope import current_scope
-from asyncflow.pipeline import BranchEnd, Merge, RunPlan, _run
+from asyncflow.pipeline import BranchEnd, Merge, RunPlan, _runtime
 
 
 @dataclass
@@ -81,13 +81,13 @@ def test_a_mix_of_three_pipelines_is_one_run(
     leak_check: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runtimes: list[Any] = []
-    original = _run.Runtime.__init__
+    original = _runtime.Runtime.__init__
 
     def counting(self: Any, *args: Any, **kwargs: Any) -> None:
         runtimes.append(self)
         original(self, *args, **kwargs)
 
-    monkeypatch.setattr(_run.Runtime, "__init__", counting)
+    monkeypatch.setattr(_runtime.Runtime, "__init__", counting)
     seen: set[str] = set()
 
     async def where(x: int) -> int:  # async stages run on their run's loop thread

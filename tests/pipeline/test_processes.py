@@ -31,7 +31,7 @@ from asyncflow import (
     WorkerInfo,
     worker_info,
 )
-from asyncflow.pipeline import _shm
+from asyncflow.pipeline import _segments
 from tests.doubles import ROOT, child_env
 
 pytestmark = [pytest.mark.usefixtures("leak_check"), pytest.mark.timeout(60)]
@@ -46,7 +46,7 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 def _my_segments() -> list[str]:
-    return [n for n in os.listdir(_shm.SHM_DIR) if n.startswith(f"asyncflow-{os.getpid()}-")]
+    return [n for n in os.listdir(_segments.SHM_DIR) if n.startswith(f"asyncflow-{os.getpid()}-")]
 
 
 def square(x: int) -> int:
@@ -101,13 +101,13 @@ def test_arrays_and_tensors_come_back_correct_writable_and_through_shared_memory
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     attached: list[int] = []
-    real_attach = _shm._attach
+    real_attach = _segments._attach
 
     def counting_attach(path: str, size: int) -> Any:
         attached.append(size)
         return real_attach(path, size)
 
-    monkeypatch.setattr(_shm, "_attach", counting_attach)
+    monkeypatch.setattr(_segments, "_attach", counting_attach)
     out = list(Pipeline(range(6)).map(make_arrays, concurrency=3, workers="processes"))
     assert len(out) == 6
     for x, result in enumerate(out):
@@ -138,13 +138,13 @@ def test_large_inputs_go_to_the_workers_through_shared_memory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     written: list[str] = []
-    real_write = _shm._write_segment
+    real_write = _segments._write_segment
 
     def counting_write(path: str, data: memoryview) -> int:
         written.append(path)
         return real_write(path, data)
 
-    monkeypatch.setattr(_shm, "_write_segment", counting_write)
+    monkeypatch.setattr(_segments, "_write_segment", counting_write)
     arrays = [np.full(BIG, i, dtype=np.float32) for i in range(8)]
     out = list(Pipeline(arrays).map(total, concurrency=2, workers="processes"))
     assert out == [float(i * BIG[0] * BIG[1]) for i in range(8)]

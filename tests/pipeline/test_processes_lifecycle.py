@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from asyncflow import Pipeline, PipelineError, Processes, WorkerError, worker_info
-from asyncflow.pipeline import _shm
-from asyncflow.pipeline._procpool import ProcessPool
+from asyncflow.pipeline import _segments
+from asyncflow.pipeline._process_pool import ProcessPool
 from tests.conftest import _children
 from tests.doubles import ROOT, child_env
 
@@ -49,7 +49,7 @@ def _wait_gone(pids: Iterable[int], limit: float) -> list[int]:
 
 
 def _segments_of(pid: int) -> list[str]:
-    return [n for n in os.listdir(_shm.SHM_DIR) if n.startswith(f"asyncflow-{pid}-")]
+    return [n for n in os.listdir(_segments.SHM_DIR) if n.startswith(f"asyncflow-{pid}-")]
 
 
 def _run_script(tmp_path: Path, text: str) -> subprocess.Popen[str]:

@@ -152,7 +152,7 @@ def test_mypy_follows_the_item_type(tmp_path: Path) -> None:
         if kind == "error":
             errors.setdefault(line, code or "")
         elif message.startswith("Revealed type is"):
-            # Without module paths: "asyncflow.pipeline._handle.Run[int]" is "Run[int]".
+            # Without module paths: "asyncflow.pipeline._run.Run[int]" is "Run[int]".
             revealed = message.removeprefix("Revealed type is ").strip('"')
             reveals[line] = re.sub(r"\b[\w.]+\.(\w+)", r"\1", revealed)
     assert errors == expected_errors, stdout

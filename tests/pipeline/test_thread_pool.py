@@ -11,9 +11,9 @@ import pytest
 from asyncflow import Pipeline
 from asyncflow.pipeline import CustomSpec, NodeContext, run_failed, run_thread
 from asyncflow.pipeline._pool import Pool
-from asyncflow.pipeline._procpool import ProcessPool
-from asyncflow.pipeline._threadpool import HELPER_THREADS, WorkerPool
-from asyncflow.pipeline._workers import Processes
+from asyncflow.pipeline._process_pool import ProcessPool
+from asyncflow.pipeline._thread_pool import HELPER_THREADS, WorkerPool
+from asyncflow.pipeline._worker_options import Processes
 
 
 def test_to_thread_and_run_thread_in_a_stage_use_the_runs_threads(leak_check: None) -> None:

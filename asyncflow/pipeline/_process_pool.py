@@ -28,15 +28,15 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from .._errors import WorkerError
-from . import _shm
+from . import _segments
 from ._boot import boot_payload, check_picklable, start_context, without_main
 from ._failures import describe_item
 from ._jobs import Job, Slot, blame, exit_reason, merge, settle, stop_workers, unpack
 from ._offload import ChunkResult
 from ._pool import PoolStats
 from ._protocols import round_robin
-from ._worker import STATUS, send, worker_main
-from ._workers import Processes
+from ._worker_options import Processes
+from ._worker_process import STATUS, send, worker_main
 
 __all__ = ["ProcessPool", "check_picklable"]
 
@@ -63,7 +63,7 @@ class ProcessPool:
         self.spec = spec
         self.stage = stage
         self.token = secrets.token_hex(4)
-        self.prefix = _shm.segment_prefix(self.token)
+        self.prefix = _segments.segment_prefix(self.token)
         self.boot = boot_payload(fn, size, spec, stage, self.prefix)
         self.deaths = 0
         # A function with ``asyncflow_round_robin = True`` (a DataLoader's fetch) has chunk
@@ -84,7 +84,7 @@ class ProcessPool:
         self._reader: threading.Thread | None = None
         self._wake_r, self._wake_w = -1, -1
         self._status: mmap.mmap | None = None
-        self._status_path = os.path.join(_shm.SHM_DIR, f"{self.prefix}status")
+        self._status_path = os.path.join(_segments.SHM_DIR, f"{self.prefix}status")
 
     # -- lifetime -----------------------------------------------------------------------
 
@@ -116,7 +116,7 @@ class ProcessPool:
                 self._started = True
 
     def _start(self) -> None:
-        _shm.sweep_stale()
+        _segments.sweep_stale()
         fd = os.open(self._status_path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, STATUS.size * self.size)
@@ -174,7 +174,7 @@ class ProcessPool:
         self._wake_r = self._wake_w = -1
         if self._status is not None:
             self._status.close()
-        _shm.sweep(self.prefix)
+        _segments.sweep(self.prefix)
         error = RuntimeError("the process pool was shut down")
         for job in pending:
             settle(job, None, error)
@@ -210,18 +210,18 @@ class ProcessPool:
             if job.keys is not None:  # the worker seeds item k from first + offsets[k]
                 first, offsets = 0, [job.keys[k] for k in job.origin]
             message = (job.jid, job.items, first, job.epoch, offsets)
-            payload, segments = _shm.dumps(message, self._name, by_value=job.by_value)
+            payload, segments = _segments.dumps(message, self._name, by_value=job.by_value)
         except Exception as exc:
             settle(job, None, exc)
             return
         with self._lock:
             if self._broken is not None or self._closed or not self._started:
-                _shm.discard(segments)
+                _segments.discard(segments)
                 settle(job, None, self._broken or RuntimeError(
                     f"the process pool is {'shut down' if self._closed else 'not started'}"))
                 return
             if not self._slots:  # the one worker died: its replacement sends this on
-                _shm.discard(segments)
+                _segments.discard(segments)
                 self._waiting.append(job)
                 return
             slot = self._pick(job)
@@ -232,7 +232,7 @@ class ProcessPool:
             try:
                 send(slot.conn, "job", payload, segments)
             except (OSError, ValueError):
-                _shm.discard(segments)  # the worker died: the reader thread resubmits the job
+                _segments.discard(segments)  # the worker died: the reader thread resubmits the job
 
     def _pick(self, job: Job) -> Slot:
         """The worker for ``job`` (lock held): the least loaded, or in turn (see
@@ -306,7 +306,7 @@ class ProcessPool:
 
     def _result(self, slot: Slot, payload: bytes, segments: list[tuple[str, int]]) -> None:
         try:
-            _, values, failures, elapsed = _shm.loads(payload, segments)
+            _, values, failures, elapsed = _segments.loads(payload, segments)
         except Exception as exc:
             values, failures, elapsed = [], [], 0.0
             error: BaseException | None = exc

@@ -89,7 +89,7 @@ def test_a_kept_pipeline_error_keeps_nothing_of_the_run(workers: str) -> None:
     # hand-off; the kept error still tells the whole story
     ours = [f for f in _frames(kept) if "/asyncflow/" in f.f_code.co_filename]
     holding = {f.f_code.co_filename.rsplit("/", 1)[1] for f in ours if f.f_locals}
-    assert len(ours) > len(holding) and holding <= {"_handle.py", "_bridge.py", "_channel.py"}
+    assert len(ours) > len(holding) and holding <= {"_run.py", "_bridge.py", "_channel.py"}
     handles = [f.f_locals["self"] for f in ours if f.f_code.co_name == "__next__"]
     assert handles and all(h._rt is None and h._make_runtime is None for h in handles)
     text = "".join(traceback.format_exception(kept))

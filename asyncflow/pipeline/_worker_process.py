@@ -1,4 +1,4 @@
-"""The main function of a worker process (see ``_procpool.py`` for the parent's side).
+"""The main function of a worker process (see ``_process_pool.py`` for the parent's side).
 
 A worker boots once (the stage function, the init hook and the reducer modules arrive in one
 pickle), then runs chunks of items as they come, seeding before each item and writing which
@@ -24,9 +24,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .._redact import redact
-from . import _shm
+from . import _segments
 from ._portable import portable
-from ._workers import WorkerInfo, run_worker_setups, set_worker_info
+from ._worker_options import WorkerInfo, run_worker_setups, set_worker_info
 from .seeding import item_seed, seed_everything
 
 __all__ = ["STATUS", "send", "worker_main"]
@@ -48,7 +48,7 @@ def _describe_failure(exc: BaseException) -> BaseException:
 
 def _picklable(exc: BaseException) -> Any:
     """``exc`` as it can travel back through ``_shm`` (see ``_portable.py``)."""
-    return portable(exc, lambda obj: _shm.loads(*_shm.dumps(obj)))
+    return portable(exc, lambda obj: _segments.loads(*_segments.dumps(obj)))
 
 
 class _Unloadable:
@@ -66,7 +66,7 @@ def _receive(conn: Connection, jobs: queue.SimpleQueue[Any]) -> None:
             if kind == "stop":
                 break
             try:
-                job = _shm.loads(payload, segments)
+                job = _segments.loads(payload, segments)
             except Exception as exc:  # answered in turn by the main thread: results are FIFO
                 job = _Unloadable(exc)
             jobs.put(job)
@@ -120,14 +120,14 @@ class _Worker:
         # the parent would then lose the whole chunk, so each is tried both ways here.
         failures = [(i, _picklable(exc)) for i, exc in failures]
         try:
-            payload, segments = _shm.dumps((jid, values, failures, elapsed), self.name)
+            payload, segments = _segments.dumps((jid, values, failures, elapsed), self.name)
         except Exception:
             values, failures = self._salvage(values, failures)
-            payload, segments = _shm.dumps((jid, values, failures, elapsed), self.name)
+            payload, segments = _segments.dumps((jid, values, failures, elapsed), self.name)
         try:
             send(self.conn, "result", payload, segments)
         except BaseException:
-            _shm.discard(segments)
+            _segments.discard(segments)
             raise
 
     @staticmethod
@@ -158,13 +158,13 @@ def worker_main(conn: Connection, boot: bytes, status_path: str, wid: int) -> No
     try:
         core, lazy, segments = pickle.loads(boot)
         # the setup's large buffers (a Dataset's arrays) on pages every worker shares
-        setup = pickle.loads(core, buffers=_shm.map_private(segments))
+        setup = pickle.loads(core, buffers=_segments.map_private(segments))
         info = WorkerInfo(id=wid, pid=os.getpid(), **setup["info"])
         set_worker_info(info)
         for trigger, provider in lazy.items():
-            _shm.register_lazy_reducers(trigger, provider)
-        _shm.load_reducer_modules(setup["modules"])
-        _shm.load_lazy()  # the function's own imports (torch for a Dataset) bring these in
+            _segments.register_lazy_reducers(trigger, provider)
+        _segments.load_reducer_modules(setup["modules"])
+        _segments.load_lazy()  # the function's own imports (torch for a Dataset) bring these in
         run_worker_setups(setup["setups"])
         if setup["init"] is not None:
             setup["init"](info)

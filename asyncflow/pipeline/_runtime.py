@@ -1,0 +1,406 @@
+"""One run (one epoch) of a pipeline: its loop thread, stage tasks, channels and stopping.
+
+The data plane runs on a fresh event loop (uvloop when installed) in a daemon thread of its
+own, so that a consumer blocking its thread or loop (a synchronous training step) does not
+stop loading, and so that plain ``for`` works in a thread whose loop is already running
+(Jupyter). Stage failures do not tear the run down at once: the failing stage ends its
+output stream, later stages drain what was produced before the failure, and the consumer
+receives those items and then a :class:`PipelineError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence, Sized
+from typing import Any
+
+from .._redact import describe_exception, format_exception
+from .._scope import RunScope, aclose_scopes, use_scope
+from ._bridge import Handoff
+from ._channel import ChannelAborted
+from ._current import RunLocal, enter_run
+from ._graph import RunResources, build_graph, thread_count
+from ._lineage import SourcePlan
+from ._loop import cancel_pending, new_loop, resolve, track
+from ._merge import Merge
+from ._monitor import Monitor, snapshot
+from ._node import NodeContext, ReceiveHook
+from ._options import RunOptions
+from ._outcome import final_error, flatten, mark_abandoned, note_stage, release_frames
+from ._pool_holder import PoolHolder
+from ._spec import StageSpec
+from ._stats import PipelineStats
+from ._thread_pool import WorkerPool
+
+__all__ = ["Runtime"]
+
+logger = logging.getLogger("asyncflow")
+
+#: How often KeyboardInterrupt / SystemExit may escape the run's loop before it gives up
+#: running the loop and goes straight to clean-up.
+_MAX_ESCAPES = 8
+
+
+class Runtime:
+    """The data plane of one run. Built in the consumer's thread, run on its own thread.
+
+    Args:
+        open_source: Returns the source iterable for this run (or a :class:`Merge`: the
+            run reads several pipelines, built as branches of its graph).
+        specs: The stages after the source.
+        options: Pipeline-wide settings.
+        epoch: How many runs of the pipeline started before this one.
+        start: The source position of the source's first item (a resumed epoch).
+        resume: Where a resumed run's source starts and what it leaves out, with the
+            stages' saved state (from ``load_state_dict``).
+    """
+
+    #: How many errors the run had when a stop was requested (those after it are its echo).
+    _errors_at_stop: int | None = None
+
+    def __init__(
+        self,
+        open_source: Callable[[], Any] | Merge[Any],
+        specs: Sequence[StageSpec],
+        options: RunOptions,
+        epoch: int,
+        pools: PoolHolder | None = None,
+        start: int = 0,
+        resume: SourcePlan | None = None,
+    ) -> None:
+        self.options = options
+        self.loop = new_loop()
+        self.stop_event = threading.Event()
+        self.scope = RunScope(dict(options.settings))
+        self.errors: list[BaseException] = []
+        self.delivered = 0  # handed over in chunks; taken: ``received(delivered, chunk)``
+        self.chunk: Sized = ()  # what the consumer has not taken of its latest chunk
+        self.start_offset = start  # source items skipped by a resumed run
+        self.consumer: Callable[[], Any] | None = None  # weak reference to the Run
+        self.started_at = time.monotonic()
+        self.finished_at: float | None = None
+        self.pool = WorkerPool(
+            thread_count(specs, open_source), f"asyncflow-{options.name}-worker"
+        )
+        # asyncio.to_thread and run_in_executor(None, ...) on the run's loop use its pool too
+        self.loop.set_default_executor(self.pool.executor)
+        graph = build_graph(open_source, specs, RunResources(
+            options=options, pool=self.pool, stop=self.stop_event, scope=self.scope,
+            loop=self.loop, pools=pools if pools is not None else PoolHolder(), epoch=epoch,
+            start=start, resume=resume,
+        ))
+        self.graph = graph
+        self.epoch = epoch
+        self.lineage = graph.lineage
+        # the consumer surely has every item but those of the chunk it is working through
+        take = max(1, graph.outputs[-1].capacity // 2)
+        self.lineage.follow(lambda: self.delivered - take)
+        self.contexts, self.nodes, self.outputs = graph.contexts, graph.nodes, graph.outputs
+        self.inputs = graph.inputs
+        self.notes: list[str] = [*options.notes, *graph.notes]
+        self.handoff: Handoff = self.outputs[-1]
+        self.receive_hooks: list[ReceiveHook] = [h for c in graph.chain for h in c.receive_hooks]
+        self.monitor = Monitor(
+            options.name, self.contexts, self.outputs, stall_timeout=options.stall_timeout,
+            report_every=options.report_every,
+        )
+        self.thread = threading.Thread(
+            target=self._thread_main, name=f"asyncflow-{options.name}", daemon=True
+        )
+        self._main_task: asyncio.Task[None] | None = None
+        self._node_tasks: dict[Any, asyncio.Task[None]] = graph.tasks  # by context
+        self._group: asyncio.TaskGroup | None = None
+        self._stop_requested = False
+        self._started = False
+        self._done = threading.Event()
+        self._done_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._lock = threading.Lock()
+
+    # -- lifetime -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the run's thread (once)."""
+        with self._lock:
+            if self._started or self._stop_requested:
+                return
+            self._started = True
+            self.started_at = time.monotonic()
+            track(self)
+        self.thread.start()
+
+    def request_stop(self) -> None:
+        """Ask the run to stop: drop undelivered items, cancel every stage. Thread-safe,
+        idempotent, never blocks (also called by the garbage collector)."""
+        with self._lock:
+            if self._stop_requested:
+                return
+            self._stop_requested = True
+            self._errors_at_stop = len(self.errors)
+            started = self._started
+        self.lineage.freeze()  # what the torn-down stages do from now on settles nothing
+        self.stop_event.set()
+        # A failure before the stop still reaches a consumer waiting for items.
+        self.handoff.abort(self._final_error())
+        if not started:
+            self._finish_unstarted()
+            return
+        try:
+            self.loop.call_soon_threadsafe(self._cancel_main)
+        except RuntimeError:  # the loop already closed: the run has ended
+            pass
+
+    def _finish_unstarted(self) -> None:
+        for ctx in self.contexts:
+            ctx.call_stop_callbacks()
+        if not self.loop.is_closed():
+            self.loop.close()
+        self._done.set()
+
+    def _cancel_main(self) -> None:
+        if self._main_task is not None and not self._main_task.done():
+            self._main_task.cancel()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the run's thread to end; True if it did."""
+        if self._started:
+            self.thread.join(timeout)
+            return not self.thread.is_alive()
+        return True
+
+    async def wait_done(self) -> None:
+        """Wait, on the caller's loop, until the run's thread has finished its clean-up.
+
+        Cancellation:
+            Safe: stops waiting; the run goes on stopping by itself.
+        """
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if not self._done.is_set() and self._started:
+                self._done_waiters.append((loop, fut))
+            else:
+                fut.set_result(None)
+        await fut
+
+    def _thread_main(self) -> None:
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        # run_thread() on this loop uses the run's threads; run_failed() reads its errors
+        enter_run(RunLocal(self.pool, self.errors))
+        try:
+            self._run_loop(loop)
+        finally:
+            self._cleanup(loop)
+            enter_run(None)
+
+    def _run_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        # KeyboardInterrupt and SystemExit raised in any task escape run_until_complete at
+        # once, leaving the other tasks pending: record the exception, stop the stages, and
+        # run the loop again until the main task has finished.
+        main = loop.create_task(self._main())
+        for _ in range(_MAX_ESCAPES):
+            try:
+                loop.run_until_complete(main)
+            except asyncio.CancelledError:
+                pass  # stopped
+            except BaseException as exc:  # forwarded to the consumer, never lost
+                self._crashed(exc)
+            if main.done():
+                return
+            self.stop_event.set()
+            main.cancel()
+
+    def _crashed(self, exc: BaseException) -> None:
+        if any(e is exc for e in self.errors):
+            return
+        if isinstance(exc, Exception):
+            logger.error(
+                "asyncflow run %r crashed: %s", self.options.name, format_exception(exc)
+            )
+        self.errors.append(exc)
+
+    def _cleanup(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            self._close_loop(loop)
+            at = self._errors_at_stop
+            for exc in self.errors[len(self.errors) if at is None else at:]:
+                logger.debug(
+                    "asyncflow pipeline %r: failed after the stop: %s", self.options.name,
+                    describe_exception(exc),
+                )
+        except BaseException as exc:  # reported; the hand-off is closed below all the same
+            logger.warning(
+                "asyncflow run %r: clean-up failed: %s", self.options.name,
+                format_exception(exc),
+            )
+            if not isinstance(exc, Exception):
+                self._crashed(exc)
+        finally:
+            # Whatever failed above, the consumer's loop must end.
+            self.finished_at = time.monotonic()
+            release_frames(self.errors)  # a kept error keeps nothing the run used
+            self.handoff.close(self._final_error())
+            if self._stop_requested:
+                self.report_undelivered()
+            with self._lock:
+                self._done.set()
+                waiters, self._done_waiters = self._done_waiters, []
+            for waiter_loop, fut in waiters:
+                try:
+                    waiter_loop.call_soon_threadsafe(resolve, fut)
+                except RuntimeError:
+                    pass
+
+    def _close_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            cancel_pending(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        except BaseException as exc:  # clean-up goes on; the error is reported, not raised
+            logger.warning(
+                "asyncflow run %r: clean-up of the run's loop failed: %s",
+                self.options.name, format_exception(exc),
+            )
+            if not isinstance(exc, Exception):
+                self._crashed(exc)
+        try:
+            stuck = self.pool.shutdown(self.options.stop_timeout)
+        finally:
+            for ctx in self.contexts:
+                ctx.call_stop_callbacks()
+            asyncio.set_event_loop(None)
+            loop.close()
+        self.notes.extend(mark_abandoned(stuck, self.contexts, self.options.stop_timeout))
+
+    def report_undelivered(self) -> None:
+        """The consumer has left: a failure it was never given is noted and logged, not lost.
+
+        A ``break`` never raises afterwards; the run's error goes to ``stats().notes`` and
+        to a warning instead. Thread-safe; reports at most once.
+        """
+        run = self.consumer() if self.consumer is not None else None
+        if run is not None and run.reading:
+            return  # a consumer is waiting for items: it gets the error itself
+        error = self.handoff.take_pending()
+        if error is None:
+            return
+        note = (
+            "the consumer stopped before it was given the run's error: "
+            f"{describe_exception(error)}"
+        )
+        self.notes.append(note)
+        logger.warning("asyncflow pipeline %r: %s", self.options.name, note)
+
+    def _final_error(self) -> BaseException | None:
+        """What the consumer gets after the items: ``None``, a :class:`PipelineError` of the
+        stages' exceptions, or a ``BaseException`` raised in a stage (``KeyboardInterrupt``,
+        ``SystemExit``), as itself. Failures after a requested stop are not counted. Never
+        raises."""
+        at = self._errors_at_stop
+        return final_error(self.options.name, self.errors if at is None else self.errors[:at])
+
+    # -- the run ------------------------------------------------------------------------
+
+    async def _main(self) -> None:
+        self._main_task = asyncio.current_task()
+        if self.stop_event.is_set():
+            return
+        sampler = None
+        with use_scope(self.scope):
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    self._group = tg
+                    self.graph.spawn = self._spawn
+                    self._spawn([c for c in self.contexts if c not in self.graph.deferred])
+                    sampler = asyncio.create_task(self.monitor.run(self._node_tasks, self.snapshot))
+            finally:
+                self.graph.spawn = None
+                try:
+                    if sampler is not None:
+                        sampler.cancel()
+                        await asyncio.gather(sampler, return_exceptions=True)
+                finally:
+                    # A stop may cancel this task again, here or above (a run that ended
+                    # just as its consumer closed it): every scope is closed all the same,
+                    # before the loop ends, or its sessions' connections outlive the loop.
+                    await aclose_scopes([*self.graph.scopes, self.scope])  # branches' first
+
+    def _spawn(self, contexts: Sequence[NodeContext]) -> None:
+        """Start the tasks of the stages of ``contexts``, each with its stage's run scope
+        current (the run starts its own stages so; a merge node, its branches')."""
+        assert self._group is not None
+        position = {id(ctx): index for index, ctx in enumerate(self.contexts)}
+        for ctx in contexts:
+            index = position[id(ctx)]
+            with use_scope(ctx.scope):
+                coro = self._run_node(
+                    ctx, self.nodes[index], self.inputs[index], self.outputs[index]
+                )
+                try:
+                    self._node_tasks[ctx] = self._group.create_task(coro)
+                except BaseException:  # a group shutting down: the coroutine never runs
+                    coro.close()
+                    raise
+
+    async def _run_node(self, ctx: NodeContext, node: Any, inp: Any, out: Any) -> None:
+        ctx.budget.records = ctx.counters.records  # FailureBudgetExceeded carries them
+        try:
+            await node.run(inp, out)
+        except asyncio.CancelledError:
+            stall = self.monitor.stalled.get(ctx)
+            if stall is None or self.stop_event.is_set():
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            self._fail(ctx, inp, out, [stall])
+        except Exception as exc:
+            failures = [e for e in flatten(exc) if not isinstance(e, ChannelAborted)]
+            if failures:
+                self._fail(ctx, inp, out, failures)
+            elif inp is not None:
+                inp.abort()
+        except BaseException as exc:
+            # KeyboardInterrupt, SystemExit, GeneratorExit: caught only to be forwarded, as
+            # itself, to the consumer, after the items already handed over; the run stops.
+            leaves = [
+                e for e in flatten(exc)
+                if not isinstance(e, ChannelAborted | asyncio.CancelledError)
+            ]
+            self._fail(ctx, inp, out, leaves or [exc])
+            self.stop_event.set()
+            self._cancel_main()
+        else:
+            if out is not self.handoff:
+                out.close()  # the hand-off is closed last, with the run's error, in _cleanup
+
+    def _fail(self, ctx: NodeContext, inp: Any, out: Any, failures: list[BaseException]) -> None:
+        self.graph.failed.add(ctx)
+        self.lineage.freeze()
+        for exc in failures:
+            note_stage(exc, ctx)
+            if not any(e is exc for e in self.errors):
+                self.errors.append(exc)
+        if out is not self.handoff:
+            out.close()
+        if inp is not None:
+            inp.abort()
+
+    # -- statistics ---------------------------------------------------------------------
+
+    def snapshot(self) -> PipelineStats:
+        """Statistics of the run so far (any thread)."""
+        end = self.finished_at if self.finished_at is not None else time.monotonic()
+        elapsed = max(0.0, end - self.started_at) if self._started else 0.0
+        return snapshot(
+            self.contexts, elapsed=elapsed, delivered=self.delivered,
+            running=self._started and not self._done.is_set(),
+            notes=[*self.notes, *(line for scope in (self.scope, *self.graph.scopes)
+                                  for line in scope.reports())],
+            loop_delay_max=self.monitor.loop_delay_max,
+        )
