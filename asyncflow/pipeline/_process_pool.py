@@ -66,10 +66,8 @@ class ProcessPool:
         self.prefix = _segments.segment_prefix(self.token)
         self.boot = boot_payload(fn, size, spec, stage, self.prefix)
         self.deaths = 0
-        # A function with ``asyncflow_round_robin = True`` (a DataLoader's fetch) has chunk
-        # ``first`` go to worker ``first % size``, as torch's loader sends batch i to worker
-        # i % num_workers: which worker fetches an item does not depend on timing. Its
-        # caller bounds what each worker holds (the loader's prefetch_factor).
+        # chunk ``first`` to worker ``first % size`` (_protocols.round_robin); its caller
+        # bounds what each worker holds (the loader's prefetch_factor)
         self.round_robin = round_robin(fn)
         self._jids = itertools.count()
         self._names = itertools.count()

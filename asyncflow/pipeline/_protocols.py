@@ -203,7 +203,9 @@ def runs_inline(fn: Any) -> bool:
 
 def round_robin(fn: Any) -> bool:
     """Whether ``fn``'s chunks go to process workers in turn (``asyncflow_round_robin =
-    True``) rather than to the first free one."""
+    True``) rather than to the first free one: chunk ``i`` to worker ``i % n``, as torch's
+    loader sends batch ``i`` to worker ``i % num_workers``, so which worker fetches an item
+    does not depend on timing."""
     return getattr(fn, ROUND_ROBIN, False) is True
 
 
