@@ -2,15 +2,16 @@
 
 A read still running when the host's recent latencies say it should be done (their
 ``Retry.hedge_quantile``, p90 by default, and at least twice their median) sends one more
-request for the same object. The first complete answer wins; the other request is cancelled
-and its connection closed. Each answer is checked as any other (Content-Length, decoding, the
-transport's validators), so a hedge never changes the bytes delivered. Hedges are budgeted:
-each request earns ``Retry.hedge`` of one (0.15 by default), and a hedge spends one, so they
-never add more than that share of a host's requests, counted over the run (a budget saved in
-the middle of a run pays for the stragglers at its end, when no new request earns any). None
-are sent to a host that throttled in the last two seconds, nor before it has answered
-:data:`MIN_SAMPLES` requests; a request sent before then is hedged once it is late by the
-estimate taken later.
+request for the same object, and one more again if both are that late (at most
+:data:`MAX_HEDGES`; none after a hedge failed). The first complete answer wins; the other
+requests are cancelled and their connections closed. Each answer is checked as any other
+(Content-Length, decoding, the transport's validators), so a hedge never changes the bytes
+delivered. Hedges are budgeted: each request earns ``Retry.hedge`` of one (0.15 by default),
+and a hedge spends one, so they never add more than that share of a host's requests, counted
+over the run (a budget saved in the middle of a run pays for the stragglers at its end, when no
+new request earns any). None are sent to a host that throttled in the last two seconds, nor
+before it has answered :data:`MIN_SAMPLES` requests; a request sent before then is hedged once
+it is late by the estimate taken later.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from .._errors import SourceError
 from ._retry import Transient
 
-__all__ = ["MIN_SAMPLES", "RECHECK", "HedgedHost", "Latencies", "race"]
+__all__ = ["MAX_HEDGES", "MIN_SAMPLES", "RECHECK", "HedgedHost", "Latencies", "race"]
 
 T = TypeVar("T")
 
@@ -37,6 +38,8 @@ _EVERY = 32  # the quantiles are recomputed after this many new samples
 MEDIAN_FLOOR = 2.0
 #: Seconds between looks at a request that has no estimate yet, or cannot be hedged now.
 RECHECK = 0.1
+#: Hedges of one try at most: a second goes when the first is late as well.
+MAX_HEDGES = 2
 
 
 class Latencies:
@@ -102,40 +105,48 @@ class HedgedHost(Protocol):
 
 
 class _Hedge(Generic[T]):
-    """The second request of one hedged try, and the primary's timeout scope it cuts short."""
+    """The hedges of one try (at most :data:`MAX_HEDGES`), and the primary's timeout scope
+    the first to deliver cuts short."""
 
-    __slots__ = ("_backup", "_gate", "_loop", "_quantile", "_start", "result", "scope",
-                 "task", "timer", "won")
+    __slots__ = ("_backup", "_gate", "_last", "_loop", "_quantile", "result", "scope",
+                 "tasks", "timer", "won")
 
     def __init__(
         self, backup: Callable[[], Awaitable[T]], gate: HedgedHost, quantile: float
     ) -> None:
         self._backup, self._gate, self._quantile = backup, gate, quantile
         self._loop = asyncio.get_running_loop()
-        self._start = self._loop.time()
-        self.task: asyncio.Task[None] | None = None
+        self._last = self._loop.time()  # when the latest request of this try was sent
+        self.tasks: list[asyncio.Task[None]] = []
         self.timer: asyncio.TimerHandle | None = None
         self.scope: asyncio.Timeout | None = None
         self.won = False
         self.result: Any = None
 
     def arm(self) -> None:
-        """Send the hedge if the primary is late now, else look again when it will be.
+        """Send a hedge if the latest request of this try is late now, else look again when
+        it will be. A second hedge goes only while the first is still running too: both
+        requests drew the host's tail (a hedge that failed says the object is trouble, not
+        late).
 
         The estimate is taken again each time: a request sent before the host had answered
         enough others (the first few hundred of a run) is still hedged once it is late.
         """
-        if self.scope is None:  # the primary has ended
-            return
+        if self.scope is None or any(task.done() for task in self.tasks):
+            return  # the primary has ended, or a hedge has
         gate = self._gate
         late = gate.latencies.hedge_after(self._quantile)
         if late is None:
             wait = RECHECK
         else:
-            wait = self._start + late - self._loop.time()
+            now = self._loop.time()
+            wait = self._last + late - now
             if wait <= 0:
                 if self._tail(late) and gate.may_hedge() and gate.spend_hedge():
-                    self.task = self._loop.create_task(self._run())
+                    self.tasks.append(self._loop.create_task(self._run()))
+                    self._last = now
+                    if len(self.tasks) < MAX_HEDGES:
+                        self.timer = self._loop.call_later(late, self.arm)
                     return
                 wait = max(RECHECK, late)  # over budget, or congested: look again later
         self.timer = self._loop.call_later(wait, self.arm)
@@ -164,6 +175,8 @@ class _Hedge(Generic[T]):
         except SourceError:
             return
         gate.latencies.add(loop.time() - start)
+        if self.won:  # another hedge delivered first
+            return
         self.result, self.won = result, True
         gate.hedges_won += 1
         if self.scope is not None:  # cut the primary short: the hedge's answer is the read's
@@ -172,18 +185,20 @@ class _Hedge(Generic[T]):
     async def rescued(self) -> bool:
         """After the primary failed: whether a hedge still running delivers instead."""
         self.scope = None
-        if self.task is not None and not self.task.done():
-            await asyncio.wait([self.task])
+        pending = {task for task in self.tasks if not task.done()}
+        while pending and not self.won:
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         return self.won
 
     async def close(self) -> None:
         self.scope = None
         if self.timer is not None:
             self.timer.cancel()
-        task = self.task
-        if task is not None and not task.done():
+        running = [task for task in self.tasks if not task.done()]
+        for task in running:
             task.cancel()
-            await asyncio.wait([task])  # its connection is closed before the read returns
+        if running:  # their connections are closed before the read returns
+            await asyncio.wait(running)
 
 
 async def race(

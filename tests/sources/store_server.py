@@ -8,8 +8,9 @@ Behaviours (fixed per server, so that the whole store shares one budget, as a re
 
 - ``rate`` / ``burst``: a token bucket. A request that finds it empty is answered ``503`` with
   an S3 ``SlowDown`` error document, and ``Retry-After: <retry_after>`` when one is given.
-- ``latency``: seconds each answer waits; ``slow``: ``{index: seconds}`` for the first request
-  of those objects only (a tail that a second request escapes).
+- ``latency``: seconds each answer waits; ``slow``: ``{index: seconds}`` for the first
+  ``slow_requests`` requests of those objects only (1 by default: a tail that a second request
+  escapes).
 - ``stuck``: objects whose every request waits an hour.
 - ``truncate_second``: the second request of each ``slow`` object promises the whole body and
   sends half of it, then drops the connection.
@@ -76,7 +77,7 @@ class _Bucket:
 
 def _app(store: Store, *, rate: float | None, burst: float, retry_after: str | None,
          latency: float, slow: dict[int, float], stuck: frozenset[int],
-         truncate_second: bool) -> Any:
+         truncate_second: bool, slow_requests: int = 1) -> Any:
     from aiohttp import web
 
     buckets: list[_Bucket] = []
@@ -100,7 +101,7 @@ def _app(store: Store, *, rate: float | None, burst: float, retry_after: str | N
         body = body_of(index, store.size)
         answered = False
         try:
-            wait = slow[index] if n == 1 and index in slow else latency
+            wait = slow[index] if n <= slow_requests and index in slow else latency
             await asyncio.sleep(3600 if index in stuck else wait)
             answered = True
         finally:  # cancelled: the client went away (handler_cancellation=True)
@@ -132,13 +133,15 @@ def store_server(
     slow: dict[int, float] | None = None,
     stuck: frozenset[int] = frozenset(),
     truncate_second: bool = False,
+    slow_requests: int = 1,
 ) -> Iterator[Store]:
     """Run the store on 127.0.0.1 (a free port) on a thread with its own loop."""
     store = Store("", size)
 
     def make() -> Any:
         return _app(store, rate=rate, burst=burst, retry_after=retry_after, latency=latency,
-                    slow=slow or {}, stuck=stuck, truncate_second=truncate_second)
+                    slow=slow or {}, stuck=stuck, truncate_second=truncate_second,
+                    slow_requests=slow_requests)
 
     with serve_in_thread(make, "store server") as base:
         store.base = base

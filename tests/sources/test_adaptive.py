@@ -14,6 +14,7 @@ import pytest
 
 import asyncflow
 from asyncflow import Pipeline, Retry
+from asyncflow.sources._hedge import MAX_HEDGES
 from tests.sources.store_server import Store, body_of, store_server
 
 SIZE = 2000
@@ -108,8 +109,9 @@ def test_hedged_reads_cut_the_tail(leak_check: None) -> None:
         got = list(pipe)  # without hedging, this takes 30 s: past the test's timeout
         check_all(store, got, n)
         # Each slow object's first request was cancelled and its connection closed; the
-        # server hears of a close when its own loop gets to it (up to 10 s under load).
-        assert all(store.hits[i] == 2 for i in slow)
+        # server hears of a close when its own loop gets to it (up to 10 s under load). A
+        # hedge still unanswered when it is late in turn (a loaded machine) has a second.
+        assert all(2 <= store.hits[i] <= 1 + MAX_HEDGES for i in slow)
         deadline = time.monotonic() + 10
         while store.abandoned < len(slow) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -128,7 +130,24 @@ def test_a_hedge_is_checked_like_any_answer(leak_check: None) -> None:
     with store_server(size=SIZE, latency=0.005, slow=slow, truncate_second=True) as store:
         got = list(recipe([store.url(i) for i in range(n)]))
         check_all(store, got, n)
-        assert all(store.hits[i] == 2 for i in slow)
+        # A failed hedge sends no other; one sent before it failed (a loaded machine) is whole.
+        assert all(2 <= store.hits[i] <= 1 + MAX_HEDGES for i in slow)
+
+
+def test_a_read_whose_hedge_is_late_too_gets_a_second_hedge(leak_check: None) -> None:
+    n = 300
+    # Both the first request and the first hedge of these objects would take 30 s.
+    slow = {i: 30.0 for i in range(60, n, 60)}
+    with store_server(size=SIZE, latency=0.005, slow=slow, slow_requests=2) as store:
+        pipe = recipe([store.url(i) for i in range(n)])
+        got = list(pipe)  # with one hedge a read, this takes 30 s: past the test's timeout
+        check_all(store, got, n)
+        assert all(store.hits[i] == 3 for i in slow)
+        deadline = time.monotonic() + 10
+        while store.abandoned < 2 * len(slow) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert store.abandoned >= 2 * len(slow)  # both losers cancelled and closed
+        assert store.requests <= n * 1.15
 
 
 def test_hedging_can_be_turned_off(leak_check: None) -> None:
