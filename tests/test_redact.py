@@ -8,7 +8,6 @@ import pytest
 
 from asyncflow import Pipeline, PipelineError
 from asyncflow._redact import MASK, describe_exception, format_exception, redact, redact_url
-from asyncflow.sources import _redact as sources_redact
 
 pytestmark = pytest.mark.usefixtures("leak_check")
 
@@ -82,9 +81,12 @@ def test_secrets_from_the_environment_are_masked(monkeypatch: pytest.MonkeyPatch
 
 
 def test_the_sources_use_the_same_redactor() -> None:
-    assert sources_redact.redact_text is redact
-    assert sources_redact.redact_url is redact_url
-    assert sources_redact.describe_exception is describe_exception
+    from asyncflow.sources import _http, _http_session, _read, _s3, _transport
+
+    for module in (_http, _http_session, _read, _s3, _transport):
+        assert module.redact_url is redact_url, module.__name__
+    assert _s3.describe_exception is describe_exception
+    assert _http_session.describe_exception is describe_exception
 
 
 def test_describe_and_format_exception_are_redacted() -> None:
