@@ -16,6 +16,7 @@ of the stream and the error left for the reader. Two variants add a reader:
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import threading
 from collections import deque
@@ -51,7 +52,7 @@ class ChannelAborted(Exception):
     to users)."""
 
 
-class ChannelBase:
+class ChannelBase(abc.ABC):
     """A bounded FIFO of items, written on the run's loop; subclasses add the reader.
 
     Every change of state happens with ``_lock`` held, so that a reader on another thread
@@ -99,10 +100,10 @@ class ChannelBase:
 
     # -- hooks of the reader's variant -------------------------------------------------------
 
+    @abc.abstractmethod
     def _readers_ready(self, count: int) -> None:
         """``count`` items arrived (:data:`ALL`: the stream ended): wake readers that wait
         (lock held)."""
-        raise NotImplementedError
 
     def _resolve_writers(self, waiters: list[asyncio.Future[None]]) -> None:
         """Wake ``waiters`` (writers' futures on the run's loop) from the reader's side; never

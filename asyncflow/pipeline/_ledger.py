@@ -20,6 +20,7 @@ last one, not a walk over everything in flight (the lineage keeps the settled se
 
 from __future__ import annotations
 
+import abc
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +35,7 @@ def _ignore(records: int) -> None:
     return None
 
 
-class Ledger:
+class Ledger(abc.ABC):
     """The base: one node's translation from settled outputs to settled inputs.
 
     Attributes:
@@ -53,17 +54,18 @@ class Ledger:
         self.lock: Any = threading.RLock()  # replaced by the run's lineage lock
         self.grew: Callable[[int], None] = _ignore  # the run's compaction trigger
 
+    @abc.abstractmethod
     def settled_inputs(self, outputs: Span) -> Span:
         """The settled inputs, given the settled outputs (lock held)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def inputs_of(self, ordinal: int) -> list[int]:
         """The inputs output ``ordinal`` was made from (lock held)."""
-        raise NotImplementedError
 
     def compact(self, outputs: Span, inputs: Span) -> None:
         """Drop the records of settled outputs (lock held); ``inputs`` is what
         :meth:`settled_inputs` returned for ``outputs``."""
+        return None  # a hook: nothing to do by default
 
     def get_state(self, outputs: Span, key_of: Any) -> dict[str, Any] | None:
         """Extras to save beyond the settled positions (lock held); ``key_of(ordinal)``
@@ -72,20 +74,29 @@ class Ledger:
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`get_state` saved, before the run starts."""
+        return None  # a hook: nothing to do by default
 
     def start_settling(self) -> None:
         """The lineage walks this ledger with :meth:`settle` from now on (lock held)."""
+        return None  # a hook: nothing to do by default
 
     def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
         """The incremental walk (lock held): ``outputs`` are the outputs settled since the
         last call (``[start, end)`` ranges, none given before), ``mark`` the new watermark
         of all settled outputs; returns the inputs this settles (ranges, any order; one
-        given before may come again). Records of outputs below ``mark`` are dropped."""
-        raise NotImplementedError
+        given before may come again). Records of outputs below ``mark`` are dropped.
+
+        This default asks :meth:`settled_inputs` for the outputs below ``mark`` and the new
+        ranges, and drops records with :meth:`compact`; the engine's own ledgers answer
+        from their records directly."""
+        below = Span(mark)
+        self.compact(below, self.settled_inputs(below))
+        return self.settled_inputs(Span(mark, outputs)).intervals()
 
     def stop_settling(self, inputs: Span) -> None:
         """Back to :meth:`settled_inputs` and :meth:`compact` (a journal holds records
         back): ``inputs`` are the inputs settled so far (lock held)."""
+        return None  # a hook: nothing to do by default
 
 
 class Passthrough(Ledger):

@@ -13,8 +13,9 @@ import pytest
 
 from asyncflow import Pipeline
 from asyncflow.pipeline import _lineage
+from asyncflow.pipeline._channel import ChannelBase
 from asyncflow.pipeline._expansion import SplitLedger
-from asyncflow.pipeline._ledger import FixedLedger, MapLedger, ShuffleLedger
+from asyncflow.pipeline._ledger import FixedLedger, Ledger, MapLedger, ShuffleLedger
 from asyncflow.pipeline._lineage import SourceLedger, SourcePlan
 from asyncflow.pipeline._offload import FAILED
 from asyncflow.pipeline._resume import _checksum
@@ -250,3 +251,30 @@ def test_states_taken_while_reading_resume_exactly(
     assert any(state["nodes"] for state in states)  # partial expansions were saved
     for step in (20, 89):
         assert sorted(_items(delivered[: step + 1]) + _resumed(states[step])) == everything
+
+
+class _Pairs(Ledger):
+    """A ledger with no incremental walk of its own: output ``n`` is inputs ``2n, 2n + 1``."""
+
+    def settled_inputs(self, outputs: Span) -> Span:
+        return Span(outputs.mark * 2, [(a * 2, b * 2) for a, b in outputs.ranges])
+
+    def inputs_of(self, ordinal: int) -> list[int]:
+        return [ordinal * 2, ordinal * 2 + 1]
+
+
+def test_a_ledger_without_its_own_walk_settles_through_settled_inputs() -> None:
+    twins = _Twins(_Pairs(), _Pairs())
+    for outputs in (Span(0, [(2, 3)]), Span(1, [(2, 3), (5, 7)]), Span(3, [(5, 7)]), Span(8)):
+        twins.check(outputs, compact=False)
+
+
+def test_ledgers_and_channels_must_answer_what_the_engine_asks() -> None:
+    class Half(Ledger):  # no inputs_of
+        def settled_inputs(self, outputs: Span) -> Span:
+            return outputs
+
+    with pytest.raises(TypeError, match="inputs_of"):
+        Half()  # type: ignore[abstract]
+    with pytest.raises(TypeError, match="_readers_ready"):
+        ChannelBase(4)  # type: ignore[abstract]
