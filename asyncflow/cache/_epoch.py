@@ -28,14 +28,11 @@ replay has no upstream, and fails with a ``SourceError`` should the cache turn o
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import functools
-import itertools
 import logging
 import threading
-from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +44,7 @@ from ..pipeline import listing_identity, run_failed, run_thread
 from ._checks import ALL_CHECKED, Checks
 from ._fingerprint import describe_change
 from ._format import MANIFEST, read_manifest
-from ._lock import WriterLock
+from ._lock import WriterLock, take_lock
 from ._reader import (
     CacheInvalid,
     Reader,
@@ -60,11 +57,9 @@ from ._reader import (
     sizes_match,
 )
 from ._replay import BufferPool, KeptMapping, permutation, replay
+from ._upstream import Upstream, stream, take
 
-__all__ = ["CacheSource", "EpochCounter", "Upstream"]
-
-#: Returns a fresh iterable (or async iterable) of upstream's items for one pass.
-Upstream = Callable[[], Iterable[Any] | AsyncIterable[Any]]
+__all__ = ["CacheSource", "EpochCounter"]
 
 log = logging.getLogger("asyncflow.cache")
 
@@ -199,21 +194,18 @@ class CacheSource:
         if reader is None:
             assert upstream is not None
             lock = WriterLock(self.path)
-            if not await _acquire(lock):
+            if not await take_lock(lock):
                 holder = await run_thread(lock.holder)
                 if not self.wait:
                     log.info("cache %s is being written by process %s; this epoch reads "
                              "upstream", self.path, holder)
-                    async with _Upstream(upstream()) as items:
+                    async with contextlib.aclosing(stream(upstream())) as items:
                         async for item in items:
                             yield item
                     return
                 log.info("cache %s is being written by process %s; waiting for it",
                          self.path, holder)
-                delay = 0.005
-                while not await _acquire(lock):
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 0.2)
+                await take_lock(lock, wait=True)
             try:
                 # another writer may have just finished
                 reader = await run_thread(self._open, False)
@@ -246,9 +238,9 @@ class CacheSource:
             for item in items:
                 yield item
             return
-        size = 1 if copies else _CHUNK[reader.layout]
+        size = 1 if copies else _REPLAY_CHUNK[reader.layout]
         try:
-            while chunk := await run_thread(_take, items, size):
+            while chunk := await run_thread(take, items, size):
                 for item in chunk:
                     yield item
         except SourceError:
@@ -334,7 +326,7 @@ class CacheSource:
         meta = {"fingerprint": self.fingerprint, "key": self.key, "upstream": self.summary}
         writer = await run_thread(Writer, self.path, layout=self.layout, meta=meta)
         try:
-            async with _Upstream(upstream()) as items:
+            async with contextlib.aclosing(stream(upstream())) as items:
                 async for item in items:
                     await run_thread(writer.write, item)
                     yield item
@@ -354,63 +346,4 @@ class CacheSource:
         remove_cache(self.path)
 
 
-async def _acquire(lock: WriterLock) -> bool:
-    """``lock.acquire()`` (without waiting) on a worker thread.
-
-    Cancellation:
-        The thread runs on; should it take the lock after all, it gives it back at once.
-    """
-    taking = asyncio.ensure_future(run_thread(lock.acquire))
-    taken = False
-    try:
-        taken = await asyncio.shield(taking)
-    finally:
-        if not taken:  # cancelled (or failed) while the thread was taking it
-            taking.add_done_callback(functools.partial(_give_back, lock))
-    return taken
-
-
-def _give_back(lock: WriterLock, taking: asyncio.Future[bool]) -> None:
-    if not taking.cancelled() and taking.exception() is None and taking.result():
-        lock.release()  # truncating the lock file and closing it: too little to hand off
-
-
-_CHUNK = {"samples": 256, "lists": 16, "batches": 8}
-
-
-def _take(items: Iterator[Any], size: int) -> list[Any]:
-    """Up to ``size`` more of ``items`` ([] at their end)."""
-    return list(itertools.islice(items, size))
-
-
-class _Upstream:
-    """Upstream's items as an async iterator, sync or async underneath, closed on exit."""
-
-    def __init__(self, source: Iterable[Any] | AsyncIterable[Any]) -> None:
-        self._async = isinstance(source, AsyncIterable)
-        self._it: Any = (source.__aiter__() if isinstance(source, AsyncIterable)
-                         else iter(source))
-
-    def __aiter__(self) -> _Upstream:
-        return self
-
-    async def __anext__(self) -> Any:
-        if self._async:
-            return await self._it.__anext__()
-        try:  # a plain iterable (tests, simple sources): advanced on the loop
-            return next(self._it)
-        except StopIteration:
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> _Upstream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._async:
-            aclose = getattr(self._it, "aclose", None)
-            if aclose is not None:
-                await aclose()
-        else:
-            close = getattr(self._it, "close", None)
-            if close is not None:
-                close()
+_REPLAY_CHUNK = {"samples": 256, "lists": 16, "batches": 8}  # items a thread hand-off

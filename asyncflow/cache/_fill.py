@@ -33,15 +33,15 @@ from ..pipeline import (
     Receiver,
     Sender,
     apply_hooks,
-    run_thread,
 )
+from ._upstream import stream
 
 if TYPE_CHECKING:
     from ._epoch import CacheSource
 
 __all__ = ["CacheNode", "Gate", "cache_stage", "hooks_stage", "one_shot_guard"]
 
-_CHUNK = 256  # items of a sync upstream source taken per thread hand-off
+_CHUNK = 256  # items taken from a channel at a time
 
 
 class Gate:
@@ -92,45 +92,11 @@ class Gate:
         return True
 
     async def _items(self) -> AsyncGenerator[Any, None]:
-        if not await self._future():
+        if not await self.opened():
             return
-        if self._check_reuse is not None:
-            self._check_reuse()
-        source = self._open()
-        if hasattr(source, "__aiter__"):
-            it = source.__aiter__()
-            try:
-                async for item in it:
-                    yield item
-            finally:
-                aclose = getattr(it, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-        elif isinstance(source, Sequence):
-            for item in source:
+        async with contextlib.aclosing(stream(self._open())) as items:
+            async for item in items:
                 yield item
-        else:  # an iterator may list files or read a manifest: advanced on the run's threads
-            it = iter(source)
-            taking: asyncio.Future[list[Any]] | None = None
-            try:
-                while True:
-                    taking = asyncio.ensure_future(run_thread(_take, it, _CHUNK))
-                    chunk = await asyncio.shield(taking)
-                    if not chunk:
-                        break
-                    for item in chunk:
-                        yield item
-            finally:
-                # A generator cannot be closed while a thread runs it: let the chunk finish.
-                if taking is not None and not taking.done():
-                    await asyncio.wait([taking])
-                close = getattr(it, "close", None)
-                if close is not None:
-                    await run_thread(close)
-
-
-def _take(it: Any, size: int) -> list[Any]:
-    return list(itertools.islice(it, size))
 
 
 class CacheNode:

@@ -8,12 +8,16 @@ files of the same name.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
+import functools
 import os
 import time
 from pathlib import Path
 
-__all__ = ["WriterLock"]
+from ..pipeline import run_thread
+
+__all__ = ["WriterLock", "take_lock"]
 
 
 class WriterLock:
@@ -95,3 +99,39 @@ class WriterLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+async def take_lock(lock: WriterLock, *, wait: bool = False) -> bool:
+    """``lock.acquire()`` on a worker thread; return whether it was taken.
+
+    Args:
+        lock: The lock to take.
+        wait: Try again (pausing 5 ms, doubling up to 0.2 s, on the loop) until it is taken.
+
+    Cancellation:
+        A try in progress runs on in its thread; should it take the lock after all, it gives
+        it back at once.
+    """
+    delay = 0.005
+    while not await _try(lock):
+        if not wait:
+            return False
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.2)
+    return True
+
+
+async def _try(lock: WriterLock) -> bool:
+    taking = asyncio.ensure_future(run_thread(lock.acquire))
+    taken = False
+    try:
+        taken = await asyncio.shield(taking)
+    finally:
+        if not taken:  # cancelled (or failed) while the thread was taking it
+            taking.add_done_callback(functools.partial(_give_back, lock))
+    return taken
+
+
+def _give_back(lock: WriterLock, taking: asyncio.Future[bool]) -> None:
+    if not taking.cancelled() and taking.exception() is None and taking.result():
+        lock.release()  # truncating the lock file and closing it: too little to hand off
