@@ -8,6 +8,7 @@ from ._auto import choose_workers, usable_cpus
 from ._boot import check_picklable
 from ._core import HookFactory
 from ._current import run_failed
+from ._custom import CustomSpec
 from ._features import feature, register_feature
 from ._identity import listing_identity, sequence_identity
 from ._merge import BranchEnd, Merge, MergeChooser, MergePolicy
@@ -17,7 +18,7 @@ from ._pipeline import Pipeline
 from ._protocols import Assembler
 from ._run import ConsumerHook, Run
 from ._span import Span
-from ._spec import AssembleSpec, CustomSpec, StageSpec
+from ._spec import AssembleSpec, StageSpec
 from ._stats import FailureRecord, ItemGroup, PipelineStats, StageStats, label_stage
 from ._thread_pool import run_thread
 from ._worker_options import (

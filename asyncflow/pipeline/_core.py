@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Self, cast
 
@@ -195,7 +194,7 @@ class PipelineCore(Generic[T_co]):
             timeout: Raise ``StallError`` when no item arrives for this many seconds.
         """
         check_seconds("timeout", timeout)
-        return Run(self._runtime, timeout=timeout, hooks=self._hooks, on_start=_link)
+        return Run(self._runtime, timeout=timeout, hooks=self._hooks)
 
     def __iter__(self) -> Run[T_co]:
         return self.open()
@@ -294,7 +293,3 @@ class PipelineCore(Generic[T_co]):
 
     def _repr_html_(self) -> str:
         return cast(str, feature("pipeline_html")(self))
-
-
-def _link(rt: Runtime, run: Run[Any]) -> None:
-    rt.consumer = weakref.ref(run)

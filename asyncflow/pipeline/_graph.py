@@ -19,6 +19,7 @@ from .._scope import RunScope
 from ._assemble import AssembleNode
 from ._bridge import Handoff
 from ._channel import Channel
+from ._custom import CustomSpec
 from ._failures import FailureBudget
 from ._lineage import Lineage, SourcePlan
 from ._map import MapNode
@@ -33,7 +34,6 @@ from ._source_node import SourceNode
 from ._spec import (
     AssembleSpec,
     BatchSpec,
-    CustomSpec,
     MapSpec,
     PrefetchSpec,
     ShuffleSpec,

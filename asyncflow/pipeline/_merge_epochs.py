@@ -26,17 +26,26 @@ The state of a merge saved before restarts were resumable (``{"epoch", "position
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from .._errors import ConfigError
-from ._lineage import Lineage, SourcePlan
 from ._protocols import EpochResumable, EpochSampler, EpochSettable
+from ._source_ledger import SourcePlan
 from ._span import Span
 
-__all__ = ["Era", "Track", "branch_at", "count_on", "tracks_of"]
+__all__ = ["BranchLineage", "Era", "Track", "branch_at", "count_on", "tracks_of"]
 
 _ERA_KEYS = frozenset({"epoch", "positions", "nodes", "taken"})
 _OPTIONAL = frozenset({"sampler"})
+
+
+class BranchLineage(Protocol):
+    """What an era keeps of its branch run's lineage (a ``_lineage.Lineage``): the state
+    behind the branch items the merge has settled, and freezing it when the run stops."""
+
+    def snapshot_of(self, outputs: Span) -> tuple[Span, dict[str, dict[str, Any]]]: ...
+
+    def freeze(self) -> None: ...
 
 
 class Era:
@@ -56,7 +65,7 @@ class Era:
         self.epoch = epoch
         self.plan = plan
         self.sampler = sampler  # the epoch a sampler source draws (it counts its own)
-        self.lineage: Lineage | None = None  # the branch run's, once built
+        self.lineage: BranchLineage | None = None  # the branch run's, once built
         self.skip = taken if taken is not None else Span()
         self.settled = self.skip  # items settled, compacted here
         self.floor = 0  # the branch run's outputs settled and compacted here

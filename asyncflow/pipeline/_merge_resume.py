@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import ConfigError
-from ._lineage import Lineage, SourceLedger, SourcePlan
-from ._merge_epochs import Era, Track, add_run, branch_at, count_on, tracks_of
+from ._merge_epochs import BranchLineage, Era, Track, add_run, branch_at, count_on, tracks_of
+from ._source_ledger import SourceLedger, SourcePlan
 from ._span import Span
 
 __all__ = ["END", "PASS", "SKIP", "TAKE", "MergeLedger", "branch_at", "tracks_of"]
@@ -84,7 +84,7 @@ class MergeLedger(SourceLedger):
         return self._keeps is True
 
     @property
-    def lineages(self) -> list[Lineage]:
+    def lineages(self) -> list[BranchLineage]:
         """The lineages of the eras still held (``Lineage.freeze`` freezes them too)."""
         return [e.lineage for t in self.tracks for e in t.eras if e.lineage is not None]
 

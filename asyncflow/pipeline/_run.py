@@ -5,18 +5,18 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Self, cast
+from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, cast
 
 from .._errors import StallError
 from ._bridge import Handoff
 from ._cursor import REFILL, Cursor
 from ._lineage import Lineage, received
-from ._protocols import Closable, ConsumerHook
-from ._runtime import Runtime
-from ._stats import FailureRecord, PipelineStats
+from ._options import RunOptions
+from ._protocols import Closable, ConsumerHook, ReceiveHook
+from ._stats import FailureRecord, PipelineStats, StageCounters
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVar
@@ -29,7 +29,45 @@ else:
 
     T_co = TypeVar("T_co", covariant=True)  # typing.TypeVar takes a default from 3.13 on
 
-__all__ = ["ConsumerHook", "Run"]
+__all__ = ["ConsumerHook", "DataPlane", "Run"]
+
+
+class _Counted(Protocol):
+    @property
+    def counters(self) -> StageCounters: ...
+
+
+class DataPlane(Protocol):
+    """What a run's handle uses of its data plane (``_runtime.Runtime``): starting and
+    stopping it, its hand-off, and its figures."""
+
+    options: RunOptions
+    epoch: int
+    delivered: int
+    chunk: Sized
+    handoff: Handoff
+    lineage: Lineage
+    receive_hooks: list[ReceiveHook]
+    #: A weak reference to the run's handle (set when the handle starts it).
+    consumer: Callable[[], Any] | None
+
+    @property
+    def contexts(self) -> Sequence[_Counted]: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def request_stop(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> bool: ...
+
+    async def wait_done(self) -> None: ...
+
+    def report_undelivered(self) -> None: ...
+
+    def snapshot(self) -> PipelineStats: ...
 
 
 class Run(Generic[T_co]):
@@ -49,17 +87,15 @@ class Run(Generic[T_co]):
 
     def __init__(
         self,
-        make_runtime: Callable[[], Runtime],
+        make_runtime: Callable[[], DataPlane],
         *,
         timeout: float | None = None,
         hooks: tuple[Callable[[Run[Any]], ConsumerHook], ...] = (),
-        on_start: Callable[[Runtime, Run[Any]], None] | None = None,
     ) -> None:
-        self._make_runtime: Callable[[], Runtime] | None = make_runtime
+        self._make_runtime: Callable[[], DataPlane] | None = make_runtime
         self._timeout = timeout
         self._hook_factories = hooks
-        self._on_start = on_start
-        self._rt: Runtime | None = None
+        self._rt: DataPlane | None = None
         self._ended: _Ended | None = None  # what a closed run keeps (see _shed)
         # The latest chunk, shared by the consumers (``_cursor.py``).
         self._cursor = Cursor()
@@ -70,7 +106,7 @@ class Run(Generic[T_co]):
 
     # -- lifetime -----------------------------------------------------------------------
 
-    def _start(self) -> Runtime | None:
+    def _start(self) -> DataPlane | None:
         if self._closed:
             return None  # a closed run yields nothing more, and raises nothing more
         if self._rt is not None:
@@ -82,13 +118,12 @@ class Run(Generic[T_co]):
                 return self._rt
             return self._start_runtime()
 
-    def _start_runtime(self) -> Runtime:
+    def _start_runtime(self) -> DataPlane:
         assert self._make_runtime is not None  # dropped only when closed
         rt = self._make_runtime()
         self._rt = rt
         self._finalizer = weakref.finalize(self, rt.request_stop)
-        if self._on_start is not None:
-            self._on_start(rt, self)
+        rt.consumer = weakref.ref(self)
         self._hooks = [factory(self) for factory in self._hook_factories]
         functions: list[Callable[[Any], Any]] = [*rt.receive_hooks, *self._hooks]
         if functions:
@@ -163,7 +198,7 @@ class Run(Generic[T_co]):
         so the pipeline's persistent workers and batch slabs), runtime, stages and
         undelivered items are released when the run ends, not when the last reference to
         this handle goes (a kept ``PipelineError``'s traceback holds it)."""
-        self._make_runtime, self._hook_factories, self._on_start = None, (), None
+        self._make_runtime, self._hook_factories = None, ()
         self._cursor.apply = None
         rt = self._rt
         if rt is None or not rt.done:

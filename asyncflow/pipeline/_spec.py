@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._errors import ConfigError
 
 if TYPE_CHECKING:
-    from ._node import Node, NodeContext
     from ._protocols import Assembler
     from ._worker_options import Processes
 
 __all__ = [
     "AssembleSpec",
     "BatchSpec",
-    "CustomSpec",
     "MapSpec",
     "PrefetchSpec",
     "ShuffleSpec",
@@ -350,30 +348,3 @@ class ShuffleSpec(StageSpec):
 
     def settings(self) -> dict[str, Any]:
         return {"buffer_size": self.buffer_size, "seed": self.seed}
-
-
-@dataclass(frozen=True, kw_only=True)
-class CustomSpec(StageSpec):
-    """A stage whose node is built by ``factory(ctx)`` for each run (see EXTENDING.md)."""
-
-    kind: ClassVar[str] = "custom"
-    label: str
-    factory: Callable[[NodeContext], Node]
-    options: Mapping[str, Any] = field(default_factory=dict)
-    concurrency: int = 1
-    buffer: int | None = None
-    #: Source items behind each output item when it is fixed (1 for a 1:1 stage), which makes
-    #: a pipeline ending in it resumable; ``None`` when unknown.
-    items_per_output: int | None = None
-    #: Whether stages may follow this one (a device transfer must come last).
-    terminal: bool = False
-
-    def default_name(self) -> str:
-        return self.label
-
-    def settings(self) -> dict[str, Any]:
-        return dict(self.options)
-
-    @property
-    def concurrency_(self) -> int:
-        return self.concurrency
