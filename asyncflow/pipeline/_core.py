@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, Self, cast
 
 from .._errors import ConfigError
+from ._build import build_run
 from ._features import feature
 from ._merge import Branch, Merge
 from ._options import RunOptions, RunPlan
@@ -180,9 +181,8 @@ class PipelineCore(Generic[T_co]):
         epoch, resume, offset = self._source.take_run()
         stages = self._stages if plan.stages is None else plan.stages
         start = offset if resume is None else resume.base
-        rt = Runtime(plan.open_source, stages, plan.options, epoch, pools=self._pools,
-                     start=start, resume=resume)
-        rt.start_offset = start
+        rt = Runtime(*build_run(plan.open_source, stages, plan.options, epoch,
+                                pools=self._pools, start=start, resume=resume))
         rt.receive_hooks[:0] = plan.receive_hooks
         self._last[:] = [rt]
         return rt

@@ -18,22 +18,16 @@ from collections.abc import Callable, Sequence, Sized
 from typing import Any
 
 from .._redact import describe_exception, format_exception
-from .._scope import RunScope, aclose_scopes, use_scope
+from .._scope import aclose_scopes, use_scope
 from ._bridge import Handoff
 from ._channel import ChannelAborted
 from ._current import RunLocal, enter_run
-from ._graph import RunResources, build_graph, thread_count
-from ._lineage import SourcePlan
-from ._loop import cancel_pending, new_loop, resolve, track
-from ._merge import Merge
+from ._graph import Graph, RunResources
+from ._loop import cancel_pending, resolve, track
 from ._monitor import Monitor, snapshot
 from ._node import NodeContext, ReceiveHook
-from ._options import RunOptions
 from ._outcome import final_error, flatten, mark_abandoned, note_stage, release_frames
-from ._pool_holder import PoolHolder
-from ._spec import StageSpec
 from ._stats import PipelineStats
-from ._thread_pool import WorkerPool
 
 __all__ = ["Runtime"]
 
@@ -48,52 +42,25 @@ class Runtime:
     """The data plane of one run. Built in the consumer's thread, run on its own thread.
 
     Args:
-        open_source: Returns the source iterable for this run (or a :class:`Merge`: the
-            run reads several pipelines, built as branches of its graph).
-        specs: The stages after the source.
-        options: Pipeline-wide settings.
-        epoch: How many runs of the pipeline started before this one.
-        start: The source position of the source's first item (a resumed epoch).
-        resume: Where a resumed run's source starts and what it leaves out, with the
-            stages' saved state (from ``load_state_dict``).
+        graph: The run's stages (``_build.build_run``).
+        run: What its stages share: its loop, worker threads, stop event and scope.
     """
 
     #: How many errors the run had when a stop was requested (those after it are its echo).
     _errors_at_stop: int | None = None
 
-    def __init__(
-        self,
-        open_source: Callable[[], Any] | Merge[Any],
-        specs: Sequence[StageSpec],
-        options: RunOptions,
-        epoch: int,
-        pools: PoolHolder | None = None,
-        start: int = 0,
-        resume: SourcePlan | None = None,
-    ) -> None:
-        self.options = options
-        self.loop = new_loop()
-        self.stop_event = threading.Event()
-        self.scope = RunScope(dict(options.settings))
+    def __init__(self, graph: Graph, run: RunResources) -> None:
+        options = self.options = run.options
+        self.loop, self.pool, self.stop_event, self.scope = run.loop, run.pool, run.stop, run.scope
         self.errors: list[BaseException] = []
         self.delivered = 0  # handed over in chunks; taken: ``received(delivered, chunk)``
         self.chunk: Sized = ()  # what the consumer has not taken of its latest chunk
-        self.start_offset = start  # source items skipped by a resumed run
+        self.start_offset = run.start  # source items skipped by a resumed run
         self.consumer: Callable[[], Any] | None = None  # weak reference to the Run
         self.started_at = time.monotonic()
         self.finished_at: float | None = None
-        self.pool = WorkerPool(
-            thread_count(specs, open_source), f"asyncflow-{options.name}-worker"
-        )
-        # asyncio.to_thread and run_in_executor(None, ...) on the run's loop use its pool too
-        self.loop.set_default_executor(self.pool.executor)
-        graph = build_graph(open_source, specs, RunResources(
-            options=options, pool=self.pool, stop=self.stop_event, scope=self.scope,
-            loop=self.loop, pools=pools if pools is not None else PoolHolder(), epoch=epoch,
-            start=start, resume=resume,
-        ))
         self.graph = graph
-        self.epoch = epoch
+        self.epoch = run.epoch
         self.lineage = graph.lineage
         # the consumer surely has every item but those of the chunk it is working through
         take = max(1, graph.outputs[-1].capacity // 2)

@@ -1,0 +1,324 @@
+"""Building one run's graph: a node, a context and an output channel per stage.
+
+The source is stage 0. Every stage writes to a bounded :class:`Channel`, the last one to the
+consumer's :class:`Handoff`; each gets its counters, failure budget and (for a map on worker
+processes) its process pool. A :class:`Merge` source adds each input's source and stages as a
+branch of the same graph, before the merge node that reads them (``_merge.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .._scope import RunScope
+from ._assemble import AssembleNode
+from ._bridge import Handoff
+from ._channel import Channel
+from ._custom import CustomSpec
+from ._failures import FailureBudget
+from ._graph import Graph, RunResources
+from ._lineage import Lineage, SourcePlan
+from ._loop import new_loop
+from ._map import MapNode
+from ._merge import Branch, BranchRun, Merge, MergeNode
+from ._merge_resume import MergeLedger, branch_at, tracks_of
+from ._node import ItemKeys, Node, NodeContext
+from ._options import RunOptions
+from ._pool_holder import PoolHolder
+from ._protocols import Budgeted
+from ._source_node import SourceNode
+from ._spec import (
+    AssembleSpec,
+    BatchSpec,
+    MapSpec,
+    PrefetchSpec,
+    ShuffleSpec,
+    StageSpec,
+    UnbatchSpec,
+    stage_names,
+)
+from ._stages import (
+    BatchNode,
+    FlatMapNode,
+    PrefetchNode,
+    ShuffleNode,
+    UnbatchNode,
+)
+from ._stats import StageCounters
+from ._thread_pool import WorkerPool
+
+__all__ = ["build_graph", "build_run", "thread_count"]
+
+_UNBATCHED_BUFFER = 64
+
+
+def thread_count(specs: Sequence[StageSpec], source: Any = None) -> int:
+    """Worker threads a run of ``specs`` reserves: one per sync call in flight, plus one
+    (and those of each branch, when ``source`` is a :class:`Merge`)."""
+    branches = 0
+    if isinstance(source, Merge):
+        branches = sum(thread_count(p.stages, p.source) for p in source.inputs)
+    return 1 + branches + sum(
+        s.concurrency_ for s in specs
+        if (isinstance(s, MapSpec) and not s.is_async and s.executor is None
+            and s.processes is None)
+        or isinstance(s, CustomSpec)
+    )
+
+
+def _default_capacity(spec: StageSpec | None, batched: bool) -> int:
+    if isinstance(spec, PrefetchSpec):
+        return spec.size
+    buffer = spec.buffer if spec is not None else None
+    if buffer is not None:
+        return int(buffer)
+    concurrency = spec.concurrency_ if spec is not None else 1
+    return max(2, 2 * concurrency) if batched else max(_UNBATCHED_BUFFER, 2 * concurrency)
+
+
+def build_run(
+    open_source: Callable[[], Any] | Merge[Any],
+    specs: Sequence[StageSpec],
+    options: RunOptions,
+    epoch: int,
+    pools: PoolHolder | None = None,
+    start: int = 0,
+    resume: SourcePlan | None = None,
+) -> tuple[Graph, RunResources]:
+    """One run, ready to start (in the consumer's thread): what its stages share (a fresh
+    loop, whose default executor is the run's worker threads, a stop event, a run scope) and
+    its graph.
+
+    Args:
+        open_source: Returns the source iterable for this run (or a :class:`Merge`: the
+            run reads several pipelines, built as branches of its graph).
+        specs: The stages after the source.
+        options: Pipeline-wide settings.
+        epoch: How many runs of the pipeline started before this one.
+        pools: The pipeline's persistent worker-process pools.
+        start: The source position of the source's first item (a resumed epoch).
+        resume: Where a resumed run's source starts and what it leaves out, with the
+            stages' saved state (from ``load_state_dict``).
+    """
+    loop = new_loop()
+    pool = WorkerPool(thread_count(specs, open_source), f"asyncflow-{options.name}-worker")
+    # asyncio.to_thread and run_in_executor(None, ...) on the run's loop use its pool too
+    loop.set_default_executor(pool.executor)
+    run = RunResources(
+        options=options, pool=pool, stop=threading.Event(), scope=RunScope(dict(options.settings)),
+        loop=loop, pools=pools if pools is not None else PoolHolder(), epoch=epoch, start=start,
+        resume=resume,
+    )
+    return build_graph(open_source, specs, run), run
+
+
+def build_graph(
+    open_source: Callable[[], Any] | Merge[Any], specs: Sequence[StageSpec], run: RunResources
+) -> Graph:
+    """The nodes, contexts and output channels of one run (in the consumer's thread)."""
+    graph = Graph()
+    graph.chain = _add_chain(graph, open_source, specs, run, prefix="", handoff=True)
+    return graph
+
+
+def _add_chain(
+    graph: Graph,
+    open_source: Callable[[], Any] | Merge[Any],
+    specs: Sequence[StageSpec],
+    run: RunResources,
+    *,
+    prefix: str,
+    handoff: bool,
+    counters_of: Mapping[str, StageCounters] | None = None,
+    keep: bool = True,
+) -> list[NodeContext]:
+    """Append a source and its stages to ``graph`` (a merge source's branches first); the
+    last writes the hand-off if ``handoff``. Returns their contexts. Stages are named
+    ``prefix + name``; those named in ``counters_of`` count on with those counters."""
+    options = run.options
+    merge = open_source if isinstance(open_source, Merge) else None
+    names = [prefix + name for name in stage_names(specs)]
+    if merge is not None:
+        names[0] = prefix + merge.name
+    chain: list[NodeContext] = []
+    previous: Any = None
+    stages: list[StageSpec | None] = [None, *specs]
+    plan = run.resume if run.resume is not None else SourcePlan(first=run.start)
+    lineage = Lineage(plan)
+    keys = ItemKeys()  # the source's seed keys, if it names them
+    nodes: list[Node] = []
+    in_step = True  # every stage so far maps source items 1:1, in order
+    batched = False
+    for index, spec in enumerate(stages):
+        if isinstance(spec, BatchSpec | AssembleSpec):
+            batched = True
+        elif isinstance(spec, UnbatchSpec):
+            batched = False
+        kind = ("source" if merge is None else "merge") if spec is None else spec.kind
+        name = names[index]
+        capacity = _default_capacity(spec, batched)
+        if spec is None and options.source_buffer is not None:
+            capacity = options.source_buffer
+        last = handoff and index == len(stages) - 1
+        max_bytes = (spec.buffer_bytes if spec is not None else None) or options.buffer_bytes
+        output: Any = (
+            Handoff(capacity, run.loop, max_bytes) if last else Channel(capacity, max_bytes)
+        )
+        concurrency = 1 if spec is None else spec.concurrency_
+        counters = (counters_of or {}).get(name) or StageCounters(
+            name, kind, concurrency, capacity
+        )
+        counters.output = output
+        limit = spec.max_failures if isinstance(spec, Budgeted) else None
+        budget = FailureBudget(options.max_failures if limit is None else limit, name)
+        ctx = NodeContext(
+            name=name, index=index, counters=counters, budget=budget, pool=run.pool,
+            stop=run.stop, scope=run.scope, epoch=run.epoch,
+            executor=spec.executor if spec is not None else None,
+        )
+        ctx.lineage = lineage
+        ctx.item_keys = keys
+        if in_step:
+            ctx.start = run.start  # positions count from the resumed one
+            ctx.in_step = True
+        in_step = in_step and (spec is None or (
+            isinstance(spec, MapSpec) and spec.mode == "map" and spec.ordered
+        ) or isinstance(spec, PrefetchSpec))
+        if isinstance(spec, MapSpec) and spec.processes is not None:
+            ctx.processes = _process_pool(index, spec, name, ctx, run)
+        if isinstance(spec, MapSpec) and spec.note:
+            graph.notes.append(f"stage {name!r} runs on {spec.note}")
+        if spec is None and merge is not None:
+            node: Node = _merge_node(graph, merge, ctx, run, prefix)
+        else:
+            node = _make_node(ctx, spec, open_source, capacity)
+        graph.contexts.append(ctx)
+        graph.inputs.append(previous)
+        graph.outputs.append(output)
+        graph.nodes.append(node)
+        chain.append(ctx)
+        nodes.append(node)
+        previous = output
+    lineage.attach(names, nodes, specs, keep=keep, nested=not handoff)
+    if handoff:
+        graph.lineage = lineage
+    return chain
+
+
+def _add_branch(
+    graph: Graph,
+    branch: Branch,
+    run: RunResources,
+    prefix: str,
+    counters_of: Mapping[str, StageCounters] | None = None,
+    resume: SourcePlan | None = None,
+    keep: bool = True,
+) -> BranchRun:
+    """Append one epoch of a merge's input to ``graph``, with a run scope of its own (its
+    pipeline's ``retry`` / ``timeout`` settings); ``resume``: where a resumed branch starts;
+    ``keep``: whether its ledgers keep records."""
+    plan = branch.plan
+    scope = RunScope(dict(plan.options.settings))
+    resources = dataclasses.replace(
+        run, options=plan.options, scope=scope, pools=branch.pools, epoch=branch.epoch,
+        start=branch.start if resume is None else resume.base, resume=resume,
+    )
+    first = len(graph.contexts)
+    chain = _add_chain(graph, plan.open_source, branch.stages, resources, prefix=prefix,
+                       handoff=False, counters_of=counters_of, keep=keep)
+    graph.scopes.append(scope)
+    graph.notes.extend(f"{prefix[:-1]}: {note}" for note in plan.options.notes)
+    hooks = (*plan.receive_hooks, *(h for ctx in chain for h in ctx.receive_hooks))
+    contexts = graph.contexts[first:]
+    starts = [ctx for ctx in contexts if ctx not in graph.deferred]  # nested: their merge's
+    graph.deferred.update(contexts)
+    return BranchRun(contexts=contexts, starts=starts, output=graph.outputs[-1], hooks=hooks,
+                     scope=scope)
+
+
+def _merge_node(
+    graph: Graph, merge: Merge[Any], ctx: NodeContext, run: RunResources, prefix: str
+) -> MergeNode:
+    """Build a merge's branches into ``graph`` and the node that reads them."""
+    prefixes = [f"{prefix}{label}/" for label in merge.labels]
+    saved = run.resume.nodes.get(ctx.name) if run.resume is not None else None
+    tracks = tracks_of(saved, len(merge.inputs), merge.name)
+    ledger = MergeLedger(ctx.lineage.source.plan, len(merge.inputs), tracks, name=merge.name)
+    branches = []
+    for i, (pipe, at) in enumerate(zip(merge.inputs, prefixes, strict=True)):
+        era = ledger.upcoming(i)  # resumed: the branch's epoch again (its order, its seeds)
+        new = _add_branch(graph, branch_at(pipe, era), run, at, resume=era.plan)
+        ledger.install(i, new.contexts[-1])  # its last stage's (nested branches come first)
+        branches.append(new)
+    ledger.built(merge.inputs)
+
+    async def rebuild(i: int, old: BranchRun) -> BranchRun:
+        era = ledger.upcoming(i)  # resumed: the era its state lists next
+        branch = await ctx.run_sync(branch_at, merge.inputs[i], era)  # run_plan() may read files
+        start = len(graph.contexts)
+        new = _add_branch(graph, branch, run, prefixes[i],
+                          counters_of={c.name: c.counters for c in old.contexts},
+                          resume=era.plan, keep=ledger.keeps)
+        ledger.install(i, new.contexts[-1])
+        graph.move(start, old.contexts)
+        graph.deferred.difference_update(old.contexts)
+        if old.scope in graph.scopes:
+            graph.scopes.remove(old.scope)
+        spawn(new.starts)
+        return new
+
+    def spawn(contexts: Sequence[NodeContext]) -> None:
+        assert graph.spawn is not None  # the run is running
+        graph.spawn(contexts)
+
+    return MergeNode(ctx, merge, branches, spawn, rebuild, graph.tasks, graph.failed,
+                     ledger=ledger)
+
+
+def _process_pool(
+    index: int, spec: MapSpec, name: str, ctx: NodeContext, run: RunResources
+) -> Any:
+    from ._process_pool import ProcessPool
+
+    assert spec.processes is not None
+    processes = spec.processes
+
+    def make() -> ProcessPool:
+        return ProcessPool(spec.fn, spec.concurrency, processes, name)
+
+    if processes.persistent:
+        return run.pools.get(index, make)
+    pool = make()
+
+    def stop() -> None:
+        pool.shutdown(run.options.stop_timeout)  # a process pool abandons no call
+
+    ctx.add_stop_callback(stop)
+    return pool
+
+
+def _make_node(
+    ctx: NodeContext, spec: StageSpec | None, open_source: Callable[[], Any], capacity: int
+) -> Node:
+    if spec is None:
+        return SourceNode(ctx, open_source)
+    if isinstance(spec, MapSpec):
+        if spec.mode == "flat_map":
+            return FlatMapNode(ctx, spec, capacity)
+        return MapNode(ctx, spec)
+    if isinstance(spec, BatchSpec):
+        return BatchNode(ctx, spec)
+    if isinstance(spec, AssembleSpec):
+        return AssembleNode(ctx, spec)
+    if isinstance(spec, UnbatchSpec):
+        return UnbatchNode(ctx)
+    if isinstance(spec, PrefetchSpec):
+        return PrefetchNode(ctx, spec)
+    if isinstance(spec, ShuffleSpec):
+        return ShuffleNode(ctx, spec)
+    if isinstance(spec, CustomSpec):
+        return spec.factory(ctx)
+    raise TypeError(f"unknown stage spec {spec!r}")
