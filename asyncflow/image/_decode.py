@@ -44,7 +44,9 @@ from ._geometry import (
 )
 from ._modes import Affine, Layout, before_resize, write_rgb
 
-__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_PIXELS", "Source", "augmentation", "decode"]
+__all__ = [
+    "DEFAULT_MAX_BYTES", "DEFAULT_MAX_PIXELS", "Source", "augmentation", "check_pixels", "decode",
+]
 
 Source = bytes | bytearray | memoryview | str | os.PathLike[str]
 
@@ -267,6 +269,15 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def check_pixels(width: int, height: int, max_pixels: int, label: str) -> None:
+    """Raise ``DecodeError`` naming ``label`` for a picture over ``max_pixels`` pixels."""
+    if width * height > max_pixels:
+        raise DecodeError(
+            f"cannot decode {label}: {width}x{height} is {width * height} pixels, over "
+            f"the limit of {max_pixels} (max_pixels; a decompression bomb?)"
+        )
+
+
 def _decode(
     data: bytes | memoryview,
     dims: tuple[int, int] | None,
@@ -286,11 +297,7 @@ def _decode(
         raise DecodeError(f"cannot decode {label}: the file is empty (0 bytes)")
     with Image.open(io.BytesIO(data)) as im:
         width, height = im.size
-        if width * height > max_pixels:
-            raise DecodeError(
-                f"cannot decode {label}: {width}x{height} is {width * height} pixels, over "
-                f"the limit of {max_pixels} (max_pixels; a decompression bomb?)"
-            )
+        check_pixels(width, height, max_pixels, label)
         if im.format == "PNG":
             _png.check(data, label)
         scans = _jpeg.inspect(data, label) if im.format in _DRAFTABLE else None

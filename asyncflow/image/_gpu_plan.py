@@ -17,17 +17,17 @@ For each image, on the read workers (``image.folder``'s ``decode`` stage under
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 from PIL import Image
 
-from .._errors import DecodeError
 from ..pipeline import ItemGroup
 from ..pipeline.seeding import item_random
 from . import _jpeg
-from ._decode import DEFAULT_MAX_BYTES, _crop, _orientation, _read, decode
+from ._decode import DEFAULT_MAX_BYTES, _crop, _orientation, _read, check_pixels, decode
 from ._geometry import draft_request, orientation_op, target_size
 from ._listing import Sample
 from ._rows import Failed, Ticket
@@ -143,11 +143,7 @@ def _gpu_jpeg(
         if im.info.get("adobe_transform") == 0 and im.mode == "RGB":
             return None  # RGB stored without the YCbCr transform
         width, height = im.size
-        if width * height > max_pixels:
-            raise DecodeError(
-                f"cannot decode {label}: {width}x{height} is {width * height} pixels, over "
-                f"the limit of {max_pixels} (max_pixels; a decompression bomb?)"
-            )
+        check_pixels(width, height, max_pixels, label)
         layout = _jpeg.inspect(data, label)
         if not layout.single_scan or layout.sof not in _GPU_FRAMES:
             return None
@@ -183,32 +179,6 @@ def _draft_factor(
     return next(s for s in (8, 4, 2, 1) if scale >= s)
 
 
-class PlanRows:
-    """The ``decode`` stage's function under ``decode="cuda"`` (threads, unordered): claim
-    each item's row and plan it. Failures are returned as rows, as on the CPU path."""
-
-    def __init__(self, assembler: Any, seed: int, options: dict[str, Any]) -> None:
-        self.assembler = assembler
-        self.seed = seed
-        keys = ("size", "train", "resize", "max_pixels", "max_bytes")
-        self.options = {k: options[k] for k in keys if k in options}
-        self.__name__ = "decode"
-
-    def __call__(self, items: list[Sample]) -> ItemGroup:
-        return ItemGroup(self._one(item) for item in items)
-
-    def _one(self, item: Sample) -> Planned | Failed:
-        ticket, _ = self.assembler.claim(item.run, item.pos, item.label)
-        try:
-            payload = plan(item.path, seed=self.seed, epoch=item.epoch, index=item.sample,
-                           **self.options)
-        except Exception as exc:
-            return Failed(item.path, exc, ticket)
-        return Planned(ticket, payload)
-
-
-
-
 class ToPlan(NamedTuple):
     """An item with its claimed row, on its way to a worker process."""
 
@@ -226,14 +196,19 @@ class ClaimPlans:
         self.__name__ = "claim"
 
     def __call__(self, items: list[Sample]) -> ItemGroup:
-        claim = self.assembler.claim
-        return ItemGroup(ToPlan(item.path, item.epoch, item.sample,
-                                claim(item.run, item.pos, item.label, wait=False)[0])
-                         for item in items)
+        return ItemGroup(_claim(self.assembler, items, wait=False))
+
+
+def _claim(assembler: Any, items: list[Sample], *, wait: bool) -> Iterator[ToPlan]:
+    """Each item with the row claimed for it, claimed as the item is taken."""
+    claim = assembler.claim
+    return (ToPlan(item.path, item.epoch, item.sample,
+                   claim(item.run, item.pos, item.label, wait=wait)[0]) for item in items)
 
 
 class PlanClaimed:
-    """Process mode, in a worker: plan each claimed item (as :class:`PlanRows` does)."""
+    """Plan each claimed item: in a worker process (process mode), or for
+    :class:`PlanRows` on the read threads."""
 
     def __init__(self, seed: int, options: dict[str, Any]) -> None:
         self.seed = seed
@@ -241,7 +216,7 @@ class PlanClaimed:
         self.options = {k: options[k] for k in keys if k in options}
         self.__name__ = "decode"
 
-    def __call__(self, items: ItemGroup) -> ItemGroup:
+    def __call__(self, items: Iterable[ToPlan]) -> ItemGroup:
         return ItemGroup(self._one(item) for item in items)
 
     def _one(self, item: ToPlan) -> Planned | Failed:
@@ -251,3 +226,17 @@ class PlanClaimed:
         except Exception as exc:
             return Failed(item.path, exc, item.ticket)
         return Planned(item.ticket, payload)
+
+
+class PlanRows:
+    """The ``decode`` stage's function under ``decode="cuda"`` (threads, unordered): claim
+    each item's row and plan it (:class:`PlanClaimed`). Failures are returned as rows, as on
+    the CPU path."""
+
+    def __init__(self, assembler: Any, seed: int, options: dict[str, Any]) -> None:
+        self.assembler = assembler
+        self.planner = PlanClaimed(seed, options)
+        self.__name__ = "decode"
+
+    def __call__(self, items: list[Sample]) -> ItemGroup:
+        return self.planner(_claim(self.assembler, items, wait=True))
