@@ -9,7 +9,7 @@ user's value (failures, notes, settings) is redacted before it is shown.
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._redact import redact
@@ -338,29 +338,22 @@ def stages_html(description: Sequence[Mapping[str, Any]], *, title: str = "") ->
     return table_html(_STAGE_HEADERS, _stage_rows(description), caption=title, align=_STAGE_ALIGN)
 
 
-def _last_stats(pipe: Any) -> Any:
-    stats = getattr(pipe, "stats", None)
-    if stats is None:
-        return None
-    snapshot = stats()
-    return snapshot if getattr(snapshot, "stages", ()) else None
-
-
 def pipeline_text(pipe: Any) -> str:
     """A pipeline's stages and, once it has run, the statistics of its latest run."""
-    description = pipe.describe()
-    out = stages_text(description, title=_title(pipe, description))
-    stats = _last_stats(pipe)
-    if stats is not None:
-        out += "\n\nlatest run:\n" + stats_text(stats)
-    return out
+    return _pipeline(pipe, stages_text, stats_text, "\n\nlatest run:\n")
 
 
 def pipeline_html(pipe: Any) -> str:
     """HTML for ``Pipeline._repr_html_``: the stage table, plus the latest run's stats."""
+    return _pipeline(pipe, stages_html, stats_html, "<br>")
+
+
+def _pipeline(pipe: Any, stages: Callable[..., str], stats_of: Callable[[Any], str],
+              between: str) -> str:
     description = pipe.describe()
-    out = stages_html(description, title=_title(pipe, description))
-    stats = _last_stats(pipe)
-    if stats is not None:
-        out += "<br>" + stats_html(stats)
+    out = stages(description, title=_title(pipe, description))
+    stats = getattr(pipe, "stats", None)
+    snapshot = stats() if stats is not None else None
+    if getattr(snapshot, "stages", ()):
+        out += between + stats_of(snapshot)
     return out
