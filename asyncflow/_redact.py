@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import reprlib
 import traceback
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
@@ -26,6 +27,7 @@ __all__ = [
     "MASK",
     "Operation",
     "describe_exception",
+    "describe_item",
     "format_exception",
     "redact",
     "redact_text",
@@ -131,6 +133,22 @@ def describe_exception(exc: BaseException) -> str:
         message = "<message unavailable>"
     name = type(exc).__name__
     return f"{name}: {message}" if message else name
+
+
+_item_repr = reprlib.Repr()
+_item_repr.maxstring = _item_repr.maxother = 120
+_item_repr.maxlist = _item_repr.maxtuple = _item_repr.maxdict = 4
+_item_repr.maxlevel = 2
+
+
+def describe_item(item: object) -> str:
+    """A short, redacted repr of an item for error notes, logs and failure records (the
+    journal matches a failure to its source item by this text)."""
+    try:
+        text = _item_repr.repr(item)
+    except Exception:  # a broken __repr__ must not hide the real error
+        text = f"<{type(item).__name__} with a failing repr>"
+    return redact(text)
 
 
 def format_exception(exc: BaseException) -> str:

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import json
 import os
-import reprlib
 import weakref
 from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
-from .._redact import redact
+from .._redact import describe_item
 from ..ranks import world
 from ._protocol import Journaled
 from ._records import Failure, JournalRecord, TornHeader, lines, record
@@ -172,7 +171,7 @@ class _Hook:
         for position in range(top + 1, min(self.top, length)):
             if position in inside:
                 continue
-            text = _describe(self.source[position])
+            text = describe_item(self.source[position])  # as the engine's failure records
             match = next((f for f in self.pending if f[1] == text), None)
             if match is not None:
                 self.pending.remove(match)
@@ -182,21 +181,6 @@ class _Hook:
     def close(self) -> None:
         self.lineage.hold(1 << 62)  # effectively off: compaction follows the consumer again
         self._close()
-
-
-# As the engine names an item in its failure records (``describe_item``), so that a failure
-# of the first stage is matched to the source item it names.
-_repr = reprlib.Repr()
-_repr.maxstring = _repr.maxother = 120
-_repr.maxlist = _repr.maxtuple = _repr.maxdict = 4
-_repr.maxlevel = 2
-
-
-def _describe(item: Any) -> str:
-    try:
-        return redact(_repr.repr(item))
-    except Exception:
-        return f"<{type(item).__name__} with a failing repr>"
 
 
 def _length(source: Any) -> int:
