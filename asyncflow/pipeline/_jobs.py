@@ -33,6 +33,15 @@ class Job:
         self.keys: list[int] | None = None  # the items' seed keys, when not their positions
 
 
+    def message(self) -> tuple[int, list[Any], int, int, list[int] | None]:
+        """What the worker is sent: the items, and how it seeds them (item ``k`` from
+        ``first + offsets[k]``; ``offsets`` ``None``: ``first + k``)."""
+        first, offsets = self.first, self.origin if self.skipped else None
+        if self.keys is not None:
+            first, offsets = 0, [self.keys[k] for k in self.origin]
+        return (self.jid, self.items, first, self.epoch, offsets)
+
+
 class Slot:
     __slots__ = ("conn", "jobs", "process", "ready", "wid")
 
@@ -41,6 +50,13 @@ class Slot:
         self.jobs: deque[Job] = deque()
         self.ready = False
 
+
+    def close(self) -> None:
+        """Release the worker's pipe and process handle (its sentinel is a descriptor) once
+        it has ended."""
+        self.conn.close()
+        with contextlib.suppress(ValueError):  # still running: released when collected
+            self.process.close()
 
 def blame(job: Job, status: tuple[int, int], error: Callable[[Any], BaseException]) -> None:
     """Fail with ``error(item)`` the item of ``job`` a dead worker was on (``status``: the

@@ -29,7 +29,7 @@ from typing import Any
 
 from .._errors import WorkerError
 from . import _segments
-from ._boot import boot_payload, check_picklable, start_context, without_main
+from ._boot import boot_payload, start_context, without_main
 from ._failures import describe_item
 from ._jobs import Job, Slot, blame, exit_reason, merge, settle, stop_workers, unpack
 from ._offload import ChunkResult
@@ -38,7 +38,7 @@ from ._protocols import round_robin
 from ._worker_options import Processes
 from ._worker_process import STATUS, send, worker_main
 
-__all__ = ["ProcessPool", "check_picklable"]
+__all__ = ["ProcessPool"]
 
 logger = logging.getLogger("asyncflow")
 
@@ -152,10 +152,7 @@ class ProcessPool:
                 return []
             self._closed = True
             slots = list(self._slots)
-            pending = [job for slot in slots for job in slot.jobs] + self._waiting
-            self._waiting = []
-            for slot in slots:
-                slot.jobs.clear()
+            pending = self._take_jobs()
         stop_workers(slots, timeout)
         if self._wake_w >= 0:
             with contextlib.suppress(OSError):
@@ -163,9 +160,7 @@ class ProcessPool:
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(timeout + 1.0)
         for slot in slots:
-            slot.conn.close()
-            with contextlib.suppress(ValueError):
-                slot.process.close()
+            slot.close()
         for fd in (self._wake_r, self._wake_w):
             if fd >= 0:
                 os.close(fd)
@@ -204,11 +199,7 @@ class ProcessPool:
 
     def _dispatch(self, job: Job) -> None:
         try:
-            first, offsets = job.first, job.origin if job.skipped else None
-            if job.keys is not None:  # the worker seeds item k from first + offsets[k]
-                first, offsets = 0, [job.keys[k] for k in job.origin]
-            message = (job.jid, job.items, first, job.epoch, offsets)
-            payload, segments = _segments.dumps(message, self._name, by_value=job.by_value)
+            payload, segments = _segments.dumps(job.message(), self._name, by_value=job.by_value)
         except Exception as exc:
             settle(job, None, exc)
             return
@@ -241,6 +232,14 @@ class ProcessPool:
                 if slot.wid == wid:
                     return slot
         return min(self._slots, key=lambda s: len(s.jobs))
+
+    def _take_jobs(self) -> list[Job]:
+        """Every job the workers hold or that waits for one, taken from them (lock held)."""
+        jobs = [job for slot in self._slots for job in slot.jobs] + self._waiting
+        self._waiting = []
+        for slot in self._slots:
+            slot.jobs.clear()
+        return jobs
 
     def _name(self) -> str:
         return f"{self.prefix}p{next(self._names)}"
@@ -345,10 +344,8 @@ class ProcessPool:
             slot.jobs.clear()
             self._slots.remove(slot)
             self.deaths += 1
-        slot.conn.close()
         pid = slot.process.pid
-        with contextlib.suppress(ValueError):
-            slot.process.close()  # its sentinel: a descriptor per death otherwise
+        slot.close()
         if not slot.ready:
             self._fail_pool(WorkerError(
                 f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died while "
@@ -373,8 +370,7 @@ class ProcessPool:
         if closed:
             replacement.process.kill()
             replacement.process.join()
-            replacement.conn.close()
-            replacement.process.close()
+            replacement.close()
             for job in jobs:
                 settle(job, None, RuntimeError("the process pool was shut down"))
             return
@@ -390,10 +386,7 @@ class ProcessPool:
         with self._lock:
             if self._broken is None:
                 self._broken = error
-            jobs = [job for slot in self._slots for job in slot.jobs] + self._waiting
-            self._waiting = []
-            for slot in self._slots:
-                slot.jobs.clear()
+            jobs = self._take_jobs()
         for job in jobs:
             settle(job, None, self._broken)
         # A broken pool serves nothing more: stop its workers and its reader now (from
