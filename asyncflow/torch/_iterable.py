@@ -16,9 +16,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
-from ..pipeline import Pipeline, PipelineStats, Processes, Run
+from ..pipeline import Pipeline, PipelineStats, Processes
 from ._fetch import Failed, Positioned, TorchWorkerInit
 from ._lane import END, LaneFetch
+from ._lane_stats import EpochLanes
 from ._layout import choose, pinning, worker_spec
 from ._state import EpochIterator, LoaderState
 
@@ -55,7 +56,7 @@ class IterableEpochs:
         loader._thread_fetches = list(self.fetches) if self.processes is None else []
         loader._kept_alive = self.processes is not None and self.processes.persistent \
             and not loader.persistent_workers
-        self.runs: list[Run | None] = []
+        self.lanes: EpochLanes | None = None  # the current epoch's
 
     def _plan(self, loader: Loader) -> tuple[int, str | None]:
         probe = LaneFetch(loader.dataset, loader.collate_fn, loader.batch_size, loader.drop_last)
@@ -115,14 +116,11 @@ class IterableEpochs:
             snapshot = fetch.snapshot()
             if snapshot is not None:
                 self.dataset_states[0] = snapshot.state
-        self.runs = []
-        for lane, template in enumerate(self.templates):
-            if self.ended[lane]:
-                self.runs.append(None)
-                continue
-            tasks = _tasks(epoch, self.yielded[lane])
-            self.runs.append(template.with_source(tasks, epoch=epoch,
-                                                  start=self.yielded[lane]).open())
+        runs = [None if self.ended[lane] else template.with_source(
+                    _tasks(epoch, self.yielded[lane]), epoch=epoch,
+                    start=self.yielded[lane]).open()
+                for lane, template in enumerate(self.templates)]
+        self.lanes = EpochLanes(runs, list(self.yielded), named=self.count > 1)
         return LanesIterator(self, self.loader._state, _length(self.loader),
                              self.loader.timeout)
 
@@ -144,16 +142,12 @@ class IterableEpochs:
         }
 
     def stats(self) -> PipelineStats:
-        for run in self.runs:
-            if run is not None:
-                return run.stats()
-        return PipelineStats()
+        """The latest epoch's lanes (:meth:`EpochLanes.stats`)."""
+        return self.lanes.stats() if self.lanes is not None else PipelineStats()
 
     def close_runs(self) -> None:
-        for run in self.runs:
-            if run is not None:
-                run.close()
-        self.runs = []
+        if self.lanes is not None:
+            self.lanes.close()
 
     def shutdown(self) -> None:
         """Stop the runs and every lane's persistent worker."""
@@ -214,7 +208,8 @@ class LanesIterator(EpochIterator):
                  timeout: float) -> None:
         super().__init__(None, state, length, timeout)
         self._epochs = epochs
-        self._runs = list(epochs.runs)  # this epoch's own: a later epoch opens others
+        assert epochs.lanes is not None
+        self._lanes = epochs.lanes  # this epoch's own: a later epoch opens others
         self._yielded = 0
         self._lane = epochs.next_lane
 
@@ -231,14 +226,16 @@ class LanesIterator(EpochIterator):
         """Note ``item`` from ``lane``; ``False`` when it says the lane has ended."""
         epochs = self._epochs
         if item.batch is END:
+            self._lanes.ended(lane, item.position)
             if self._current() and not epochs.ended[lane]:
                 epochs.ended[lane] = True
                 if item.snapshot is not None:
                     epochs.dataset_states[lane] = item.snapshot.state
-            run = self._runs[lane]
+            run = self._lanes.runs[lane]
             if run is not None:
                 run.close()
             return False
+        self._lanes.received_batch(lane, item.position, item.batch)
         self._lane = (lane + 1) % epochs.count
         if self._current():
             epochs.yielded[lane] += 1
@@ -249,7 +246,7 @@ class LanesIterator(EpochIterator):
 
     def _pull(self) -> Positioned:
         while (lane := self._advance()) is not None:
-            run = self._runs[lane]
+            run = self._lanes.runs[lane]
             assert run is not None
             item = self._next_of(run)
             if self._take(lane, item):
@@ -258,7 +255,7 @@ class LanesIterator(EpochIterator):
 
     async def _apull(self) -> Positioned:
         while (lane := self._advance()) is not None:
-            run = self._runs[lane]
+            run = self._lanes.runs[lane]
             assert run is not None
             item = await self._anext_of(run)
             if self._take(lane, item):
@@ -279,17 +276,11 @@ class LanesIterator(EpochIterator):
         return batch
 
     def close(self) -> None:
-        for run in self._runs:
-            if run is not None:
-                run.close()
+        self._lanes.close()
 
     async def aclose(self) -> None:
-        for run in self._runs:
-            if run is not None:
-                await run.aclose()
+        await self._lanes.aclose()
 
     def stats(self) -> PipelineStats:
-        for run in self._runs:
-            if run is not None:
-                return run.stats()
-        return PipelineStats()
+        """Statistics of this epoch's lanes so far (:meth:`EpochLanes.stats`)."""
+        return self._lanes.stats()

@@ -269,7 +269,13 @@ class DataLoader(TorchDataLoader[T_co]):
     # -- asyncflow extras ----------------------------------------------------------------
 
     def stats(self) -> PipelineStats:
-        """Statistics of the latest epoch's pipeline (stages, throughput, failures)."""
+        """Statistics of the latest epoch's pipeline (stages, throughput, failures).
+
+        An ``IterableDataset`` read by several worker processes runs a pipeline per worker:
+        each worker's stages show under its name (``worker0/fetch``, ``worker1/fetch``,
+        ...), with the batches it made, its failed batches and its timings, and
+        ``delivered`` and ``failures`` count every worker's.
+        """
         if self._iterable is not None:
             return self._iterable.stats()
         return self._pipe.stats() if self._pipe is not None else PipelineStats()

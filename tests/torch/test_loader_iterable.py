@@ -198,3 +198,63 @@ def test_worker_processes_resume_each_lane(leak_check: None) -> None:
     resumed.load_state_dict(state)
     assert head + [b.tolist() for b in resumed] == [[0, 1], [5, 6], [2, 3], [7, 8], [4]]
     del resumed
+
+
+class SplitBumpy(tud.IterableDataset[int]):
+    """``range(n)`` split between workers as :class:`Range`; item ``bad`` raises, and the
+    iterator goes on after it (a class, not a generator)."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        self.n, self.bad = n, bad
+
+    def __iter__(self) -> Iterator[int]:
+        info = tud.get_worker_info()
+        assert info is not None
+        per = math.ceil(self.n / info.num_workers)
+        return _Share(range(info.id * per, min(self.n, (info.id + 1) * per)), self.bad)
+
+
+class _Share:
+    def __init__(self, items: range, bad: int) -> None:
+        self.items, self.bad = iter(items), bad
+
+    def __iter__(self) -> _Share:
+        return self
+
+    def __next__(self) -> int:
+        item = next(self.items)
+        if item == self.bad:
+            raise ValueError(f"item {item} is bad")
+        return item
+
+
+@pytest.mark.timeout(90)
+def test_stats_show_every_worker_and_add_up(leak_check: None) -> None:
+    loader = DataLoader(SplitBumpy(9, bad=6), batch_size=2, num_workers=2,
+                        workers="processes")
+    got: list[Any] = []
+    with iter(loader) as it:
+        for _ in range(5):
+            try:
+                got.append(next(it).tolist())
+            except ValueError:
+                got.append(ValueError)
+        assert list(it) == []
+        assert it.stats() == loader.stats()
+    # worker 0 has 0-4, worker 1 has 5-8: its batch [5, 6] fails at 6
+    assert got == [[0, 1], ValueError, [2, 3], [7, 8], [4]]
+    stats = loader.stats()
+    assert [s.name for s in stats.stages] == [
+        "worker0/source", "worker0/fetch", "worker1/source", "worker1/fetch"]
+    # each worker's own batches, not the end markers its run asked for after them
+    assert [(stats[f"worker{w}/fetch"].items_in, stats[f"worker{w}/fetch"].items_out)
+            for w in (0, 1)] == [(3, 3), (2, 2)]
+    assert stats.delivered == 5 == sum(stats[f"worker{w}/fetch"].items_out for w in (0, 1))
+    assert all(stats[f"worker{w}/fetch"].busy_seconds > 0 for w in (0, 1))
+    assert [stats[f"worker{w}/fetch"].failures for w in (0, 1)] == [0, 1]
+    assert [(f.stage, f.item, f.error_type, f.message) for f in stats.failures] == [
+        ("worker1/fetch", "batch 0", "ValueError", "item 6 is bad")]
+    assert not stats.running
+    text = str(stats)
+    assert "worker0/fetch" in text and "worker1/fetch" in text and "5 items" in text
+    del it, loader
