@@ -97,11 +97,9 @@ class Reader:
         return int(self.manifest["batch_size"] or max(self.count, 1))
 
     @classmethod
-    def open(cls, path: Path, *, fingerprint: str | None = None) -> Reader:
-        """Check the cache at ``path`` and map its fields.
-
-        Args:
-            fingerprint: When given, the cache must have been written with this fingerprint.
+    def open(cls, path: Path) -> Reader:
+        """Check the cache at ``path`` and map its fields (whether it is the cache of a given
+        upstream, the caller checks: ``CacheSource`` says what changed).
 
         Raises:
             FileNotFoundError: No cache at ``path``.
@@ -117,8 +115,6 @@ class Reader:
                 raise ValueError(manifest["layout"])
         except (KeyError, TypeError, ValueError) as exc:
             raise CacheInvalid(f"its manifest lacks or garbles {exc}") from None
-        if fingerprint is not None and manifest.get("fingerprint") != fingerprint:
-            raise CacheInvalid("the upstream pipeline changed (fingerprint mismatch)")
         if (structure is None) != (not fields) or len(files) != len(fields):
             raise CacheInvalid("its manifest does not match its fields")
         tables = _tables(manifest, fields)
