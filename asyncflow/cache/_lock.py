@@ -12,7 +12,6 @@ import asyncio
 import fcntl
 import functools
 import os
-import time
 from pathlib import Path
 
 from ..pipeline import run_thread
@@ -35,40 +34,25 @@ class WriterLock:
         """True while this object holds the lock."""
         return self._fd is not None
 
-    def acquire(self, *, blocking: bool = False, poll: float = 0.2) -> bool:
-        """Take the lock; return whether it was taken.
-
-        Args:
-            blocking: Wait until the current holder releases it (or dies) instead of
-                returning False at once.
-            poll: Longest pause between two tries while waiting.
-
-        Cancellation:
-            Waiting polls with short sleeps rather than blocking in ``flock``, so a
-            ``KeyboardInterrupt`` in the waiting thread ends the wait within ``poll``.
-        """
+    def acquire(self) -> bool:
+        """Take the lock if it is free; return whether it was taken (it never waits: to wait
+        for a writer from a run, :func:`take_lock` polls from the loop)."""
         if self._fd is not None:
             raise RuntimeError(f"{self.path} is already held by this object")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        delay = 0.005
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                if not blocking:
-                    return False
-                time.sleep(delay)
-                delay = min(delay * 2, poll)
-                continue
-            except BaseException:
-                os.close(fd)
-                raise
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-            self._fd = fd
-            return True
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return True
 
     def release(self) -> None:
         """Give the lock up. Safe to call when not held."""
@@ -92,13 +76,6 @@ class WriterLock:
             return None
         finally:
             os.close(fd)  # also drops the shared lock taken to test
-
-    def __enter__(self) -> WriterLock:
-        self.acquire(blocking=True)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 async def take_lock(lock: WriterLock, *, wait: bool = False) -> bool:

@@ -70,12 +70,12 @@ def test_info_of_nothing_raises_file_not_found(tmp_path: Path) -> None:
 def test_lock_in_one_process(tmp_path: Path) -> None:
     one, two = WriterLock(tmp_path / "c"), WriterLock(tmp_path / "c")
     assert one.acquire() and one.held
-    assert not two.acquire(blocking=False)
+    assert not two.acquire()
     assert two.holder() is not None
     with pytest.raises(RuntimeError):
         one.acquire()
     one.release()
     one.release()
-    with two:
-        assert two.held and not one.acquire(blocking=False)
+    assert two.acquire() and two.held and not one.acquire()
+    two.release()
     assert two.holder() is None and not two.held

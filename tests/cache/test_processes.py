@@ -108,10 +108,10 @@ def test_lock_is_exclusive_across_processes_and_dies_with_its_holder(
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         lock = WriterLock(path)
-        assert not lock.acquire(blocking=False)
+        assert not lock.acquire()
         assert lock.holder() == holder.pid
     finally:
         holder.kill()
         holder.communicate(timeout=10)
-    assert lock.acquire(blocking=False)
+    assert lock.acquire()
     lock.release()
