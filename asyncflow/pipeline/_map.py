@@ -9,13 +9,7 @@ Per-item overhead is paid per chunk wherever the semantics allow it:
   done so far are handed on if the output has room, so a slow call never holds finished
   items back. The chunk adapts to the time per item as a sync stage's does.
 * A cheap sync function runs *inline* on the run's loop instead of paying a thread round trip
-  per chunk. The rule: a stage on the run's worker threads (no executor, no processes) whose
-  last :data:`_INLINE_AFTER` chunks on threads each took at most :data:`_INLINE_PER_ITEM`
-  seconds per item and at most half of :data:`_INLINE_CHUNK_LIMIT` in all runs its chunks on
-  the loop from then on; the first inline chunk that takes longer than
-  :data:`_INLINE_CHUNK_LIMIT` sends it back to the threads for the rest of the run. So the
-  loop is blocked at most once, by one chunk. A function that may block now and then (waits on
-  a lock or a condition, does I/O) opts out with the attribute ``asyncflow_inline = False``.
+  per chunk (the rule, and how a chunk's size adapts, are in ``_chunking.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from .._errors import ConfigError
-from ._channel import nbytes_of
+from ._chunking import TARGET_CHUNK_SECONDS, Chunking
 from ._hand import Hand
 from ._ledger import MapLedger
 from ._node import NodeContext, Receiver, Sender
@@ -59,7 +53,6 @@ class MapNode:
         # (a training step's Python holds it for milliseconds at a time).
         concurrency = spec.concurrency * (_PER_PROCESS if self.processes is not None else 1)
         holders = 2 * concurrency * (2 if spec.ordered and concurrency > 1 else 1)
-        self.max_chunk = max(1, min(_MAX_CHUNK, ctx.counters.capacity // holders))
         self.fn = spec.fn
         self.filter = spec.mode == "filter"
         self.ordered = spec.ordered
@@ -71,27 +64,22 @@ class MapNode:
         self._reorder = Reorder(self, 2 * self.concurrency) if (
             spec.ordered and self.concurrency > 1
         ) else None
-        self._chunk = 1
-        self._per_item: float | None = None
         self._checked = False
         # With a byte budget on the output, what workers hold in hand stays within half of
         # it too: chunks shrink as the measured output size per item grows.
-        self._max_bytes = getattr(ctx.counters.output, "max_bytes", None)
-        self._holders = holders
-        self._out_size: float | None = None
+        max_bytes = getattr(ctx.counters.output, "max_bytes", None)
         # What a sync stage holds, wherever it is (in workers, on its way back from a worker
         # process, in the reorder buffer), stays within half its output queue's capacity and
         # half its byte budget: taken before its items are, given back once they are put out.
         self._hand = None if self.is_async else Hand(
-            ctx.counters.capacity, self._max_bytes,
+            ctx.counters.capacity, max_bytes,
             floor=2 * spec.concurrency if self.processes is not None else 1,
         )
-        # Inline-on-the-loop state of a sync stage (see the module docstring): chunks seen cheap
-        # on threads so far, -1 once the stage may never run inline (again).
-        self._cheap_chunks = 0 if (
-            not self.is_async and self.processes is None and spec.executor is None
-            and runs_inline(spec.fn)
-        ) else -1
+        self.chunking = Chunking(
+            max(1, min(_MAX_CHUNK, ctx.counters.capacity // holders)), max_bytes, holders,
+            self._hand, may_inline=(not self.is_async and self.processes is None
+                                    and spec.executor is None and runs_inline(spec.fn)),
+        )
         # state: which inputs each output came from, recorded before it is put out; concurrent
         # workers emit one at a time, so that the records follow the output order
         self.ledger = MapLedger.of(spec, concurrency, ctx.budget.limit)
@@ -115,21 +103,6 @@ class MapNode:
                     tg.create_task(self._reorder.emit_all(workers, out))
         counters = self.ctx.counters
         self.ctx.budget.check_end(counters.failures, counters.items_in)
-
-    def _adapt(self, elapsed: float, count: int) -> None:
-        per = elapsed / count
-        self._per_item = per if self._per_item is None else 0.7 * self._per_item + 0.3 * per
-        target = max(1, min(self.max_chunk, int(_TARGET_CHUNK_SECONDS / max(self._per_item, 1e-8))))
-        self._chunk = min(target, self._chunk * 2)
-
-    def _fit_bytes(self, values: list[Any]) -> None:
-        per = nbytes_of(values) / max(1, len(values))
-        self._out_size = per if self._out_size is None else 0.7 * self._out_size + 0.3 * per
-        if self._out_size > 0 and self._max_bytes is not None:
-            share = self._max_bytes / 2 / self._holders
-            self._chunk = max(1, min(self._chunk, int(share / self._out_size)))
-        if self._hand is not None:
-            self._hand.measured(self._out_size)
 
     def _check_result(self, values: list[Any]) -> None:
         self._checked = True
@@ -195,25 +168,6 @@ class MapNode:
         self.ledger.take(items)
         return ticket, items
 
-    @property
-    def inline(self) -> bool:
-        """Whether the stage's sync chunks run on the run's loop now (see the module
-        docstring)."""
-        return self._cheap_chunks >= _INLINE_AFTER
-
-    def _note_cost(self, elapsed: float, count: int, was_inline: bool) -> None:
-        """Move the stage onto the loop or back to the threads, as the rule says."""
-        cheap = self._cheap_chunks
-        if cheap < 0:
-            return
-        if was_inline:
-            if elapsed > _INLINE_CHUNK_LIMIT:
-                self._cheap_chunks = -1  # a slow call: threads from now on
-        elif elapsed <= _INLINE_PER_ITEM * count and elapsed <= _INLINE_CHUNK_LIMIT / 2:
-            self._cheap_chunks = cheap + 1
-        else:
-            self._cheap_chunks = 0
-
     def _submit(self, items: list[Any]) -> Any:
         """Run the function on a chunk: in a worker process, the stage's executor or a thread."""
         ctx = self.ctx
@@ -236,7 +190,8 @@ class MapNode:
         """Take, run and hand on one chunk; ``False`` at the end of the input."""
         hand = self._hand
         assert hand is not None  # a sync stage's
-        room = hand.take_now(self._chunk) or await hand.take(self._chunk)
+        chunking = self.chunking
+        room = hand.take_now(chunking.size) or await hand.take(chunking.size)
         items: list[Any] = []
         try:
             ticket, items = await self._take(inp, room)
@@ -248,7 +203,7 @@ class MapNode:
         counters.items_in += count_items(items)
         counters.chunks += 1
         counters.in_flight += 1
-        inline = self._cheap_chunks >= _INLINE_AFTER
+        inline = chunking.inline
         try:
             if inline:
                 values, failures, elapsed = run_chunk(self.fn, items, self.ctx.stop)
@@ -257,10 +212,10 @@ class MapNode:
         finally:
             counters.in_flight -= 1
         counters.busy += elapsed
-        self._adapt(elapsed, len(items))
-        self._note_cost(elapsed, len(items), inline)
-        if self._max_bytes is not None:
-            self._fit_bytes(items if self.filter else values)  # a filter hands its inputs on
+        chunking.adapt(elapsed, len(items))
+        chunking.note_cost(elapsed, len(items), inline)
+        if chunking.max_bytes is not None:
+            chunking.fit_bytes(items if self.filter else values)  # a filter hands its inputs on
         if not self._checked:
             self._check_result(values)
         await self._deliver(ticket, (items, values, failures), out)
@@ -316,7 +271,7 @@ class MapNode:
 
     async def _read(self, inp: Receiver) -> list[Any]:
         """The next chunk of an async stage at ``concurrency=1``; ``[]`` at the end."""
-        items = await inp.get_many(self._chunk)
+        items = await inp.get_many(self.chunking.size)
         counters = self.ctx.counters
         if items:
             counters.items_in += count_items(items)
@@ -357,14 +312,14 @@ class MapNode:
                     value = FAILED
                     failures.append((index - base, exc))
                 values.append(value)
-                if perf_counter() - start > _TARGET_CHUNK_SECONDS and index + 1 < end:
+                if perf_counter() - start > TARGET_CHUNK_SECONDS and index + 1 < end:
                     carry, end = items[index + 1:], index + 1  # slow: hand on what is done
                     break
         finally:
             counters.in_flight -= 1
             elapsed = perf_counter() - start
             counters.busy += elapsed
-        self._adapt(elapsed, end)
+        self.chunking.adapt(elapsed, end)
         await self._emit(items[base:end], values, failures, out)
         return carry
 
@@ -389,11 +344,4 @@ class MapNode:
 
 _Single = tuple[list[Any], list[Any], list[tuple[int, BaseException]]]
 
-#: Chunks a sync stage runs on threads, all cheap, before it may run inline on the loop.
-_INLINE_AFTER = 3
-#: The most seconds per item a chunk on threads may take to count as cheap.
-_INLINE_PER_ITEM = 5e-6
-#: An inline chunk that takes longer than this sends its stage back to the threads for good.
-_INLINE_CHUNK_LIMIT = 0.001
-_TARGET_CHUNK_SECONDS = 0.002  # a chunk grows until one takes about this long on its worker
 _MAX_CHUNK, _PER_PROCESS = 512, 4  # the largest chunk; chunks in flight per worker process
