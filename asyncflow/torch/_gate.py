@@ -1,5 +1,14 @@
 """How far a loader's worker processes fetch ahead of its consumer: ``prefetch_factor *
-num_workers`` batches at most, as torch's, whatever the pipeline's own queues could hold."""
+num_workers`` batches at most, as torch's, whatever the pipeline's own queues could hold.
+
+The engine's back-pressure bounds each queue, not what lies between a stage's input and the
+consumer: a process stage's workers hold two chunks each beside its output queue (of at least
+one item), and the consumer takes that queue's items a chunk at a time. With one worker and
+``prefetch_factor=1`` that is three batches ahead, where torch fetches one. The engine has no
+window over that span (items let in by the source less those the consumer received or the
+run dropped), and no awaitable failure of a run: hence these credits, and their polling of
+:func:`~asyncflow.pipeline.run_failed`.
+"""
 
 from __future__ import annotations
 
