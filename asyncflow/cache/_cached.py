@@ -13,7 +13,7 @@ from .._errors import ConfigError
 from ..pipeline import Merge, Pipeline, RunPlan, StageSpec
 from ._epoch import CacheSource
 from ._fill import Gate, cache_stage, hooks_stage, one_shot_guard
-from ._fingerprint import canonical, fingerprint, state_of, summarize
+from ._fingerprint import canonical, describe_value, summarize, upstream_fingerprint
 from ._info import CacheInfo, info
 from ._replay import finish
 
@@ -176,15 +176,15 @@ def _upstream_stages(upstream: Pipeline[Any], plan: RunPlan) -> Iterator[StageSp
 
 def _description(pipe: Pipeline[Any]) -> list[dict[str, Any]]:
     """``pipe.describe()``, each entry with the ``state`` of its source or stage function (see
-    :func:`state_of`): the listing a source holds, the options a decode function carries."""
+    :func:`describe_value`): the listing a source holds, the options a decode function carries."""
     stages = pipe.describe()
     if not stages:
         return stages
-    stages[0] = {**stages[0], "state": state_of(pipe.source)}
+    stages[0] = {**stages[0], "state": describe_value(pipe.source)}
     for i, spec in enumerate(pipe.stages, start=1):
         fn = getattr(spec, "fn", None) or getattr(spec, "factory", None)
         if fn is not None and i < len(stages):
-            stages[i] = {**stages[i], "state": state_of(fn)}
+            stages[i] = {**stages[i], "state": describe_value(fn)}
     return stages
 
 
@@ -234,7 +234,7 @@ def cache(
     description = _description(pipe)
     source = CacheSource(
         upstream=None, path=where, layout=layout,
-        fingerprint=fingerprint(description, key), summary=summarize(description),
+        fingerprint=upstream_fingerprint(description, key), summary=summarize(description),
         key=canonical(key), wait=wait, durable=durable,
     )
     return CachedPipeline(source, upstream=pipe)

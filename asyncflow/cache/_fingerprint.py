@@ -26,11 +26,18 @@ from typing import Any
 
 from .._redact import redact
 
-__all__ = ["canonical", "describe_change", "file_stat", "fingerprint", "state_of", "summarize"]
+__all__ = [
+    "canonical",
+    "describe_change",
+    "describe_value",
+    "file_stat",
+    "summarize",
+    "upstream_fingerprint",
+]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _SUMMARY_LIMIT = 256  # characters of JSON a value may take in the manifest before it is hashed
-_DEPTH = 4  # how deep state_of() looks into objects
+_DEPTH = 4  # how deep describe_value() looks into objects
 _SHORT = 64  # sequences longer than this are digested, not listed
 _CHUNK = 65536
 _SMALL_ARRAY = 1 << 16  # bytes of an array whose content is hashed (mean/std tables, say)
@@ -53,7 +60,7 @@ def canonical(value: Any) -> Any:
     return _ADDRESS.sub("", repr(value))
 
 
-def state_of(value: Any, depth: int = _DEPTH) -> Any:
+def describe_value(value: Any, depth: int = _DEPTH) -> Any:
     """What a stage function or source *is*, as JSON data for the fingerprint.
 
     ``Pipeline.describe()`` names stage functions; two ``image.folder`` pipelines of another
@@ -241,7 +248,7 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def fingerprint(description: Any, key: Any = None) -> str:
+def upstream_fingerprint(description: Any, key: Any = None) -> str:
     """The SHA-256 (hex) of the canonical JSON of ``description`` and ``key``."""
     payload = _dumps({"upstream": canonical(description), "key": canonical(key)})
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()

@@ -18,9 +18,9 @@ from asyncflow.cache._cached import _description
 from asyncflow.cache._fingerprint import (
     canonical,
     describe_change,
-    fingerprint,
-    state_of,
+    describe_value,
     summarize,
+    upstream_fingerprint,
 )
 
 
@@ -49,11 +49,11 @@ def test_the_same_pipeline_has_the_same_fingerprint_in_another_process(tmp_path:
     code = (
         "from asyncflow import Pipeline\n"
         "from asyncflow.cache._cached import _description\n"
-        "from asyncflow.cache._fingerprint import fingerprint\n"
+        "from asyncflow.cache._fingerprint import upstream_fingerprint\n"
         "import functools, operator\n"
         "pipe = Pipeline([f'img/{i}.jpg' for i in range(300)]).map(functools.partial("
         "operator.add, 'x:')).batch(4)\n"
-        "print(fingerprint(_description(pipe)))\n"
+        "print(upstream_fingerprint(_description(pipe)))\n"
     )
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True).stdout.strip() for _ in range(2)]
@@ -61,7 +61,7 @@ def test_the_same_pipeline_has_the_same_fingerprint_in_another_process(tmp_path:
 
 
 def fp(pipe: Pipeline, key: Any = None) -> str:
-    return fingerprint(_description(pipe), key)
+    return upstream_fingerprint(_description(pipe), key)
 
 
 def test_what_changes_the_fingerprint() -> None:
@@ -77,22 +77,22 @@ def test_what_changes_the_fingerprint() -> None:
     assert fp(Pipeline(files).map(lambda x: x + 1)) != fp(Pipeline(files).map(lambda x: x + 2))
 
 
-def test_state_of_looks_inside_functions_objects_and_arrays() -> None:
+def test_describe_value_looks_inside_functions_objects_and_arrays() -> None:
     size = 224
 
     def decode(path: str) -> str:
         return f"{path}@{size}"
 
-    state = state_of(decode)
+    state = describe_value(decode)
     assert state["function"].endswith("decode") and state["closure"] == [224]
     decoder = Decoder(5)
     decoder._calls = 7
-    assert state_of(decoder) == {"object": f"{__name__}.Decoder", "size": 5}
-    small = state_of(np.arange(4, dtype=np.float32))
+    assert describe_value(decoder) == {"object": f"{__name__}.Decoder", "size": 5}
+    small = describe_value(np.arange(4, dtype=np.float32))
     assert small["array"] == "float32" and small["shape"] == [4] and "sha256" in small
-    assert state_of(torch.zeros(2, 3))["shape"] == [2, 3]
-    assert state_of(list(range(1000)))["items"] == 1000
-    assert state_of(range(10**12)) == "range(0, 1000000000000)"
+    assert describe_value(torch.zeros(2, 3))["shape"] == [2, 3]
+    assert describe_value(list(range(1000)))["items"] == 1000
+    assert describe_value(range(10**12)) == "range(0, 1000000000000)"
 
 
 def test_objects_with_describe_are_described_by_it() -> None:
@@ -103,7 +103,7 @@ def test_objects_with_describe_are_described_by_it() -> None:
         def describe(self) -> dict[str, Any]:
             return {"files": 3}  # the seed is unused: left out
 
-    assert state_of(Listing(1)) == state_of(Listing(2))
+    assert describe_value(Listing(1)) == describe_value(Listing(2))
 
 
 def test_summaries_stay_small_and_changes_are_described() -> None:
@@ -132,29 +132,29 @@ def test_summaries_mask_secrets() -> None:
 def test_a_moved_listing_is_described_by_its_first_and_last_entries() -> None:
     def listing(root: str) -> Any:
         samples = [(f"{root}/cat/{i:04d}.jpg", i % 3) for i in range(500)]
-        return summarize([{"kind": "source", "state": state_of(samples)}])
+        return summarize([{"kind": "source", "state": describe_value(samples)}])
 
     old, new = listing("/tmp/tmpAAAA/images"), listing("/tmp/tmpBBBB/images")
-    assert state_of([(1, 2)] * 100)["first"] == "(1, 2)"
+    assert describe_value([(1, 2)] * 100)["first"] == "(1, 2)"
     assert describe_change(old, new) == (
         "upstream[0]['state'] changed (500 entries): the first went from "
         "('/tmp/tmpAAAA/images/cat/0000.jpg', 0) to ('/tmp/tmpBBBB/images/cat/0000.jpg', 0)")
     relabelled = [(f"/tmp/tmpAAAA/images/cat/{i:04d}.jpg", i % 3) for i in range(500)]
     relabelled[250] = (relabelled[250][0], 2)
-    inside = summarize([{"kind": "source", "state": state_of(relabelled)}])
+    inside = summarize([{"kind": "source", "state": describe_value(relabelled)}])
     assert describe_change(old, inside) == (
         "upstream[0]['state'] changed (500 entries; the first and last are the same)")
     older = {k: v for k, v in old[0]["state"].items() if k in ("sha256", "items")}
     assert describe_change([{"kind": "source", "state": older}], new) == (
         "upstream[0]['state'] changed (500 entries)")  # a manifest without the entries
-    long = state_of([("x" * 300, 1)] * 100)
+    long = describe_value([("x" * 300, 1)] * 100)
     assert len(long["first"]) == 99 and "..." in long["first"]
 
 
 def test_the_entries_kept_of_a_long_listing_mask_secrets() -> None:
     urls = [f"https://user:pw@bucket.s3.amazonaws.com/{i}.jpg?X-Amz-Signature=abcdef"
             for i in range(100)]
-    for summary in (summarize([{"kind": "source", "state": state_of(urls)}]),
+    for summary in (summarize([{"kind": "source", "state": describe_value(urls)}]),
                     summarize([{"kind": "source", "listing": urls}])):
         text = str(summary)
         assert "pw@" not in text and "abcdef" not in text, text
@@ -211,7 +211,7 @@ def test_a_short_listing_names_the_changed_file(tmp_path: Path) -> None:
 def test_names_that_are_not_local_files_are_left_as_they_are(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     names = ["https://host/a.jpg", "s3://bucket/a.jpg", "no/such/file.jpg", str(tmp_path / "d")]
-    assert state_of(names) == names
+    assert describe_value(names) == names
 
 
 def test_runs_of_the_upstream_do_not_change_the_fingerprint() -> None:
@@ -221,9 +221,9 @@ def test_runs_of_the_upstream_do_not_change_the_fingerprint() -> None:
 
     for sampler in (SequentialSampler(10), RandomSampler(10, seed=1)):
         pipe = Pipeline(sampler).map(float)
-        before = fingerprint(_description(pipe))
+        before = upstream_fingerprint(_description(pipe))
         list(pipe)
         list(pipe)
-        assert fingerprint(_description(pipe)) == before
+        assert upstream_fingerprint(_description(pipe)) == before
         sampler.seed = 2  # what it lists: a change
-        assert fingerprint(_description(pipe)) != before
+        assert upstream_fingerprint(_description(pipe)) != before
