@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._bridge import wake
@@ -51,6 +51,18 @@ class Cursor:
         self.refilling = False
         self.reading = 0
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def use(self, hooks: Sequence[Callable[[Any], Any]]) -> None:
+        """Pass each item taken through ``hooks``, in order (before the first chunk comes)."""
+        if len(hooks) > 1:
+            def apply(item: Any) -> Any:
+                for hook in hooks:
+                    item = hook(item)
+                return item
+
+            self.apply = apply
+        elif hooks:
+            self.apply = hooks[0]
 
     def claim(self) -> Any:
         """An item (hooks applied), :data:`REFILL` (the caller refills, then calls

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence, Sized
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, cast
@@ -16,7 +16,7 @@ from ._cursor import REFILL, Cursor
 from ._lineage import Lineage, received
 from ._options import RunOptions
 from ._protocols import Closable, ConsumerHook, ReceiveHook
-from ._stats import FailureRecord, PipelineStats, StageCounters
+from ._stats import FailureRecord, PipelineStats
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVar
@@ -30,11 +30,6 @@ else:
     T_co = TypeVar("T_co", covariant=True)  # typing.TypeVar takes a default from 3.13 on
 
 __all__ = ["ConsumerHook", "DataPlane", "Run"]
-
-
-class _Counted(Protocol):
-    @property
-    def counters(self) -> StageCounters: ...
 
 
 class DataPlane(Protocol):
@@ -52,9 +47,6 @@ class DataPlane(Protocol):
     consumer: Callable[[], Any] | None
 
     @property
-    def contexts(self) -> Sequence[_Counted]: ...
-
-    @property
     def done(self) -> bool: ...
 
     def start(self) -> None: ...
@@ -68,6 +60,8 @@ class DataPlane(Protocol):
     def report_undelivered(self) -> None: ...
 
     def snapshot(self) -> PipelineStats: ...
+
+    def failure_records(self) -> list[list[FailureRecord]]: ...
 
 
 class Run(Generic[T_co]):
@@ -125,9 +119,7 @@ class Run(Generic[T_co]):
         self._finalizer = weakref.finalize(self, rt.request_stop)
         rt.consumer = weakref.ref(self)
         self._hooks = [factory(self) for factory in self._hook_factories]
-        functions: list[Callable[[Any], Any]] = [*rt.receive_hooks, *self._hooks]
-        if functions:
-            self._cursor.apply = _compose(functions)
+        self._cursor.use([*rt.receive_hooks, *self._hooks])
         rt.start()
         return rt
 
@@ -358,7 +350,7 @@ class Run(Generic[T_co]):
         as ``stats().failures`` lists them)."""
         if self._ended is not None:
             return [list(records) for records in self._ended.failures]
-        return [] if self._rt is None else [list(c.counters.records) for c in self._rt.contexts]
+        return [] if self._rt is None else self._rt.failure_records()
 
     @property
     def closed(self) -> bool:
@@ -392,14 +384,3 @@ class _Ended:
     stats: PipelineStats
     failures: list[list[FailureRecord]]
 
-
-def _compose(functions: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
-    if len(functions) == 1:
-        return functions[0]
-
-    def apply(item: Any) -> Any:
-        for fn in functions:
-            item = fn(item)
-        return item
-
-    return apply

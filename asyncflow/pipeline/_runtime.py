@@ -27,7 +27,7 @@ from ._loop import cancel_pending, resolve, track
 from ._monitor import Monitor, snapshot
 from ._node import NodeContext, ReceiveHook
 from ._outcome import final_error, flatten, mark_abandoned, note_stage, release_frames
-from ._stats import PipelineStats
+from ._stats import FailureRecord, PipelineStats
 
 __all__ = ["Runtime"]
 
@@ -371,3 +371,7 @@ class Runtime:
                                   for line in scope.reports())],
             loop_delay_max=self.monitor.loop_delay_max,
         )
+
+    def failure_records(self) -> list[list[FailureRecord]]:
+        """Each stage's failures so far, in run order (copies)."""
+        return [list(ctx.counters.records) for ctx in self.contexts]
