@@ -258,3 +258,38 @@ def test_stats_show_every_worker_and_add_up(leak_check: None) -> None:
     text = str(stats)
     assert "worker0/fetch" in text and "worker1/fetch" in text and "5 items" in text
     del it, loader
+
+
+class Sizes(tud.IterableDataset[int]):
+    """Worker ``k`` yields ``100 * k + i`` for ``i`` in ``range(sizes[k])``."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+
+    def __iter__(self) -> Iterator[int]:
+        info = tud.get_worker_info()
+        assert info is not None
+        return iter(range(100 * info.id, 100 * info.id + self.sizes[info.id]))
+
+
+@pytest.mark.timeout(90)
+def test_stats_of_a_resumed_epoch_count_its_batches_and_name_ended_workers(
+    leak_check: None,
+) -> None:
+    def make() -> DataLoader[Any]:
+        return DataLoader(Sizes([5, 1]), batch_size=None, num_workers=2, workers="processes")
+
+    loader = make()
+    it = iter(loader)
+    assert [next(it) for _ in range(4)] == [0, 100, 1, 2]  # worker 1 ended after its one
+    state = loader.state_dict()
+    it.close()
+    del it, loader
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert list(resumed) == [3, 4]
+    stats = resumed.stats()
+    assert [s.name for s in stats.stages] == ["worker0/source", "worker0/fetch"]
+    assert stats["worker0/fetch"].items_out == stats.delivered == 2
+    assert "worker 1's iterator had ended before this epoch resumed: no run" in stats.notes
+    del resumed
