@@ -8,8 +8,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "asyncflow"
 
-#: The engine's own modules, named by the engine's owner (issue 24 renames them there).
-ENGINE_EXCEPTIONS = {"pipeline/_source.py"}
+#: Modules allowed a subpackage's name (none: the engine's ``_source.py`` is ``_shared_source.py``).
+ENGINE_EXCEPTIONS: set[str] = set()
 
 
 def _word(name: str) -> str:

@@ -21,7 +21,7 @@ from ._protocols import EpochResumable
 from ._resume import load_state, state_of
 from ._run import ConsumerHook, Run, T_co
 from ._runtime import Runtime
-from ._source import SharedSource, check_source
+from ._shared_source import SharedSource, check_source
 from ._spec import StageSpec, check_seconds, stage_names
 from ._stats import PipelineStats
 

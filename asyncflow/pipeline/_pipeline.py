@@ -17,7 +17,7 @@ from ._features import feature
 from ._options import RunOptions
 from ._pool_holder import PoolHolder
 from ._run import T_co
-from ._source import SharedSource, Source, check_source
+from ._shared_source import SharedSource, Source, check_source
 from ._spec import (
     AssembleSpec,
     BatchSpec,
