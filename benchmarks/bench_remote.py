@@ -7,7 +7,11 @@ A loopback HTTP server in its own process serves N objects of 100 KB in four beh
   throttle       a token bucket of 400 requests/s holding at most 64; a request that finds
                  it empty gets ``503 SlowDown`` with ``Retry-After: 1``
   throttle-s3    the same, without ``Retry-After`` (as S3 throttles a prefix)
-  tail           median 20 ms, p99 404 ms, 0.5% of requests at 3 s (each request draws anew)
+  tail           median 20 ms, p99 404 ms, 0.5% of requests at 3 s (each request draws anew;
+                 by default each 2,000 requests draw every one of 2,000 evenly spaced quantiles
+                 once, in a random order, so that a run's store has exactly that p99 and
+                 share; ``--tail-draws iid`` draws each request independently, whose 2,000
+                 draws from the fixed seed have a p99 of 518 ms and seeds 0-5 range 378-518)
 
 Rows, for each behaviour (every object fetched once per row):
 
@@ -38,6 +42,7 @@ import json
 import math
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -52,6 +57,7 @@ TAIL_SLOW, TAIL_SHARE = 3.0, 0.005
 # Lognormal around the 20 ms median, wide enough that p99 of all requests (the 3 s ones
 # included) is 404 ms: P(X > 0.404) = 0.005 / 0.995 of the others.
 TAIL_SIGMA = math.log(0.404 / LATENCY) / 2.5749
+STRATA = 2000
 BEHAVIOURS = ("plain", "throttle", "throttle-s3", "tail")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,10 +70,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class _Store:
     """What the server counts, and its token bucket."""
 
-    def __init__(self) -> None:
+    def __init__(self, draws: str = "stratified") -> None:
         self.requests = self.rejected = 0
         self.tokens, self.at = BURST, 0.0
         self.rng = random.Random(0)
+        self.draws = draws
+        self.block: list[float] = []  # stratified delays not served yet
+        self.served: list[float] = []  # the tail delays served since the last reset
 
     def take(self, now: float) -> bool:
         self.tokens = min(BURST, self.tokens + (now - self.at) * RATE)
@@ -80,9 +89,33 @@ class _Store:
     def delay(self, behaviour: str) -> float:
         if behaviour != "tail":
             return LATENCY
-        if self.rng.random() < TAIL_SHARE:
-            return TAIL_SLOW
-        return LATENCY * math.exp(self.rng.gauss(0.0, TAIL_SIGMA))
+        if self.draws == "iid":
+            seconds = (TAIL_SLOW if self.rng.random() < TAIL_SHARE
+                       else LATENCY * math.exp(self.rng.gauss(0.0, TAIL_SIGMA)))
+        else:
+            if not self.block:
+                self.block = _strata(self.rng)
+            seconds = self.block.pop()
+        self.served.append(seconds)
+        return seconds
+
+    def counts(self) -> dict[str, float]:
+        served = sorted(self.served)
+        p99 = served[min(len(served) - 1, int(0.99 * len(served)))] if served else 0.0
+        return {"requests": self.requests, "rejected": self.rejected, "p99": p99}
+
+
+def _strata(rng: random.Random) -> list[float]:
+    """:data:`STRATA` tail delays, one at each of as many evenly spaced quantiles of the tail
+    store's distribution, shuffled: served in turn, each block has the distribution exactly."""
+    normal = statistics.NormalDist()
+    out = []
+    for i in range(STRATA):
+        u = (i + 0.5) / STRATA
+        out.append(TAIL_SLOW if u >= 1 - TAIL_SHARE
+                   else LATENCY * math.exp(TAIL_SIGMA * normal.inv_cdf(u / (1 - TAIL_SHARE))))
+    rng.shuffle(out)
+    return out
 
 
 class _Http(asyncio.Protocol):
@@ -109,9 +142,9 @@ class _Http(asyncio.Protocol):
     def _answer(self, loop: asyncio.AbstractEventLoop, parts: list[str]) -> None:
         store = self.store
         if parts[0] in ("stats", "reset"):
-            text = json.dumps({"requests": store.requests, "rejected": store.rejected}).encode()
+            text = json.dumps(store.counts()).encode()
             if parts[0] == "reset":
-                store.__init__()  # type: ignore[misc]
+                store.__init__(store.draws)  # type: ignore[misc]
                 store.at = loop.time()
             self._write(b"200 OK", text)
             return
@@ -134,7 +167,7 @@ class _Http(asyncio.Protocol):
         self.transport = None
 
 
-def serve() -> None:
+def serve(draws: str) -> None:
     """Serve the store; print the port, run until killed."""
     try:
         import uvloop
@@ -142,7 +175,7 @@ def serve() -> None:
         uvloop.install()
     except ImportError:
         pass
-    store, body = _Store(), random.Random(1).randbytes(SIZE)
+    store, body = _Store(draws), random.Random(1).randbytes(SIZE)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -155,9 +188,13 @@ def serve() -> None:
 
 
 class Server:
+    def __init__(self, tail_draws: str = "stratified") -> None:
+        self.tail_draws = tail_draws
+
     def __enter__(self) -> Server:
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"],
-                                     stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--serve", "--tail-draws",
+             self.tail_draws], stdout=subprocess.PIPE, text=True, cwd=ROOT)
         assert self.proc.stdout is not None
         self.base = f"http://127.0.0.1:{int(self.proc.stdout.readline())}"
         return self
@@ -165,8 +202,9 @@ class Server:
     def urls(self, behaviour: str, n: int) -> list[str]:
         return [f"{self.base}/{behaviour}/{i}" for i in range(n)]
 
-    def reset(self) -> dict[str, int]:
-        """The counts since the last reset; starts afresh (a full token bucket)."""
+    def reset(self) -> dict[str, float]:
+        """The counts since the last reset (requests, rejected, and the p99 of the tail
+        delays served); starts afresh (a full token bucket, the first block of delays)."""
         with urllib.request.urlopen(f"{self.base}/reset", timeout=10) as resp:
             return json.loads(resp.read())  # type: ignore[no-any-return]
 
@@ -241,6 +279,7 @@ class Result:
     p50: float
     p99: float
     note: str = ""
+    store_p99: float = 0.0  # the p99 of the delays the store served this row (tail only)
 
 
 def run_row(server: Server, behaviour: str, name: str, fn: Callable[[list[str]], list[float]],
@@ -252,16 +291,17 @@ def run_row(server: Server, behaviour: str, name: str, fn: Callable[[list[str]],
         latencies = fn(urls)
     except Exception as exc:
         counts = server.reset()
-        return Result(behaviour, name, None, counts["requests"], counts["rejected"], 0, 0,
-                      f"failed: {type(exc).__name__}: {str(exc)[:120]}")
+        return Result(behaviour, name, None, int(counts["requests"]), int(counts["rejected"]),
+                      0, 0, f"failed: {type(exc).__name__}: {str(exc)[:120]}")
     elapsed = time.perf_counter() - start
     counts = server.reset()
     if len(latencies) != n:
-        return Result(behaviour, name, None, counts["requests"], counts["rejected"], 0, 0,
-                      f"got {len(latencies)} of {n}")
+        return Result(behaviour, name, None, int(counts["requests"]), int(counts["rejected"]),
+                      0, 0, f"got {len(latencies)} of {n}")
     ranked = sorted(latencies)
-    return Result(behaviour, name, n / elapsed, counts["requests"], counts["rejected"],
-                  ranked[len(ranked) // 2], ranked[min(n - 1, int(0.99 * n))])
+    return Result(behaviour, name, n / elapsed, int(counts["requests"]), int(counts["rejected"]),
+                  ranked[len(ranked) // 2], ranked[min(n - 1, int(0.99 * n))],
+                  store_p99=counts["p99"])
 
 
 def rows_for(behaviour: str) -> list[tuple[str, Callable[[list[str]], list[float]]]]:
@@ -320,16 +360,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--objects", type=int, default=None, help="number of objects")
     parser.add_argument("--only", choices=BEHAVIOURS, action="append",
                         help="run only these behaviours (repeatable)")
+    parser.add_argument("--tail-draws", choices=("stratified", "iid"), default="stratified",
+                        help="how the tail store draws its delays (see the module's docstring)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve()
+        serve(args.tail_draws)
         return 0
     n = args.objects or (300 if args.quick else 2000)
     results: list[Result] = []
-    with Server() as server:
+    with Server(args.tail_draws) as server:
         print(f"{n} objects of {SIZE // 1000} KB; {os.cpu_count()} CPUs; the store in its own "
-              "process on the same cores; one pass per row\n")
+              f"process on the same cores; one pass per row; tail delays {args.tail_draws}\n")
         # Warm up the server and both clients (imports, first sessions) before any timed row:
         # otherwise the first row of asyncflow pays for importing it, and bare aiohttp not.
         bare_aiohttp(server.urls("plain", 256), 256)
@@ -344,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
                 rate = f"{r.rate:10,.0f}" if r.rate is not None else f"{'-':>10}"
                 print(f"{behaviour:12} {name:26} {rate} {r.requests:9,} {r.rejected:9,} "
                       f"{r.p50 * 1000:7.0f} {r.p99 * 1000:7.0f} {r.note}", flush=True)
+                if behaviour == "tail" and r.rate is not None:
+                    print(f"{'':12} the store's own p99 over this row's {r.requests:,} "
+                          f"requests: {r.store_p99 * 1000:.0f} ms")
                 if name.startswith("asyncflow recipe"):
                     for line in getattr(asyncflow_recipe, "notes", []):
                         if line.startswith("remote reads"):
