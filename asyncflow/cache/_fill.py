@@ -72,9 +72,13 @@ class Gate:
         if not fut.done():
             fut.set_result(read)
 
-    def __call__(self) -> AsyncGenerator[Any, None]:
+    async def __call__(self) -> AsyncGenerator[Any, None]:
         """The run's source: upstream's items once the gate opens, none if it stays shut."""
-        return self._items()
+        if not await self.opened():
+            return
+        async with contextlib.aclosing(stream(self._open())) as items:
+            async for item in items:
+                yield item
 
     async def opened(self) -> bool:
         """Wait for the decision; True when upstream may be read (checked for reuse first).
@@ -90,13 +94,6 @@ class Gate:
         if self._check_reuse is not None:
             self._check_reuse()
         return True
-
-    async def _items(self) -> AsyncGenerator[Any, None]:
-        if not await self.opened():
-            return
-        async with contextlib.aclosing(stream(self._open())) as items:
-            async for item in items:
-                yield item
 
 
 class CacheNode:
