@@ -353,14 +353,8 @@ def _crop(
 
 def _draft(im: Any, box: Sequence[float], dims: tuple[int, int], swaps: bool) -> int:
     """Ask for DCT-domain downscaling; return the scale the decoder will apply (1, 2, 4, 8)."""
-    out_h, out_w = dims
-    if swaps:  # the box is upright; the JPEG is stored sideways
-        out_h, out_w = out_w, out_h
-        box = (box[1], box[0], box[3], box[2])
-    request = draft_request(im.size, (box[0], box[1], box[2], box[3]), out_h, out_w)
-    if request is None:
-        return 1
-    if im.draft(im.mode, request) is None:
+    request = draft_request(im.size, box, dims, swaps=swaps)
+    if request is None or im.draft(im.mode, request) is None:
         return 1
     return int(im.decoderconfig[0])
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from PIL import Image
@@ -124,15 +125,22 @@ def random_resized_box(
 
 
 def draft_request(
-    raw_size: tuple[int, int], box: Box, out_h: int, out_w: int
+    raw_size: tuple[int, int], box: Sequence[float], dims: tuple[int, int], *, swaps: bool
 ) -> tuple[int, int] | None:
     """The size to pass to ``Image.draft`` so JPEG DCT scaling never drops below the output.
+
+    ``box`` is the upright crop and ``dims`` the output's ``(height, width)``; ``swaps``:
+    the picture is stored sideways (its EXIF orientation turns it a quarter).
 
     Returns ``None`` when the crop is less than 2x larger than the output (no scaling
     possible). ``draft`` picks the largest of 1/2, 1/4, 1/8 for which the decoded picture
     still has at least the requested size; requesting ``raw / factor`` makes that the largest
     power of two not above ``factor``, the crop's own reduction factor.
     """
+    out_h, out_w = dims
+    if swaps:  # the box is upright; the JPEG is stored sideways
+        out_h, out_w = out_w, out_h
+        box = (box[1], box[0], box[3], box[2])
     factor = min((box[2] - box[0]) / out_w, (box[3] - box[1]) / out_h)
     if factor < 2.0:
         return None

@@ -168,11 +168,7 @@ def _draft_factor(
 ) -> int:
     """The DCT scale the CPU kernel's ``Image.draft`` picks for this crop (``_decode._draft``),
     computed as PIL does, without drafting the image."""
-    out_h, out_w = dims
-    if swaps:  # the box is upright; the JPEG is stored sideways
-        out_h, out_w = out_w, out_h
-        box = (box[1], box[0], box[3], box[2])
-    request = draft_request(raw, box, out_h, out_w)
+    request = draft_request(raw, box, dims, swaps=swaps)
     if request is None:
         return 1
     scale = min(raw[0] // request[0], raw[1] // request[1])
