@@ -74,6 +74,18 @@ def test_first_epoch_fills_later_epochs_replay(tmp_path: Path, caplog: Any) -> N
     assert up.passes == 1
 
 
+def test_a_sync_upstream_is_advanced_on_the_runs_threads_not_its_loop(tmp_path: Path) -> None:
+    advanced_in: set[int] = set()
+
+    def upstream() -> Iterator[Any]:
+        for i in range(3):
+            advanced_in.add(threading.get_ident())  # an upstream may list files or read
+            yield np.full((4, 8), i, np.uint8), np.arange(4 * i, 4 * i + 4)
+
+    assert labels(source(tmp_path / "c", upstream)()) == list(range(12))  # fills the cache
+    assert advanced_in and threading.get_ident() not in advanced_in  # asyncio.run's loop
+
+
 def test_an_epoch_stopped_early_writes_nothing(tmp_path: Path) -> None:
     up = Upstream()
     src = source(tmp_path / "c", up)
