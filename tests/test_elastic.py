@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from asyncflow import ConfigError, Pipeline, Split
+from asyncflow.pipeline import state_checksum as _checksum
 from asyncflow.pipeline._span import span_json
 from asyncflow.ranks import Share
-from asyncflow.ranks._elastic import _checksum, remaining, settled_of
+from asyncflow.ranks._elastic import remaining, settled_of
 
 
 @pytest.fixture(autouse=True)

@@ -63,8 +63,8 @@ def test_an_item_is_keyed_by_its_list_index_on_any_rank(remainder: str, shuffle:
 
 
 def test_a_resumed_share_keys_the_items_left_by_their_list_index() -> None:
+    from asyncflow.pipeline import state_checksum as _checksum
     from asyncflow.pipeline._span import span_json
-    from asyncflow.ranks._elastic import _checksum
 
     rng = random.Random(0)
     for shuffle in (False, True):

@@ -6,6 +6,7 @@ through the public seams exported here; see ``EXTENDING.md``.
 
 from ._auto import choose_workers, usable_cpus
 from ._boot import check_picklable
+from ._checksum import short_digest, state_checksum
 from ._core import HookFactory
 from ._current import run_failed
 from ._custom import CustomSpec
@@ -75,6 +76,8 @@ __all__ = [
     "run_failed",
     "run_thread",
     "sequence_identity",
+    "short_digest",
+    "state_checksum",
     "usable_cpus",
     "worker_info",
 ]

@@ -15,14 +15,13 @@ positions (a sequence by slicing, an iterator by reading past them).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from .._errors import ConfigError
+from ._checksum import short_digest, state_checksum
 from ._identity import describe_difference, sequence_identity
 from ._lineage import SourcePlan, received
 from ._merge import Merge
@@ -49,7 +48,7 @@ def _sampled(source: Sequence[Any]) -> str:
     length = len(source)
     step = max(1, length // _SAMPLED)
     sample = "\n".join(_old_token(source[i]) for i in range(0, length, step))
-    return hashlib.sha256(sample.encode()).hexdigest()[:16]
+    return short_digest(sample.encode())
 
 
 def _old_token(item: Any) -> str:
@@ -103,47 +102,6 @@ def fingerprint(source: Any, describe: Sequence[dict[str, Any]],
     return {"source": info, "stages": [[d["kind"], d["name"]] for d in describe[1:]]}
 
 
-#: ``json.dumps(value, sort_keys=True, separators=(",", ":"))``, its encoder made once (a
-#: state is never circular: the check for it would only cost time).
-_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), check_circular=False).encode
-_compact = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
-
-
-def _checksum(body: dict[str, Any], texts: dict[str, str] | None = None) -> str:
-    """The first 16 hex digits of the SHA-256 of ``body``'s canonical JSON (sorted keys, no
-    spaces). ``texts``: the canonical text of some stages' extras (under ``"nodes"``),
-    already at hand, and the settled positions' (sorted already) written directly: the
-    same text, without encoding again what did not change."""
-    if texts is None:
-        return _sha256(_canonical(body).encode())
-    parts = []
-    for key in sorted(body):
-        value = body[key]
-        if key == "nodes":
-            text = "{" + ",".join(
-                f"{json.dumps(name)}:{texts.get(name) or _canonical(value[name])}"
-                for name in sorted(value)) + "}"
-        elif key == "positions":
-            text = (f'{{"mark":{value["mark"]},'
-                    f'"ranges":{_compact(value["ranges"])}}}')
-        else:
-            text = _canonical(value)
-        parts.append(f"{json.dumps(key)}:{text}")
-    text = "{" + ",".join(parts) + "}"
-    return _sha256(text.encode())
-
-
-def _sha256(data: bytes) -> str:
-    """The first 16 hex digits of ``data``'s SHA-256, fed in pieces under 2 KiB: hashlib lets
-    go of the GIL for a longer one, and taking it back while the run's threads work can cost
-    a switch interval (5 ms)."""
-    digest = hashlib.sha256()
-    view = memoryview(data)
-    for start in range(0, len(view), 2000):
-        digest.update(view[start : start + 2000])
-    return digest.hexdigest()[:16]
-
-
 def state_of(source: Any, describe: Sequence[dict[str, Any]], last: Any) -> dict[str, Any]:
     """The state of the latest run ``last`` (a ``Runtime``, or ``None``: nothing delivered
     yet) of a pipeline over ``source``; called in the consumer's thread.
@@ -179,7 +137,7 @@ def state_of(source: Any, describe: Sequence[dict[str, Any]], last: Any) -> dict
     if isinstance(source, SplitShare):  # for elastic resume
         body["split"] = source.split_state()
     body["offset"] = positions.mark
-    return {**body, "check": _checksum(body, texts)}
+    return {**body, "check": state_checksum(body, texts)}
 
 
 def _differs(saved: dict[str, Any], here: dict[str, Any], source: Any) -> str | None:
@@ -246,7 +204,7 @@ def load_state(
             f"not a pipeline state of version {VERSION}: version {state.get('version')!r}"
         )
     body = {k: v for k, v in state.items() if k != "check"}
-    if state.get("check") != _checksum(body):
+    if state.get("check") != state_checksum(body):
         raise ConfigError("the state was edited or damaged: its checksum does not match")
     missing = {"pipeline", "epoch", "positions", "nodes", "offset"} - set(state)
     if missing:

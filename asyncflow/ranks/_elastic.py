@@ -19,14 +19,12 @@ drops again among the items left only.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._errors import ConfigError
-from ..pipeline import Span, sequence_identity
+from ..pipeline import Span, sequence_identity, short_digest, state_checksum
 from ._cut import cut
 
 __all__ = [
@@ -52,14 +50,7 @@ def _sampled_hash(items: Sequence[Any]) -> str:
     n = len(items)
     step = max(1, n // _SAMPLED)
     sample = "\n".join([str(n), *(repr(items[i])[:200] for i in range(0, n, step))])
-    return hashlib.sha256(sample.encode()).hexdigest()[:16]
-
-
-def _checksum(body: Mapping[str, Any]) -> str:
-    """A pipeline state's ``check`` (asyncflow/pipeline/_resume.py computes it alike, and
-    tests/test_elastic.py checks real states against this)."""
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return short_digest(sample.encode())
 
 
 def _cut_size(m: int, count: int, remainder: str) -> int:
@@ -138,7 +129,7 @@ def _split_of(index: int, state: Any) -> dict[str, Any]:
     if not isinstance(state, Mapping):
         raise ConfigError(f"state {index} is not a pipeline state: {type(state).__name__}")
     body = {k: v for k, v in state.items() if k != "check"}
-    if state.get("check") != _checksum(body):
+    if state.get("check") != state_checksum(body):
         raise ConfigError(f"state {index} was edited or damaged: its checksum does not match")
     split = state.get("split")
     if not isinstance(split, Mapping):
@@ -176,7 +167,7 @@ def untouched_state(sibling: Any, index: int) -> dict[str, Any]:
     per_rank = split["count"] // split["world_size"]
     body = {"positions": {"mark": 0, "ranges": []},
             "split": {**split, "index": index, "rank": index // per_rank}}
-    return {**body, "check": _checksum(body)}
+    return {**body, "check": state_checksum(body)}
 
 
 def _agree(splits: list[dict[str, Any]]) -> None:

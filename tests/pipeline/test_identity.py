@@ -12,9 +12,9 @@ import pytest
 
 from asyncflow import ConfigError, Pipeline
 from asyncflow.pipeline import listing_identity
+from asyncflow.pipeline import state_checksum as _checksum
 from asyncflow.pipeline._identity import describe_difference, sequence_identity
 from asyncflow.pipeline._resume import _sampled
-from asyncflow.ranks._elastic import _checksum
 
 pytestmark = pytest.mark.usefixtures("leak_check")
 

@@ -17,7 +17,7 @@ import pytest
 
 from asyncflow import ConfigError, Pipeline, PipelineError, RandomSampler, mix
 from asyncflow.pipeline import BranchEnd, Merge
-from asyncflow.pipeline._resume import _checksum
+from asyncflow.pipeline import state_checksum as _checksum
 
 Make = Callable[[], Pipeline[Any]]
 

@@ -13,12 +13,12 @@ import pytest
 
 from asyncflow import Pipeline
 from asyncflow.pipeline import _lineage
+from asyncflow.pipeline import state_checksum as _checksum
 from asyncflow.pipeline._channel import ChannelBase
 from asyncflow.pipeline._expansion import SplitLedger
 from asyncflow.pipeline._ledger import FixedLedger, Ledger, MapLedger, ShuffleLedger
 from asyncflow.pipeline._lineage import SourceLedger, SourcePlan
 from asyncflow.pipeline._offload import FAILED
-from asyncflow.pipeline._resume import _checksum
 from asyncflow.pipeline._span import GrowingSpan, Span, runs
 
 
