@@ -6,6 +6,12 @@ context variable, so every stage task inherits it). Stage functions such as
 S3 client) by key; the scope creates it once, on first use, and closes every resource it
 created when the run stops, whether the run ended, failed or was cancelled.
 
+Each stage task of a run also has the run's epoch current (:func:`current_epoch`): the number
+its pipeline gave the run (a merge branch's stages: the epoch of its input that the branch
+reads). The pipeline owns the count (``pipeline/_shared_source.py``: ``set_epoch`` and
+``load_state_dict`` set it); a source or stage that depends on the epoch (a listing's shuffle,
+a cache's replay order) reads it here rather than counting runs itself.
+
 This module sits below both ``pipeline/`` and ``sources/`` so that neither imports the other.
 """
 
@@ -18,12 +24,17 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanag
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-__all__ = ["RunScope", "aclose_scopes", "current_scope", "use_scope"]
+__all__ = [
+    "RunScope", "aclose_scopes", "current_epoch", "current_scope", "use_epoch", "use_scope",
+]
 
 T = TypeVar("T")
 
 _current: contextvars.ContextVar[RunScope | None] = contextvars.ContextVar(
     "asyncflow_run_scope", default=None
+)
+_epoch: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "asyncflow_run_epoch", default=None
 )
 
 
@@ -156,6 +167,21 @@ def current_scope() -> RunScope | None:
     return _current.get()
 
 
+def current_epoch() -> int | None:
+    """The epoch of the pipeline run whose stage (or source) is calling: a merge branch's is
+    the epoch of its input that it reads. ``None`` outside any run.
+
+    It is set in each stage task of a run (its source's factory, an async stage function, a
+    custom node) and in what they hand to ``run_thread``; a sync map function, called on the
+    run's worker threads, does not see it (a custom node reads ``ctx.epoch``).
+
+    Read it when an epoch begins (a source factory called by the run, a stage's first item):
+    it is the one count of the run's epochs, which ``Pipeline.set_epoch`` (where a pipeline
+    has it) and ``load_state_dict`` set.
+    """
+    return _epoch.get()
+
+
 @contextmanager
 def use_scope(scope: RunScope | None) -> Iterator[None]:
     """Make ``scope`` current for the block (and the tasks created inside it)."""
@@ -164,3 +190,14 @@ def use_scope(scope: RunScope | None) -> Iterator[None]:
         yield
     finally:
         _current.reset(token)
+
+
+@contextmanager
+def use_epoch(epoch: int | None) -> Iterator[None]:
+    """Make ``epoch`` the run's epoch for the block (and the tasks created inside it): the
+    engine starts each stage task of a run so, with that stage's epoch."""
+    token = _epoch.set(epoch)
+    try:
+        yield
+    finally:
+        _epoch.reset(token)

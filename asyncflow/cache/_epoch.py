@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import SourceError
-from ..pipeline import listing_identity, run_failed, run_thread
+from ..pipeline import current_epoch, listing_identity, run_failed, run_thread
 from ._checks import ALL_CHECKED, Checks
 from ._fingerprint import describe_change
 from ._format import MANIFEST, read_manifest
@@ -59,31 +58,9 @@ from ._reader import (
 from ._replay import BufferPool, KeptMapping, permutation, replay
 from ._upstream import Upstream, stream, take
 
-__all__ = ["CacheSource", "EpochCounter"]
+__all__ = ["CacheSource"]
 
 log = logging.getLogger("asyncflow.cache")
-
-
-class EpochCounter:
-    """A cache source's epoch numbers: 0, 1, ... in the order its epochs begin, from a
-    resumed state's epoch on once :meth:`start_at` set it. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._next = 0
-        self._lock = threading.Lock()
-
-    def __iter__(self) -> EpochCounter:
-        return self
-
-    def __next__(self) -> int:
-        with self._lock:
-            epoch, self._next = self._next, self._next + 1
-        return epoch
-
-    def start_at(self, epoch: int) -> None:
-        """Number the next epoch ``epoch``."""
-        with self._lock:
-            self._next = epoch
 
 
 @dataclass(frozen=True)
@@ -118,7 +95,6 @@ class CacheSource:
     seed: int | None = None
     wait: bool = False
     durable: bool = False
-    epochs: EpochCounter = field(default_factory=EpochCounter, compare=False, repr=False)
     buffers: BufferPool = field(default_factory=BufferPool, compare=False, repr=False)
     kept: KeptMapping = field(default_factory=KeptMapping, compare=False, repr=False)
     checks: Checks = field(default_factory=Checks, compare=False, repr=False)
@@ -126,15 +102,9 @@ class CacheSource:
 
     def shuffled(self, seed: int | None) -> CacheSource:
         """This source replaying in a random order by index: with a ``seed``, the order
-        depends on the seed and on the epoch (how many times this source has been called,
-        counted from a resumed state's epoch: :meth:`resume_epoch`)."""
-        return dataclasses.replace(self, shuffle=True, seed=seed, epochs=EpochCounter())
-
-    def resume_epoch(self, epoch: int) -> None:
-        """Number the next epoch ``epoch`` (later ones count on from it): called by
-        ``Pipeline.load_state_dict`` with the saved epoch, so that a shuffled replay resumes
-        that epoch's order."""
-        self.epochs.start_at(epoch)
+        depends on the seed and on the run's epoch (``current_epoch()``, which a resumed
+        state's epoch sets: a resumed shuffled replay has that epoch's order)."""
+        return dataclasses.replace(self, shuffle=True, seed=seed)
 
     def __call__(self) -> AsyncGenerator[Any, None]:
         return self.run_epoch(self.upstream)
@@ -155,7 +125,8 @@ class CacheSource:
             defer: Batches that need a copy come as :class:`~asyncflow.cache._replay.Deferred`
                 copies, which the consumer makes (:func:`~asyncflow.cache._replay.finish`).
         """
-        return self._epoch(next(self.epochs), upstream, defer=defer)
+        epoch = current_epoch()  # the run's (outside a run, called directly: 0)
+        return self._epoch(0 if epoch is None else epoch, upstream, defer=defer)
 
     def ready(self) -> bool:
         """Whether the manifest says the cache can be replayed now (its files are checked by

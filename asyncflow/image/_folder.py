@@ -144,10 +144,12 @@ class ImageFolder(Pipeline[Batch]):
     _decode_options: dict[str, Any]
 
     def set_epoch(self, epoch: int) -> None:
-        """Number the next run ``epoch`` (its shuffle and crops); later runs count on from it."""
-        self._listing.set_epoch(epoch)
-        with self._source.lock:  # the run's epoch, which state_dict() saves, follows it
-            self._source.runs = epoch
+        """Number the next run ``epoch`` (its shuffle and crops); later runs count on from it.
+
+        Raises:
+            ConfigError: ``epoch`` is not an int >= 0.
+        """
+        self._source.set_epoch(epoch)  # the run's epoch, which the listing reads
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """As :meth:`~asyncflow.Pipeline.load_state_dict`; the next run lists the saved
@@ -155,18 +157,19 @@ class ImageFolder(Pipeline[Batch]):
         ``n`` holds the images at positions ``[n * batch_size, (n + 1) * batch_size)`` of the
         epoch's order not yet delivered (nor failed) before the interruption."""
         super().load_state_dict(state)
-        if isinstance(state.get("epoch"), int):
-            self._listing.set_epoch(state["epoch"])
 
     def journal_begin(self) -> dict[str, Any] | None:
         """For a journal (:class:`~asyncflow.journal.Journaled`): start noting which batch is
         which; the run's configuration. ``None`` when stages after the batches make new ones."""
-        stages = self.describe()
-        kinds = [stage["kind"] for stage in stages]
-        after = stages[kinds.index("assemble") + 1:]
-        if "decoder" in self._decode_options and after and after[0]["name"] == "batch":
+        names = [stage["name"] for stage in self.describe()[1:]]
+        stages = list(zip(names, self.stages, strict=True))
+        made = next(i for i, (_, spec) in enumerate(stages) if spec.traits.grouping == "batches")
+        after = stages[made + 1:]  # after the stage that assembles the batches
+        if "decoder" in self._decode_options and after and after[0][0] == "batch":
             after = after[1:]  # the GPU path's stage that makes the assembled batches
-        if any(stage["kind"] != "prefetch" for stage in after):
+        # Each later stage must hand on the batches themselves, one for one, in order.
+        if any(not (spec.traits.keeps_items and spec.items_per_output == 1)
+               for _, spec in after):
             return None
         return _explain.begin(self)
 

@@ -2,7 +2,8 @@
 
 Each item carries its epoch and position in the epoch's order, which fix its training crop and
 the batch row it is decoded into (see ``_slots.py``), and the number of its listing, which keeps
-the buffers of concurrent runs apart.
+the buffers of concurrent runs apart. The epoch is the run's (``current_epoch()``): the listing
+counts no epochs of its own.
 
 What a listing *is*, for a resume state and a cache's fingerprint: the files by their path
 under the tree's root, their labels, sizes and a fingerprint of their bytes
@@ -17,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..pipeline import ItemGroup, listing_identity
+from ..pipeline import ItemGroup, current_epoch, listing_identity
 from ..pipeline.seeding import epoch_rng
 from ..ranks import Part
 from ._digests import file_tokens, relative_names
@@ -55,7 +56,6 @@ class Listing:
         self.group = group
         self.part = part
         self._lock = threading.Lock()
-        self._next_epoch = 0
         self._runs = 0
         #: The epoch of each listing (run) made so far, for a journal.
         self.epochs: dict[int, int] = {}
@@ -89,16 +89,14 @@ class Listing:
         n = len(self.samples)
         return n if self.part is None else self.part.size(n)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Number the next listing ``epoch``; later ones count on from it."""
-        with self._lock:
-            self._next_epoch = epoch
-
     def __call__(self) -> Iterator[ItemGroup]:
+        """List the epoch of the run that calls (its pipeline's count, which
+        ``ImageFolder.set_epoch`` and ``load_state_dict`` set; a merge branch's: the era it
+        reads); epoch 0 when called outside a run."""
+        epoch = current_epoch()
+        epoch = 0 if epoch is None else epoch
         with self._lock:
-            epoch, run = self._next_epoch, self._runs
-            self._next_epoch += 1
-            self._runs += 1
+            run, self._runs = self._runs, self._runs + 1
             self.epochs[run] = epoch
         return self._items(epoch, run)
 

@@ -4,6 +4,7 @@ Features (``asyncflow.torch``, ``asyncflow.cache``, progress bars, display) exte
 through the public seams exported here; see ``EXTENDING.md``.
 """
 
+from .._scope import current_epoch
 from ._auto import choose_workers, usable_cpus
 from ._boot import check_picklable
 from ._checksum import short_digest, state_checksum
@@ -13,7 +14,7 @@ from ._custom import CustomSpec
 from ._features import feature, register_feature
 from ._identity import listing_identity, sequence_identity
 from ._merge import BranchEnd, Merge, MergeChooser, MergePolicy
-from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender, apply_hooks
+from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender, apply_hooks, node_for
 from ._options import RunOptions, RunPlan
 from ._pipeline import Pipeline
 from ._protocols import Assembler
@@ -22,6 +23,7 @@ from ._span import Span
 from ._spec import AssembleSpec, StageSpec
 from ._stats import FailureRecord, ItemGroup, PipelineStats, StageStats, label_stage
 from ._thread_pool import run_thread
+from ._traits import StageTraits
 from ._worker_options import (
     Processes,
     WorkerInfo,
@@ -63,13 +65,16 @@ __all__ = [
     "Span",
     "StageSpec",
     "StageStats",
+    "StageTraits",
     "WorkerInfo",
     "apply_hooks",
     "check_picklable",
     "choose_workers",
+    "current_epoch",
     "feature",
     "label_stage",
     "listing_identity",
+    "node_for",
     "register_feature",
     "register_reducer",
     "register_worker_setup",

@@ -17,7 +17,6 @@ from ._features import feature
 from ._merge import Branch, Merge
 from ._options import RunOptions, RunPlan
 from ._pool_holder import PoolHolder
-from ._protocols import EpochResumable
 from ._resume import load_state, state_of
 from ._run import ConsumerHook, Run, T_co
 from ._runtime import Runtime
@@ -168,11 +167,12 @@ class PipelineCore(Generic[T_co]):
         opener = source.source if isinstance(source.source, Merge) else source.open
         return RunPlan(open_source=opener, options=self._options)
 
-    def _branch(self) -> Branch:
-        """A new epoch of this pipeline, for a merge that builds it into its own run
-        (``_merge.py``): as :meth:`_runtime`, without a runtime of its own."""
+    def _branch(self, epoch: int | None = None) -> Branch:
+        """A new epoch of this pipeline (``epoch``: that one, the count left as it is), for a
+        merge that builds it into its own run (``_merge.py``): as :meth:`_runtime`, without
+        a runtime of its own."""
         plan = self.run_plan()
-        epoch, _, start = self._source.take_run(resume=False)
+        epoch, _, start = self._source.take_run(resume=False, at=epoch)
         stages = self._stages if plan.stages is None else plan.stages
         return Branch(plan=plan, stages=stages, epoch=epoch, start=start, pools=self._pools)
 
@@ -231,9 +231,8 @@ class PipelineCore(Generic[T_co]):
         """Restore a state from :meth:`state_dict`: the next run is the saved epoch, and
         yields exactly what that run had not delivered; the run after it, the next epoch.
 
-        A source that numbers its epochs itself (the seed of a shuffled order, say) and
-        defines ``resume_epoch(epoch)`` is called with the saved epoch: its next epoch is
-        that one, later ones count on from it.
+        The saved epoch is the next run's (``Run.epoch``; ``current_epoch()`` for its
+        stages and source): what depends on the epoch (a shuffled order, say) follows it.
 
         Raises:
             ConfigError: The state is from another pipeline (other stages, another source,
@@ -242,9 +241,6 @@ class PipelineCore(Generic[T_co]):
         epoch, plan = load_state(self._source.source, self.describe(), state)
         if epoch is not None:
             self._source.runs = self._source.first = epoch
-            # A source that numbers its epochs itself (a cache) resumes the saved one's order
-            if isinstance(self._source.source, EpochResumable):
-                self._source.source.resume_epoch(epoch)
         self._source.resume_plan = plan
 
     # -- introspection ------------------------------------------------------------------

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from .._errors import ConfigError
-from ._protocols import EpochResumable, EpochSampler, EpochSettable
+from ._protocols import EpochSampler
 from ._source_ledger import SourcePlan
 from ._span import Span
 
@@ -140,35 +140,22 @@ def branch_at(pipe: Any, era: Era) -> Any:
     (``PipelineCore._branch()``): a resumed era's epoch again (its order, its seeds), else
     the input's next. Runs on a worker thread (``run_plan()`` may read files).
 
-    What numbers its epochs itself is set to the era's too: an input pipeline that defines
-    ``set_epoch(epoch)`` (``image.folder``: its listing's order and crops) and a source that
-    defines ``resume_epoch(epoch)`` (a cache: ``load_state_dict`` calls it for a pipeline's
-    source) are given the era's epoch; a sampler (``next_epoch`` and ``set_epoch()``) the
-    epoch it drew for the era, which the era records.
+    The branch's run carries that epoch (``current_epoch()``: an ``image.folder``'s listing
+    and a cache's replay order read it), and the input's count is left as it is
+    (:func:`count_on`). A sampler source draws its own epochs (``next_epoch``; a
+    ``DistributedSampler`` keeps one until ``set_epoch``, as torch's does): a new era records
+    the one it draws, and a resumed era sets it back.
     """
-    source = pipe._source
-    sampler: EpochSampler | None = source.source
+    sampler: EpochSampler | None = pipe._source.source
     if not (isinstance(sampler, EpochSampler) and isinstance(sampler.next_epoch, int)):
         sampler = None
     if era.plan is None or era.lineage is not None:  # a new era: the input's next epoch
         if sampler is not None:
             era.sampler = sampler.next_epoch
         return pipe._branch()
-    with source.lock:  # the count goes on as it was (count_on), not from this epoch
-        count = source.runs
-    if isinstance(pipe, EpochSettable):
-        pipe.set_epoch(era.epoch)
-    if isinstance(source.source, EpochResumable):
-        source.source.resume_epoch(era.epoch)
     if sampler is not None and era.sampler is not None:
         sampler.set_epoch(era.sampler)
-    with source.lock:
-        source.runs = source.first = era.epoch
-    try:
-        return pipe._branch()
-    finally:
-        with source.lock:
-            source.runs = count
+    return pipe._branch(era.epoch)
 
 
 def count_on(pipes: Sequence[Any], tracks: Sequence[Track]) -> None:

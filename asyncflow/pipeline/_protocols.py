@@ -25,9 +25,9 @@ Sources and pipelines:
   :class:`ListedSource` (``listing_identity``), :class:`SplitShare` (``split_state``),
   :class:`KeyedIterator` (``seed_key`` on a source's iterator; public as
   ``seeding.KeyedIterator``, where it is defined beside the seeds it keys).
-* The epoch: :class:`EpochResumable` (``resume_epoch``: a source told a resumed state's
-  epoch), :class:`EpochSettable` (``set_epoch``: a pipeline or sampler set to an epoch),
-  :class:`EpochSampler` (``next_epoch`` and ``set_epoch``).
+* The epoch: a source or stage reads its run's from ``current_epoch()`` (the pipeline owns
+  the count); :class:`EpochSampler` (``next_epoch`` and ``set_epoch``): a sampler, which
+  draws its own epochs as torch's do.
 
 Runs: :class:`ConsumerHook` (what a pipeline's hook factory builds per run; a
 :class:`Closable` one is closed when its run ends) and :class:`MergePolicy` /
@@ -50,9 +50,7 @@ __all__ = [
     "Budgeted",
     "Closable",
     "ConsumerHook",
-    "EpochResumable",
     "EpochSampler",
-    "EpochSettable",
     "KeyedIterator",
     "ListedSource",
     "MergeChooser",
@@ -244,29 +242,13 @@ class SplitShare(Protocol):
 
 
 @runtime_checkable
-class EpochResumable(Protocol):
-    """A source that numbers its epochs itself (a cache): told the epoch a resumed state
-    was saved in, its next epoch is that one."""
-
-    def resume_epoch(self, epoch: int) -> None:
-        """The next epoch is ``epoch``."""
-        ...
-
-
-@runtime_checkable
-class EpochSettable(Protocol):
-    """A pipeline or sampler whose next epoch can be set (``image.folder``: its listing's
-    order and crops; a sampler: its order); a merge's resumed branch is set to its era's."""
-
-    def set_epoch(self, epoch: int) -> None:
-        """The next epoch is ``epoch``."""
-        ...
-
-
-@runtime_checkable
-class EpochSampler(EpochSettable, Protocol):
+class EpochSampler(Protocol):
     """A sampler that says which epoch it draws next (``asyncflow.sources.Sampler``): a
     merge records it per era and sets it back on resume."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next iteration draws ``epoch``."""
+        ...
 
     @property
     def next_epoch(self) -> int:

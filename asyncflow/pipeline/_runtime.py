@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence, Sized
 from typing import Any
 
 from .._redact import describe_exception, format_exception
-from .._scope import aclose_scopes, use_scope
+from .._scope import aclose_scopes, use_epoch, use_scope
 from ._bridge import Handoff
 from ._channel import ChannelAborted
 from ._current import RunLocal, enter_run
@@ -301,12 +301,12 @@ class Runtime:
 
     def _spawn(self, contexts: Sequence[NodeContext]) -> None:
         """Start the tasks of the stages of ``contexts``, each with its stage's run scope
-        current (the run starts its own stages so; a merge node, its branches')."""
+        and epoch current (the run starts its own stages so; a merge node, its branches')."""
         assert self._group is not None
         position = {id(ctx): index for index, ctx in enumerate(self.contexts)}
         for ctx in contexts:
             index = position[id(ctx)]
-            with use_scope(ctx.scope):
+            with use_scope(ctx.scope), use_epoch(ctx.epoch):
                 coro = self._run_node(
                     ctx, self.nodes[index], self.inputs[index], self.outputs[index]
                 )

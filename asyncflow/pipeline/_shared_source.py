@@ -1,4 +1,11 @@
-"""``SharedSource``: a pipeline's source, and the epoch count its derived pipelines share."""
+"""``SharedSource``: a pipeline's source, and the epoch count its derived pipelines share.
+
+The count is the one owner of a pipeline's epoch: each run takes its number here
+(:meth:`SharedSource.take_run`), carries it (``Run.epoch``, each stage's ``ctx.epoch`` and, in
+its stage tasks, :func:`~asyncflow.pipeline.current_epoch`) and saves it in its state; ``set_epoch``
+and ``load_state_dict`` set it. A merge branch reads the epoch of its input that the branch's
+era names (:meth:`SharedSource.take_run` ``at`` it), the count left as it was.
+"""
 
 from __future__ import annotations
 
@@ -52,21 +59,41 @@ class SharedSource:
         self.resume_plan: Any = None  # a SourcePlan from load_state_dict(), for the next run
         self.lock = threading.Lock()
 
-    def take_run(self, *, resume: bool = True) -> tuple[int, Any, int]:
+    def set_epoch(self, epoch: int) -> None:
+        """Number the next run ``epoch``; later runs count on from it.
+
+        Raises:
+            ConfigError: ``epoch`` is not an int >= 0.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
+        with self.lock:
+            self.runs = epoch
+
+    def take_run(self, *, resume: bool = True, at: int | None = None) -> tuple[int, Any, int]:
         """The next run's epoch, resume plan (``None`` if none, or not ``resume``: a merge
         branch's) and start offset, taken together: of two runs starting at once, one
         resumes and the other reads the next epoch.
+
+        Args:
+            resume: Take the resume plan ``load_state_dict`` left (a merge branch does not).
+            at: Run epoch ``at`` instead of the next, leaving the count as it is (a resumed
+                merge branch's era: the epoch of its input it read, which a one-shot
+                iterator given to a new pipeline still holds).
 
         Raises:
             ConfigError: A one-shot iterator was read by an earlier run.
         """
         with self.lock:
-            epoch, self.runs = self.runs, self.runs + 1
+            if at is None:
+                epoch, self.runs = self.runs, self.runs + 1
+            else:
+                epoch = at
             plan = None
             if resume:
                 plan, self.resume_plan = self.resume_plan, None
             offset, self.resume_offset = self.resume_offset, 0
-        if self.one_shot and epoch > self.first:
+        if self.one_shot and at is None and epoch > self.first:
             raise ConfigError(
                 f"the source {type(self.source).__name__} is an iterator, so it can be read "
                 "once, and an earlier run has read it; pass a list, or a zero-argument "

@@ -85,3 +85,31 @@ def test_a_state_of_another_caches_replay_is_refused(tmp_path: Path) -> None:
     assert len(labels(moved)) == 4
     with pytest.raises(ConfigError, match="its listing changed"):
         images(count=40, batch=8).cache(tmp_path / "b", key=2).load_state_dict(state)
+
+
+def _broken_hook(run: Any) -> Any:
+    raise RuntimeError("the hook failed as its run started")
+
+
+def test_the_replay_order_follows_the_runs_epoch_after_a_run_that_never_read_it(
+    tmp_path: Path, leak_check: None
+) -> None:
+    """Issue 24 (one owner of the epoch): a run stopped before its source was opened (a
+    consumer hook failed as it started) took its epoch all the same; the next run is epoch
+    1, and the cache, keeping no count of its own to fall behind, replays epoch 1's order:
+    the epoch its state would save."""
+    list(images(count=40, batch=8).cache(tmp_path / "c"))  # fills the cache
+
+    def make() -> Any:
+        return images(count=40, batch=8).cache(tmp_path / "c").shuffle(seed=5)
+
+    reference = make()
+    orders = [labels(reference) for _ in range(2)]
+    assert orders[0] != orders[1]
+    pipe = make()
+    broken = pipe.with_hook(_broken_hook)  # shares the pipeline's source and epoch count
+    with pytest.raises(RuntimeError, match="hook failed"), broken.open() as run:
+        next(run)
+    with pipe.open() as run:
+        assert [batch[1].tolist() for batch in run] == orders[1]
+        assert run.epoch == 1

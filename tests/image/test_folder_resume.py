@@ -190,3 +190,31 @@ def test_a_state_of_another_tree_is_refused_saying_what_differs(
             path.write_bytes(jpeg(40 + index, 30, seed=100 + index))
     with pytest.raises(ConfigError, match=message):
         _make(tmp_path / "other", "threads").load_state_dict(state)
+
+
+def _broken_hook(run: Any) -> Any:
+    raise RuntimeError("the hook failed as its run started")
+
+
+def test_the_listing_reads_the_runs_epoch_after_a_run_that_never_listed(
+    tree: Path, leak_check: None
+) -> None:
+    """Issue 24 (one owner of the epoch): a run stopped before its listing was made (a
+    consumer hook failed as it started) took its epoch all the same. The next run is epoch
+    1, its state says so, and the listing, keeping no count of its own to fall behind,
+    lists epoch 1's order and crops: the ones a resume from that state lists again."""
+    reference = _make(tree, "threads")
+    reference.set_epoch(1)
+    full = list(reference)
+    pipe = _make(tree, "threads")
+    broken = pipe.with_hook(_broken_hook)  # shares the pipeline's source and epoch count
+    with pytest.raises(RuntimeError, match="hook failed"), broken.open() as run:
+        next(run)
+    head, state = _take(pipe, 1)
+    assert state["epoch"] == 1
+    _same(head, full[:1])
+    resumed = _make(tree, "threads")
+    resumed.load_state_dict(state)
+    _same(list(resumed), full[1:])
+    del reference, pipe, broken, resumed
+    gc.collect()
