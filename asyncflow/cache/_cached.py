@@ -22,9 +22,6 @@ __all__ = ["CachedPipeline", "cache"]
 # Replayed batches waiting for a consumer that copies them itself (or views of the mapping).
 _DEFERRED_BUFFER = 16
 
-# Stages after a batch stage that keep its items lists of samples.
-_KEEPS_LISTS = {"prefetch", "shuffle", "filter"}
-
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
@@ -139,28 +136,26 @@ class CachedPipeline(Pipeline[T_co]):
 
 
 def _layout(pipe: Pipeline[Any], batched: bool | None) -> str:
-    """What ``pipe`` yields, as its ``describe()`` declares it (``batched`` overrides).
+    """What ``pipe`` yields, as its stages' traits declare it (``batched`` overrides).
 
-    The last stage that makes or splits batches decides: an ``assemble`` stage, or any stage
-    that declares a ``batch_size`` (a custom stage's option), yields ``"batches"``; a
-    ``batch`` stage yields ``"lists"`` of samples, or ``"batches"`` once a stage other than
-    ``prefetch``, ``shuffle`` or ``filter`` (a collating map) follows it; ``unbatch`` and
-    ``flat_map`` yield ``"samples"``, as does a pipeline with none of these.
+    The last stage that groups or splits items decides (``StageTraits.grouping``): one that
+    makes batches (``assemble``) yields ``"batches"``; one that makes lists (``batch``)
+    yields ``"lists"`` of samples, or ``"batches"`` once a stage that changes items (a
+    collating map) follows it; one that splits items (``unbatch``, ``flat_map``) yields
+    ``"samples"``, as does a pipeline with none of these.
     """
     if batched is not None:
         if not isinstance(batched, bool):
             raise ConfigError(f"batched must be True, False or None, got {batched!r}")
         return "batches" if batched else "samples"
-    stages = pipe.describe()[1:]  # the source's entry describes its object, not a stage
+    stages = pipe.stages
     for i in range(len(stages) - 1, -1, -1):
-        kind = stages[i]["kind"]
-        if kind == "assemble" or "batch_size" in stages[i]:
-            return "batches"
-        if kind == "batch":
-            after = {s["kind"] for s in stages[i + 1:]}
-            return "lists" if after <= _KEEPS_LISTS else "batches"
-        if kind in ("unbatch", "flat_map"):
-            return "samples"
+        grouping = stages[i].traits.grouping
+        if grouping == "lists":
+            keeps = all(s.traits.keeps_items for s in stages[i + 1:])
+            return "lists" if keeps else "batches"
+        if grouping is not None:
+            return "batches" if grouping == "batches" else "samples"
     return "samples"
 
 
@@ -209,9 +204,9 @@ def cache(
             writing, ``<name>.tmp-*``).
         batched: Whether items are collated batches (fields with a leading batch dimension),
             stored per sample and batched again to the same size on replay. ``None``
-            (default) decides from ``pipe.describe()``: a ``batch`` stage or a
-            ``batch_size`` setting means batches (lists of samples straight from
-            ``.batch()`` are replayed as lists).
+            (default) decides from the stages' traits: a ``batch`` or ``assemble`` stage (or
+            a custom one whose ``StageTraits.grouping`` says it groups items) means batches
+            (lists of samples straight from ``.batch()`` are replayed as lists).
         key: Anything JSON-able mixed into the fingerprint: change it to force a rebuild
             (for example a version of your decode code, which the fingerprint cannot see).
         wait: While another process writes the cache, wait for it and replay, instead of

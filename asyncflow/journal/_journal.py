@@ -37,8 +37,6 @@ __all__ = ["Failure", "Journal", "JournalRecord", "explain", "journal", "rebuild
 
 #: Failures kept while they wait for the output they fall in.
 _PENDING = 1024
-#: Stage kinds a generic rebuild can run again on a restricted source, output for output.
-_REPLAYABLE = frozenset({"map", "filter", "batch", "prefetch"})
 
 
 def _file(path: str | os.PathLike[str], rank: int) -> Path:
@@ -294,12 +292,13 @@ def rebuild(pipe: Any, record: JournalRecord) -> Any:
     if record.positions is None:
         raise ConfigError("the journal holds no positions for this output: a stage kept no "
                           "ledger (see Pipeline.state_dict for which)")
-    for stage in pipe.describe()[1:]:
-        kind, name = stage["kind"], stage["name"]
-        if kind not in _REPLAYABLE or stage.get("ordered") is False:
-            why = "unordered" if kind == "map" else f"a {kind} stage"
-            raise ConfigError(f"cannot rebuild: stage {name!r} is {why}, so an output depends "
-                              "on more than its own items (or on their timing)")
+    for stage, spec in zip(pipe.describe()[1:], pipe.stages, strict=True):
+        traits = spec.traits  # a run on the recorded items alone makes the output again?
+        if not traits.replayable:
+            why = "unordered" if traits.per_item and not traits.ordered else \
+                f"a {stage['kind']} stage"
+            raise ConfigError(f"cannot rebuild: stage {stage['name']!r} is {why}, so an output "
+                              "depends on more than its own items (or on their timing)")
     source = pipe.source
     if not hasattr(source, "__getitem__") or not hasattr(source, "__len__"):
         raise ConfigError(f"cannot rebuild: the source ({type(source).__name__}) is not a "

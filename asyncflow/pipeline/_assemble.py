@@ -26,7 +26,7 @@ from typing import Any
 
 from .._errors import ConfigError
 from ._ledger import Ledger
-from ._node import NodeContext, Receiver, Sender
+from ._node import NodeContext, Receiver, Sender, node_for
 from ._protocols import Assembler
 from ._span import Span
 from ._spec import AssembleSpec
@@ -35,10 +35,6 @@ from ._stats import ItemGroup
 __all__ = ["AssembleLedger", "AssembleNode"]
 
 _DRAIN = 4096
-
-
-def _positioned(assembler: Any) -> bool:
-    return all(callable(getattr(assembler, m, None)) for m in ("position", "release", "resume"))
 
 
 class AssembleLedger(Ledger):
@@ -127,6 +123,7 @@ class AssembleLedger(Ledger):
         self.assembler.resume(self.positions)  # before the run starts: before any claim
 
 
+@node_for(AssembleSpec)
 class AssembleNode:
     """The ``assemble`` stage of one run: each row to the assembler, the batches it
     completes to the output.
@@ -141,7 +138,7 @@ class AssembleNode:
         self.assembler: Assembler[Any] = spec.assembler
         #: Present when the assembler numbers its rows (the run can then be resumed).
         self.ledger: AssembleLedger | None = (
-            AssembleLedger(spec.assembler) if _positioned(spec.assembler) else None
+            AssembleLedger(spec.assembler) if spec.traits.stateful else None
         )
         self._taken = 0  # rows (messages) read
         self._where: dict[int, int] = {}  # position -> input ordinal, rows not yet released

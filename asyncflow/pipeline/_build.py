@@ -13,40 +13,24 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .._errors import ConfigError
 from .._scope import RunScope
-from ._assemble import AssembleNode
+from . import _assemble, _custom, _map, _stages  # noqa: F401  (their nodes: node_for)
 from ._bridge import Handoff
 from ._channel import Channel
-from ._custom import CustomSpec
 from ._failures import FailureBudget
 from ._graph import Graph, RunResources
+from ._ledger import Ledger
 from ._lineage import Lineage, SourcePlan
 from ._loop import new_loop
-from ._map import MapNode
 from ._merge import Branch, BranchRun, Merge, MergeNode
 from ._merge_resume import MergeLedger, branch_at, tracks_of
-from ._node import ItemKeys, Node, NodeContext
+from ._node import ItemKeys, Node, NodeContext, make_node
 from ._options import RunOptions
 from ._pool_holder import PoolHolder
-from ._protocols import Budgeted
+from ._protocols import Budgeted, SettlingNode, StatefulNode
 from ._source_node import SourceNode
-from ._spec import (
-    AssembleSpec,
-    BatchSpec,
-    MapSpec,
-    PrefetchSpec,
-    ShuffleSpec,
-    StageSpec,
-    UnbatchSpec,
-    stage_names,
-)
-from ._stages import (
-    BatchNode,
-    FlatMapNode,
-    PrefetchNode,
-    ShuffleNode,
-    UnbatchNode,
-)
+from ._spec import MapSpec, StageSpec, stage_names
 from ._stats import StageCounters
 from ._thread_pool import WorkerPool
 
@@ -61,17 +45,10 @@ def thread_count(specs: Sequence[StageSpec], source: Any = None) -> int:
     branches = 0
     if isinstance(source, Merge):
         branches = sum(thread_count(p.stages, p.source) for p in source.inputs)
-    return 1 + branches + sum(
-        s.concurrency_ for s in specs
-        if (isinstance(s, MapSpec) and not s.is_async and s.executor is None
-            and s.processes is None)
-        or isinstance(s, CustomSpec)
-    )
+    return 1 + branches + sum(s.concurrency_ for s in specs if s.traits.worker == "threads")
 
 
 def _default_capacity(spec: StageSpec | None, batched: bool) -> int:
-    if isinstance(spec, PrefetchSpec):
-        return spec.size
     buffer = spec.buffer if spec is not None else None
     if buffer is not None:
         return int(buffer)
@@ -112,15 +89,26 @@ def build_run(
         loop=loop, pools=pools if pools is not None else PoolHolder(), epoch=epoch, start=start,
         resume=resume,
     )
-    return build_graph(open_source, specs, run), run
+    try:
+        return build_graph(open_source, specs, run), run
+    except BaseException:  # a node's factory or its declared traits refused: nothing ran
+        pool.shutdown()
+        loop.close()
+        raise
 
 
 def build_graph(
     open_source: Callable[[], Any] | Merge[Any], specs: Sequence[StageSpec], run: RunResources
 ) -> Graph:
-    """The nodes, contexts and output channels of one run (in the consumer's thread)."""
+    """The nodes, contexts and output channels of one run (in the consumer's thread); if a
+    stage cannot be built, the stop callbacks of those built so far are called."""
     graph = Graph()
-    graph.chain = _add_chain(graph, open_source, specs, run, prefix="", handoff=True)
+    try:
+        graph.chain = _add_chain(graph, open_source, specs, run, prefix="", handoff=True)
+    except BaseException:
+        for ctx in graph.contexts:
+            ctx.call_stop_callbacks()
+        raise
     return graph
 
 
@@ -153,10 +141,9 @@ def _add_chain(
     in_step = True  # every stage so far maps source items 1:1, in order
     batched = False
     for index, spec in enumerate(stages):
-        if isinstance(spec, BatchSpec | AssembleSpec):
-            batched = True
-        elif isinstance(spec, UnbatchSpec):
-            batched = False
+        grouping = spec.traits.grouping if spec is not None else None
+        if grouping is not None:
+            batched = grouping != "elements"
         kind = ("source" if merge is None else "merge") if spec is None else spec.kind
         name = names[index]
         capacity = _default_capacity(spec, batched)
@@ -184,17 +171,16 @@ def _add_chain(
         if in_step:
             ctx.start = run.start  # positions count from the resumed one
             ctx.in_step = True
-        in_step = in_step and (spec is None or (
-            isinstance(spec, MapSpec) and spec.mode == "map" and spec.ordered
-        ) or isinstance(spec, PrefetchSpec))
-        if isinstance(spec, MapSpec) and spec.processes is not None:
+        in_step = in_step and (spec is None or spec.items_per_output == 1)
+        if spec is not None and spec.traits.worker == "processes":
             ctx.processes = _process_pool(index, spec, name, ctx, run)
-        if isinstance(spec, MapSpec) and spec.note:
+        if spec is not None and spec.note:
             graph.notes.append(f"stage {name!r} runs on {spec.note}")
-        if spec is None and merge is not None:
-            node: Node = _merge_node(graph, merge, ctx, run, prefix)
+        if spec is None:
+            node: Node = (SourceNode(ctx, open_source) if merge is None
+                          else _merge_node(graph, merge, ctx, run, prefix))
         else:
-            node = _make_node(ctx, spec, open_source, capacity)
+            node = _stage_node(ctx, spec)
         graph.contexts.append(ctx)
         graph.inputs.append(previous)
         graph.outputs.append(output)
@@ -279,11 +265,12 @@ def _merge_node(
 
 
 def _process_pool(
-    index: int, spec: MapSpec, name: str, ctx: NodeContext, run: RunResources
+    index: int, spec: StageSpec, name: str, ctx: NodeContext, run: RunResources
 ) -> Any:
     from ._process_pool import ProcessPool
 
-    assert spec.processes is not None
+    # A map is the one stage that runs on processes: it names the function and the options.
+    assert isinstance(spec, MapSpec) and spec.processes is not None
     processes = spec.processes
 
     def make() -> ProcessPool:
@@ -300,25 +287,22 @@ def _process_pool(
     return pool
 
 
-def _make_node(
-    ctx: NodeContext, spec: StageSpec | None, open_source: Callable[[], Any], capacity: int
-) -> Node:
-    if spec is None:
-        return SourceNode(ctx, open_source)
-    if isinstance(spec, MapSpec):
-        if spec.mode == "flat_map":
-            return FlatMapNode(ctx, spec, capacity)
-        return MapNode(ctx, spec)
-    if isinstance(spec, BatchSpec):
-        return BatchNode(ctx, spec)
-    if isinstance(spec, AssembleSpec):
-        return AssembleNode(ctx, spec)
-    if isinstance(spec, UnbatchSpec):
-        return UnbatchNode(ctx)
-    if isinstance(spec, PrefetchSpec):
-        return PrefetchNode(ctx, spec)
-    if isinstance(spec, ShuffleSpec):
-        return ShuffleNode(ctx, spec)
-    if isinstance(spec, CustomSpec):
-        return spec.factory(ctx)
-    raise TypeError(f"unknown stage spec {spec!r}")
+def _stage_node(ctx: NodeContext, spec: StageSpec) -> Node:
+    """The node registered for ``spec``'s class (``_node.node_for``), checked against what
+    the spec declares of its state (``StageTraits.stateful``)."""
+    node = make_node(ctx, spec)
+    if isinstance(getattr(node, "ledger", None), Ledger):
+        return node  # the engine's own nodes keep their state in their ledgers
+    keeps = isinstance(node, SettlingNode) and isinstance(node, StatefulNode)
+    if keeps and not spec.traits.stateful:
+        raise ConfigError(
+            f"stage {ctx.name!r}: its node ({type(node).__name__}) has get_state / set_state, "
+            "but its spec does not declare stateful=True (StageTraits): its state would be "
+            "left out of state_dict()"
+        )
+    if spec.traits.stateful and not keeps:
+        raise ConfigError(
+            f"stage {ctx.name!r}: its spec declares stateful=True, but its node "
+            f"({type(node).__name__}) lacks settled_inputs, get_state or set_state"
+        )
+    return node

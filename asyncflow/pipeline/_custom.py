@@ -7,8 +7,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ._node import Node, NodeContext
+from .._errors import ConfigError
+from ._node import Node, NodeContext, node_for
 from ._spec import StageSpec
+from ._traits import StageTraits
 
 __all__ = ["CustomSpec"]
 
@@ -28,6 +30,14 @@ class CustomSpec(StageSpec):
     items_per_output: int | None = None
     #: Whether stages may follow this one (a device transfer must come last).
     terminal: bool = False
+    #: What the stage is, for the code around its node (``StageTraits``): nothing assumed
+    #: by default (its calls on the run's threads).
+    traits: StageTraits = StageTraits()  # noqa: RUF009 (frozen: sharing it is safe)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.traits, StageTraits):
+            raise ConfigError(f"traits must be a StageTraits, got {self.traits!r}")
 
     def default_name(self) -> str:
         return self.label
@@ -38,3 +48,8 @@ class CustomSpec(StageSpec):
     @property
     def concurrency_(self) -> int:
         return self.concurrency
+
+
+@node_for(CustomSpec)
+def _custom_node(ctx: NodeContext, spec: CustomSpec) -> Node:
+    return spec.factory(ctx)

@@ -1,10 +1,10 @@
-"""The failure policy: fail fast by default; with a budget, skip, count and report."""
+"""The failure policy: fail fast by default; with a budget, skip, count and report (an item
+is named by ``asyncflow._redact.describe_item``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import reprlib
 import time
 from collections.abc import Sequence
 
@@ -12,25 +12,9 @@ from .._errors import FailureBudgetExceeded
 from .._redact import describe_exception, redact
 from ._stats import FailureRecord
 
-__all__ = ["FailureBudget", "describe_item"]
+__all__ = ["FailureBudget"]
 
 logger = logging.getLogger("asyncflow")
-
-_repr = reprlib.Repr()
-_repr.maxstring = 120
-_repr.maxother = 120
-_repr.maxlist = _repr.maxtuple = _repr.maxdict = 4
-_repr.maxlevel = 2
-
-
-def describe_item(item: object) -> str:
-    """A short, redacted repr of an item for error notes, logs and failure records."""
-    try:
-        text = _repr.repr(item)
-    except Exception:  # a broken __repr__ must not hide the real error
-        text = f"<{type(item).__name__} with a failing repr>"
-    return redact(text)
-
 
 class FailureBudget:
     """How many items a stage may fail on before the pipeline fails.

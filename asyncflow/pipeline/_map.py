@@ -26,7 +26,7 @@ from .._errors import ConfigError
 from ._chunking import TARGET_CHUNK_SECONDS, Chunking
 from ._hand import Hand
 from ._ledger import MapLedger
-from ._node import NodeContext, Receiver, Sender
+from ._node import NodeContext, Receiver, Sender, node_for
 from ._offload import FAILED, run_chunk, run_chunk_remote
 from ._protocols import runs_inline
 from ._reorder import Reorder
@@ -37,6 +37,7 @@ from ._stepped import Resume
 __all__ = ["MapNode"]
 
 
+@node_for(MapSpec)
 class MapNode:
     """``map`` and ``filter``: sync functions on worker threads in adaptive chunks, async
     functions on the loop, ``concurrency`` at a time, in input order when ``ordered``."""

@@ -1,5 +1,5 @@
 """What every stage of a run is given: its counters, its failure budget, and the run's
-thread pool, scope and hooks."""
+thread pool, scope and hooks; and which node each kind of stage spec builds (``node_for``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, TypeVar
 
-from .._redact import format_exception
+from .._errors import ConfigError
+from .._redact import describe_item, format_exception
 from .._scope import RunScope
-from ._failures import FailureBudget, describe_item
+from ._failures import FailureBudget
 from ._lineage import Lineage
 from ._offload import WorkerPool, run_in
 from ._protocols import Node, ReceiveHook, Receiver, Sender
@@ -23,7 +24,51 @@ logger = logging.getLogger("asyncflow")
 
 __all__ = [
     "ItemKeys", "Node", "NodeContext", "ReceiveHook", "Receiver", "Sender", "apply_hooks",
+    "make_node", "node_for",
 ]
+
+S = TypeVar("S")
+F = TypeVar("F", bound=Callable[..., Node])
+
+#: The node factory of each spec class: ``factory(ctx, spec) -> Node``.
+_FACTORIES: dict[type, Callable[[NodeContext, Any], Node]] = {}
+
+
+def node_for(spec_class: type[S]) -> Callable[[F], F]:
+    """Register what builds a run's node for each stage of ``spec_class`` (and of its
+    subclasses that register none): a node class or function called as
+    ``factory(ctx, spec)``. A stage is a spec and its node; the spec module never imports the
+    node's (EXTENDING.md, "A stage of a new kind")::
+
+        @node_for(MySpec)
+        class MyNode:
+            def __init__(self, ctx: NodeContext, spec: MySpec) -> None: ...
+
+    Registering a class again replaces its factory (a test double, say).
+    """
+    if not isinstance(spec_class, type):
+        raise ConfigError(f"node_for() needs a spec class, got {spec_class!r}")
+
+    def register(factory: F) -> F:
+        _FACTORIES[spec_class] = factory
+        return factory
+
+    return register
+
+
+def make_node(ctx: NodeContext, spec: object) -> Node:
+    """The node of ``spec``'s stage for one run, from the factory registered for the closest
+    class of ``spec`` (:func:`node_for`).
+
+    Raises:
+        ConfigError: No node is registered for the spec's class.
+    """
+    for cls in type(spec).__mro__:
+        factory = _FACTORIES.get(cls)
+        if factory is not None:
+            return factory(ctx, spec)
+    raise ConfigError(f"stage {ctx.name!r}: no node is registered for {type(spec).__name__} "
+                      "(register one with asyncflow.pipeline.node_for)")
 
 
 def apply_hooks(hooks: Sequence[ReceiveHook], items: list[Any]) -> list[Any]:

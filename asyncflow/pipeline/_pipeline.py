@@ -21,6 +21,7 @@ from ._shared_source import SharedSource, Source, check_source
 from ._spec import (
     AssembleSpec,
     BatchSpec,
+    FlatMapSpec,
     MapSpec,
     PrefetchSpec,
     ShuffleSpec,
@@ -268,8 +269,8 @@ class Pipeline(PipelineCore[T_co]):
         part-way through an expansion counts as the item's failure; what it yielded before
         stays yielded.
         """
-        return cast("Pipeline[U]", self.with_stage(MapSpec(
-            mode="flat_map", fn=fn, concurrency=concurrency, ordered=ordered,
+        return cast("Pipeline[U]", self.with_stage(FlatMapSpec(
+            fn=fn, concurrency=concurrency, ordered=ordered,
             name=name, max_failures=max_failures, buffer=buffer, buffer_bytes=buffer_bytes,
         )))
 

@@ -28,9 +28,9 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from .._errors import WorkerError
+from .._redact import describe_item
 from . import _segments
 from ._boot import boot_payload, start_context, without_main
-from ._failures import describe_item
 from ._jobs import Job, Slot, blame, exit_reason, merge, settle, stop_workers, unpack
 from ._offload import ChunkResult
 from ._pool import PoolStats

@@ -10,25 +10,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._errors import ConfigError
+from ._traits import StageTraits, Worker
 
 if TYPE_CHECKING:
     from ._protocols import Assembler
     from ._worker_options import Processes
 
 __all__ = [
-    "AssembleSpec",
-    "BatchSpec",
-    "MapSpec",
-    "PrefetchSpec",
-    "ShuffleSpec",
-    "StageSpec",
-    "UnbatchSpec",
-    "check_budget",
-    "check_positive",
-    "check_seconds",
-    "fn_name",
-    "is_async_callable",
-    "stage_names",
+    "AssembleSpec", "BatchSpec", "FlatMapSpec", "MapSpec", "PrefetchSpec", "ShuffleSpec",
+    "StageSpec", "UnbatchSpec", "check_budget", "check_positive", "check_seconds", "fn_name",
+    "is_async_callable", "stage_names",
 ]
 
 
@@ -116,9 +107,13 @@ def stage_names(specs: Sequence[StageSpec]) -> list[str]:
 
 @dataclass(frozen=True, kw_only=True)
 class StageSpec:
-    """Base of every stage spec. ``name`` labels the stage in stats and error notes."""
+    """Base of every stage spec (``name``: the stage's label in stats and error notes). A
+    stage is a spec, which declares its traits (``_traits.py``), and the node registered for
+    its class (``_node.node_for``)."""
 
     kind: ClassVar[str] = "stage"
+    #: What the stage is (a spec whose traits follow its fields overrides :attr:`traits`).
+    TRAITS: ClassVar[StageTraits] = StageTraits()
     name: str | None = None
 
     def __post_init__(self) -> None:
@@ -136,10 +131,14 @@ class StageSpec:
     def concurrency_(self) -> int:
         return 1
 
-    # The traits the graph builder, the lineage and the pipeline read of any spec; a
-    # subclass declares a field of the same name to set one. A failure budget of its own is
-    # the protocol ``_protocols.Budgeted`` instead: whether a spec has the field says whether
-    # it can take one (``dataclasses.replace(spec, max_failures=...)``).
+    @property
+    def traits(self) -> StageTraits:
+        """What the stage is: ordered, per item, how it groups items ... (``_traits.py``)."""
+        return self.TRAITS
+
+    # The settings the builder, the lineage and the pipeline read of any spec (a subclass
+    # declares a field of the same name to set one). A failure budget of its own is the
+    # protocol ``_protocols.Budgeted`` (``dataclasses.replace(spec, max_failures=...)``).
 
     @property
     def buffer(self) -> int | None:
@@ -158,14 +157,21 @@ class StageSpec:
 
     @property
     def items_per_output(self) -> int | None:
-        """Source items behind each output item when fixed (what makes a stage resumable
-        without a ledger of its own); ``None`` when unknown."""
+        """Inputs behind each output when fixed, in order (output ``k`` is made of inputs
+        ``[k * n, (k + 1) * n)``; ``1``: in step with its input, which keeps the stages after
+        it in step with the source): what makes a stage resumable without a ledger of its
+        own. ``None`` when unknown."""
         return None
 
     @property
     def terminal(self) -> bool:
         """Whether the stage must be the last one (a device transfer)."""
         return False
+
+    @property
+    def note(self) -> str | None:
+        """Why the stage runs where it runs, when that was chosen for the user."""
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,7 +194,7 @@ class MapSpec(StageSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.mode not in ("map", "filter", "flat_map"):
+        if self.mode not in (("flat_map",) if isinstance(self, FlatMapSpec) else ("map", "filter")):
             raise ConfigError(f"unknown mode {self.mode!r}")
         _check_callable(self.mode, self.fn)
         check_positive("concurrency", self.concurrency)
@@ -230,6 +236,21 @@ class MapSpec(StageSpec):
         return self.mode
 
     @property
+    def traits(self) -> StageTraits:
+        worker: Worker = (
+            "loop" if self.is_async else "executor" if self.executor is not None
+            else "processes" if self.processes is not None else "threads"
+        )
+        splits = self.mode == "flat_map"  # its ledger saves partial expansions
+        return StageTraits(ordered=self.ordered, per_item=True, worker=worker, tunable=True,
+                           grouping="elements" if splits else None, stateful=splits,
+                           keeps_items=self.mode == "filter")
+
+    @property
+    def items_per_output(self) -> int | None:
+        return 1 if self.mode == "map" and self.ordered else None
+
+    @property
     def is_async(self) -> bool:
         return is_async_callable(self.fn)
 
@@ -242,18 +263,17 @@ class MapSpec(StageSpec):
         return self.mode if name == "<lambda>" else name
 
     def settings(self) -> dict[str, Any]:
-        return {
-            "fn": fn_name(self.fn),
-            "concurrency": self.concurrency,
-            "ordered": self.ordered,
-            "runs_on": "loop" if self.is_async else (
-                type(self.executor).__name__ if self.executor
-                else "processes" if self.processes else "threads"
-            ),
-            "max_failures": self.max_failures,
-            "buffer": self.buffer,
-            "buffer_bytes": self.buffer_bytes,
-        }
+        runs_on = type(self.executor).__name__ if self.executor else self.traits.worker
+        return {"fn": fn_name(self.fn), "concurrency": self.concurrency, "ordered": self.ordered,
+                "runs_on": runs_on, "max_failures": self.max_failures, "buffer": self.buffer,
+                "buffer_bytes": self.buffer_bytes}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlatMapSpec(MapSpec):
+    """``flat_map``: emit the items of the (async) iterable ``fn`` returns for each item."""
+
+    mode: str = "flat_map"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,12 +281,18 @@ class BatchSpec(StageSpec):
     """Group items into lists of ``size``."""
 
     kind: ClassVar[str] = "batch"
+    TRAITS: ClassVar[StageTraits] = StageTraits(ordered=True, per_item=True, grouping="lists",
+                                                worker="loop")
     size: int
     drop_last: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive("batch size", self.size)
+
+    @property
+    def items_per_output(self) -> int | None:
+        return self.size
 
     def settings(self) -> dict[str, Any]:
         return {"size": self.size, "drop_last": self.drop_last}
@@ -304,6 +330,12 @@ class AssembleSpec(StageSpec):
                 f"methods; {type(self.assembler).__name__} lacks {', '.join(missing)}"
             )
 
+    @property
+    def traits(self) -> StageTraits:
+        positioned = all(callable(getattr(self.assembler, m, None))  # PositionedAssembler:
+                         for m in ("position", "release", "resume"))  # state of its own
+        return StageTraits(grouping="batches", stateful=positioned, worker="loop")
+
     def settings(self) -> dict[str, Any]:
         return {
             "assembler": type(self.assembler).__name__, "batch_size": self.batch_size,
@@ -317,6 +349,9 @@ class UnbatchSpec(StageSpec):
     """Emit the elements of each (iterable) item."""
 
     kind: ClassVar[str] = "unbatch"
+    TRAITS: ClassVar[StageTraits] = StageTraits(
+        ordered=True, per_item=True, grouping="elements", stateful=True, worker="loop"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -324,11 +359,22 @@ class PrefetchSpec(StageSpec):
     """A bounded buffer of ``size`` items that keeps filling while the consumer is busy."""
 
     kind: ClassVar[str] = "prefetch"
+    TRAITS: ClassVar[StageTraits] = StageTraits(
+        ordered=True, per_item=True, keeps_items=True, worker="loop"
+    )
     size: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive("prefetch size", self.size)
+
+    @property
+    def buffer(self) -> int | None:
+        return self.size
+
+    @property
+    def items_per_output(self) -> int | None:
+        return 1
 
     def settings(self) -> dict[str, Any]:
         return {"size": self.size}
@@ -339,6 +385,7 @@ class ShuffleSpec(StageSpec):
     """Shuffle through a buffer of ``buffer_size`` items, seeded per epoch."""
 
     kind: ClassVar[str] = "shuffle"
+    TRAITS: ClassVar[StageTraits] = StageTraits(keeps_items=True, worker="loop")
     buffer_size: int
     seed: int | None = None
 

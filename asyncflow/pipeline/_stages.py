@@ -18,9 +18,9 @@ from typing import Any
 from ._channel import Channel, ChannelAborted
 from ._expansion import SplitLedger
 from ._ledger import FixedLedger, Passthrough, ShuffleLedger
-from ._node import NodeContext, Receiver, Sender
+from ._node import NodeContext, Receiver, Sender, node_for
 from ._offload import SOURCE_CHUNK, aclose_iterator, next_chunk
-from ._spec import BatchSpec, MapSpec, PrefetchSpec, ShuffleSpec
+from ._spec import BatchSpec, FlatMapSpec, PrefetchSpec, ShuffleSpec, UnbatchSpec
 from ._stats import ItemGroup, count_items, count_one
 from .seeding import epoch_random
 
@@ -54,16 +54,18 @@ class _Slot:
         self.error: BaseException | None = None
 
 
+@node_for(FlatMapSpec)
 class FlatMapNode:
-    """``flat_map``: each item becomes the items of the (async) iterable ``fn`` returns."""
+    """``flat_map``: each item becomes the items of the (async) iterable ``fn`` returns
+    (each one's items buffered as deep as the stage's output queue)."""
 
-    def __init__(self, ctx: NodeContext, spec: MapSpec, capacity: int) -> None:
+    def __init__(self, ctx: NodeContext, spec: FlatMapSpec) -> None:
         self.ctx = ctx
         self.fn = spec.fn
         self.ordered = spec.ordered
         self.concurrency = spec.concurrency
         self.is_async = spec.is_async
-        self.capacity = capacity
+        self.capacity = ctx.counters.capacity
         self._ticket = 0
         self._slots: dict[int, _Slot] = {}
         self._slot_added: asyncio.Event | None = None
@@ -217,6 +219,7 @@ class FlatMapNode:
             ticket += 1
 
 
+@node_for(BatchSpec)
 class BatchNode:
     """Groups items into lists of ``size``; the last, shorter one unless ``drop_last``."""
 
@@ -250,13 +253,14 @@ class BatchNode:
             ledger.drop_rest(len(pending))
 
 
+@node_for(UnbatchSpec)
 class UnbatchNode:
     """Emits the elements of each item (a list, tuple, tensor or any iterable).
 
     Splitting an :class:`ItemGroup` hands on the items it already counted as, so an unbatch
     stage that receives only groups does nothing the user sees: it is internal."""
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: NodeContext, spec: UnbatchSpec) -> None:
         self.ctx = ctx
         self.ledger = SplitLedger(elementwise=True)
 
@@ -286,6 +290,7 @@ class UnbatchNode:
             del batch, batches
 
 
+@node_for(PrefetchSpec)
 class PrefetchNode:
     """Moves items on as they come; its output buffer keeps filling while the consumer works."""
 
@@ -311,6 +316,7 @@ class PrefetchNode:
         return True
 
 
+@node_for(ShuffleSpec)
 class ShuffleNode:
     """Shuffles through a bounded buffer; the order depends only on (seed, epoch)."""
 

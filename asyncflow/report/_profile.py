@@ -293,8 +293,9 @@ def profile(
         sample: Source items to profile with. Every stage's function runs on its share of
             them once per setting of itself and of each stage before it, so keep side
             effects in mind.
-        concurrencies: The settings tried for stages that have one (``map``, ``filter``,
-            ``flat_map``); other stages (``batch``, ``shuffle``, ...) run once as configured.
+        concurrencies: The settings tried for stages whose traits say their concurrency is
+            worth tuning (``StageTraits.tunable``: ``map``, ``filter``, ``flat_map``); other
+            stages (``batch``, ``shuffle``, ...) run once as configured.
         tolerance: Recommend the smallest setting whose rate is within this fraction of
             the best.
 
@@ -335,7 +336,7 @@ def _profile(
     for index, spec in enumerate(pipe.stages):
         name = spec.name or spec.default_name()
         configured = getattr(spec, "concurrency_", 1)
-        tunable = spec.kind in ("map", "filter", "flat_map")
+        tunable = spec.traits.tunable
         rates: dict[int, float] = {}
         outputs: list[Any] | None = None
         per_item, failures, produced = 0.0, 0, 0

@@ -1,4 +1,4 @@
-"""``.cache()`` reads what a pipeline yields from ``describe()``: assemble and custom stages."""
+"""``.cache()`` reads what a pipeline yields from its stages' traits: assemble and custom stages."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from asyncflow import Pipeline
 from asyncflow.cache._cached import _layout
-from asyncflow.pipeline import CustomSpec, NodeContext, Receiver, Sender
+from asyncflow.pipeline import CustomSpec, NodeContext, Receiver, Sender, StageTraits
 
 
 class _Whole:
@@ -38,11 +38,19 @@ def test_an_assemble_stage_yields_batches_through_later_maps() -> None:
     assert _layout(assembled, False) == "samples"
 
 
-def test_a_custom_stage_declaring_a_batch_size_yields_batches() -> None:
-    def custom(options: dict[str, Any]) -> CustomSpec:
-        return CustomSpec(label="pass", factory=_Pass, options=options)
+def test_a_custom_stage_yields_what_its_traits_declare() -> None:
+    def custom(**traits: Any) -> CustomSpec:
+        return CustomSpec(label="pass", factory=_Pass, traits=StageTraits(**traits))
 
     base = Pipeline(range(4))
-    assert _layout(base.with_stage(custom({"batch_size": 8})), None) == "batches"
-    assert _layout(base.with_stage(custom({"device": "cpu"})), None) == "samples"
-    assert _layout(base.batch(2).with_stage(custom({})), None) == "batches"
+    assert _layout(base.with_stage(custom(grouping="batches")), None) == "batches"
+    assert _layout(base.with_stage(custom(grouping="lists")), None) == "lists"
+    assert _layout(base.batch(2).with_stage(custom(grouping="elements")), None) == "samples"
+    assert _layout(base.with_stage(custom()), None) == "samples"
+    # after a batch stage: lists while every later stage keeps its items, else collated
+    assert _layout(base.batch(2).with_stage(custom()), None) == "batches"
+    assert _layout(base.batch(2).with_stage(custom(keeps_items=True)), None) == "lists"
+    # neither a kind nor a setting decides: a custom stage named and set like a batch
+    # stage, whose traits say nothing, groups nothing
+    lookalike = CustomSpec(label="batch", factory=_Pass, options={"batch_size": 8})
+    assert _layout(base.with_stage(lookalike), None) == "samples"
