@@ -170,8 +170,7 @@ def count_on(pipes: Sequence[Any], tracks: Sequence[Track]) -> None:
         if id(source) not in latest or latest[id(source)][1] < top:
             latest[id(source)] = (source, top)
     for source, top in latest.values():
-        with source.lock:
-            source.runs = top + 1
+        source.set_epoch(top + 1)  # the input's own count (its SharedSource): no other
 
 
 def tracks_of(state: Any, branches: int, name: str) -> list[Track] | None:
