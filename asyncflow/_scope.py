@@ -176,8 +176,8 @@ def current_epoch() -> int | None:
     run's worker threads, does not see it (a custom node reads ``ctx.epoch``).
 
     Read it when an epoch begins (a source factory called by the run, a stage's first item):
-    it is the one count of the run's epochs, which ``Pipeline.set_epoch`` (where a pipeline
-    has it) and ``load_state_dict`` set.
+    it is the one count of the run's epochs, which ``Pipeline.set_epoch`` and
+    ``load_state_dict`` set.
     """
     return _epoch.get()
 

@@ -143,14 +143,6 @@ class ImageFolder(Pipeline[Batch]):
     _seed: int
     _decode_options: dict[str, Any]
 
-    def set_epoch(self, epoch: int) -> None:
-        """Number the next run ``epoch`` (its shuffle and crops); later runs count on from it.
-
-        Raises:
-            ConfigError: ``epoch`` is not an int >= 0.
-        """
-        self._source.set_epoch(epoch)  # the run's epoch, which the listing reads
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """As :meth:`~asyncflow.Pipeline.load_state_dict`; the next run lists the saved
         epoch again (same order, same crops), and its batches keep their boundaries: batch

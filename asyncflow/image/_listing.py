@@ -91,7 +91,7 @@ class Listing:
 
     def __call__(self) -> Iterator[ItemGroup]:
         """List the epoch of the run that calls (its pipeline's count, which
-        ``ImageFolder.set_epoch`` and ``load_state_dict`` set; a merge branch's: the era it
+        ``set_epoch`` and ``load_state_dict`` set; a merge branch's: the era it
         reads); epoch 0 when called outside a run."""
         epoch = current_epoch()
         epoch = 0 if epoch is None else epoch

@@ -202,7 +202,22 @@ class PipelineCore(Generic[T_co]):
     def __aiter__(self) -> Run[T_co]:
         return self.open()
 
-    # -- resuming -----------------------------------------------------------------------
+    # -- the epoch and resuming ---------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Number the next run ``epoch``; later runs count on from it.
+
+        The count is the pipeline's one epoch count, shared with the pipelines derived from
+        it (``with_stage``, ``with_options``...): each run carries its number (``Run.epoch``,
+        saved by :meth:`state_dict`), and what depends on it follows (a seeded ``shuffle``'s
+        order, the per-item seeds of worker processes, ``image.folder``'s order and crops,
+        what reads ``asyncflow.pipeline.current_epoch()``). A sampler source keeps its own
+        rule: call its ``set_epoch`` for its order.
+
+        Raises:
+            ConfigError: ``epoch`` is not an int >= 0.
+        """
+        self._source.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the latest run stands, for resuming after a crash: plain JSON.

@@ -2,9 +2,10 @@
 
 The count is the one owner of a pipeline's epoch: each run takes its number here
 (:meth:`SharedSource.take_run`), carries it (``Run.epoch``, each stage's ``ctx.epoch`` and, in
-its stage tasks, :func:`~asyncflow.pipeline.current_epoch`) and saves it in its state; ``set_epoch``
-and ``load_state_dict`` set it. A merge branch reads the epoch of its input that the branch's
-era names (:meth:`SharedSource.take_run` ``at`` it), the count left as it was.
+its stage tasks, :func:`~asyncflow.pipeline.current_epoch`) and saves it in its state;
+``Pipeline.set_epoch`` and ``load_state_dict`` set it. A merge branch reads the epoch of its
+input that the branch's era names (:meth:`SharedSource.take_run` ``at`` it), the count left as
+it was.
 """
 
 from __future__ import annotations

@@ -112,10 +112,17 @@ def test_a_merge_resumes_each_branch_at_its_eras_epoch() -> None:
     assert head + rest == full  # each era's items carry the epoch its input read then
 
 
-def test_set_epoch_of_the_owner_refuses_a_bad_epoch() -> None:
-    pipe = Pipeline(Listed())
-    with pytest.raises(ConfigError, match="epoch must be an int >= 0"):
-        pipe._source.set_epoch(-1)
+def test_set_epoch_numbers_the_next_run_and_its_derived_pipelines_count_on() -> None:
+    pipe = Pipeline(Listed()).map(_async_stage)
+    derived = pipe.with_options(max_failures=0)
+    pipe.set_epoch(4)
+    assert _epochs(derived) == (4, {(4, 4)})
+    assert _epochs(pipe) == (5, {(5, 5)})
+    state = pipe.state_dict()
+    assert state["epoch"] == 5
+    for bad in (-1, True, 1.0):
+        with pytest.raises(ConfigError, match="epoch must be an int >= 0"):
+            pipe.set_epoch(bad)  # type: ignore[arg-type]
 
 
 
