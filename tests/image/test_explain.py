@@ -15,6 +15,7 @@ from PIL import Image
 import asyncflow as af
 from asyncflow import ConfigError, image
 from asyncflow.image import augmentation, decode
+from asyncflow.pipeline import CustomSpec, NodeContext, Receiver, Sender, StageTraits
 
 from ._pictures import jpeg, smooth, write_tree
 
@@ -164,6 +165,34 @@ def test_batches_made_anew_after_the_folder_are_journaled_without_positions(
     prefetched = pipe.prefetch(2)  # the same batch objects: still an image.folder record
     list(prefetched.journal(tmp_path / "k"))
     assert af.explain(tmp_path / "k", epoch=1, step=1).kind == "image.folder"  # 2nd listing
+
+
+class _Handing:
+    """A third party's stage that hands on the batches it reads, as they are."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+
+    async def run(self, inp: Receiver | None, out: Sender) -> None:
+        assert inp is not None
+        while items := await inp.get_many(4):
+            await out.put_many(items)
+
+
+@pytest.mark.parametrize(("traits", "kind"), [
+    (StageTraits(ordered=True, per_item=True, keeps_items=True), "image.folder"),
+    (StageTraits(ordered=True, per_item=True), "pipeline"),
+])
+def test_a_stage_after_the_folder_is_judged_by_its_traits(
+    tree: Path, tmp_path: Path, traits: StageTraits, kind: str
+) -> None:
+    """Not by its kind: a custom stage that declares it keeps its items, one for one, leaves
+    the batches the folder's own; one that does not may have made new ones."""
+    pipe = image.folder(tree, batch_size=4, size=16, max_failures=1, workers="threads")
+    handing = pipe.with_stage(CustomSpec(label="hand", factory=_Handing, items_per_output=1,
+                                         traits=traits))
+    list(handing.journal(tmp_path / "j"))
+    assert af.explain(tmp_path / "j", epoch=0, step=1).kind == kind
 
 
 # -- a file changed after the run (issue 25, point 4) --------------------------------------
