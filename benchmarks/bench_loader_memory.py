@@ -31,7 +31,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 KINDS = {"torch": "torch DataLoader", "asyncflow": 'asyncflow.DataLoader(workers="processes")',
+         "asyncflow-fork": 'the same, multiprocessing_context="fork"',
          "folder": "image.folder(train=True), defaults",
          "folder-kernel": "the same, normalized in the decoders (float32 rows, before)"}
 
@@ -81,6 +81,8 @@ def _role(pid: int, me: int) -> str:
     for role in ("resource_tracker", "forkserver"):
         if role in cmd and _parent_of(pid) == me:
             return role
+    if _parent_of(pid) == me and _descendants(pid):
+        return "forkserver"  # a fork pool's template: the forkserver's part for fork
     return "worker"
 
 
@@ -168,7 +170,32 @@ def _loader(kind: str, job: str, array_mib: int) -> Any:
         return torch.utils.data.DataLoader(dataset, **args)
     import asyncflow
 
+    if kind == "asyncflow-fork":
+        args["multiprocessing_context"] = "fork"
     return asyncflow.DataLoader(dataset, workers="processes", **args)
+
+
+def sample(me: int) -> None:
+    """Sample ``me``'s process tree (less this process) until a line comes; print the peak.
+
+    A process of its own, not a thread of ``me``: a fork pool refuses to fork a process in
+    which another Python thread runs. It is a fresh interpreter, sharing no heap with ``me``.
+    """
+    import select
+
+    peak: dict[str, Any] = {"total": 0.0}
+    print("ready", flush=True)
+    while not select.select([sys.stdin], [], [], 0.05)[0]:
+        tree = {p: _pss_mib(p) for p in [me, *_descendants(me)] if p != os.getpid()}
+        unmapped = _unmapped_mib(list(tree))
+        if sum(tree.values()) > peak["total"]:
+            roles: dict[str, float] = {}
+            for pid, pss in tree.items():
+                role = _role(pid, me)
+                roles[role] = roles.get(role, 0.0) + pss
+            peak.update(total=sum(tree.values()), roles=roles, shm=_shm_mib())
+        peak["held"] = max(peak.get("held", 0.0), sum(tree.values()) + unmapped)
+    print(json.dumps(peak), flush=True)
 
 
 def child(kind: str, job: str, array_mib: int) -> dict[str, Any]:
@@ -177,32 +204,22 @@ def child(kind: str, job: str, array_mib: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     me = os.getpid()
     make = _loader(kind, job, array_mib) if job == "array" else None  # the data before base
+    sampler = subprocess.Popen([sys.executable, __file__, "--sample", str(me)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert sampler.stdout is not None and sampler.stdin is not None
+    sampler.stdout.readline()
     base = _pss_mib(me)
-    peak: dict[str, Any] = {"total": 0.0}
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.05):
-            tree = {p: _pss_mib(p) for p in [me, *_descendants(me)]}
-            unmapped = _unmapped_mib(list(tree))
-            if sum(tree.values()) > peak["total"]:
-                roles: dict[str, float] = {}
-                for pid, pss in tree.items():
-                    role = _role(pid, me)
-                    roles[role] = roles.get(role, 0.0) + pss
-                peak.update(total=sum(tree.values()), roles=roles, shm=_shm_mib())
-            peak["held"] = max(peak.get("held", 0.0), sum(tree.values()) + unmapped)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     loader = make if make is not None else _loader(kind, job, array_mib)
     start = time.perf_counter()
     for _ in range(2):
         for _batch in loader:
             pass
     seconds = time.perf_counter() - start
-    done.set()
-    sampler.join()
+    sampler.stdin.write("stop\n")  # not an end of file: forked workers hold the pipe too
+    sampler.stdin.flush()
+    peak: dict[str, Any] = json.loads(sampler.stdout.readline())
+    sampler.stdin.close()
+    sampler.wait()
     roles = peak.get("roles", {})
     roles["parent"] = roles.get("parent", base) - base
     return {"kind": kind, "job": job, "above": peak["total"] - base, "roles": roles,
@@ -219,7 +236,11 @@ def main() -> None:
     parser.add_argument("--array-mib", type=int, default=256)
     parser.add_argument("--quick", action="store_true", help="one run, a 32 MiB array")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "JOB"))
+    parser.add_argument("--sample", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.sample:
+        sample(args.sample)
+        return
     if args.quick:
         args.runs, args.array_mib = 1, 32
     if args.child:
