@@ -3,7 +3,8 @@
 The boot payload (the stage function, the init hook, the setup hooks and the reducer modules)
 is pickled once per pool, by value where it cannot be by reference; a function that cannot be
 pickled at all is a :class:`~asyncflow.ConfigError` when the stage is built. Workers start from
-a forkserver that has imported the heavy modules once.
+a forkserver that has imported the heavy modules once; forked workers (``_fork.py``) get the
+setup as it is, unpickled.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from .._errors import ConfigError
 from . import _segments
 from ._worker_options import Processes, worker_setups
 
-__all__ = ["Boot", "boot_payload", "check_picklable", "start_context", "without_main"]
+__all__ = [
+    "Boot", "boot_payload", "check_picklable", "start_context", "without_main", "worker_setup",
+]
 
 _starting = threading.local()
 _preparation_data = spawn.get_preparation_data
@@ -85,10 +88,11 @@ class Boot:
         return self._payload
 
 
-def boot_payload(fn: Callable[[Any], Any], size: int, spec: Processes, stage: str,
-                  prefix: str) -> Boot:
+def worker_setup(fn: Callable[[Any], Any], size: int, spec: Processes, stage: str,
+                 prefix: str) -> dict[str, Any]:
+    """What a worker starts from (``_worker_process.serve``); a forked worker gets it as is."""
     providers = _segments.lazy_providers()
-    setup = {
+    return {
         "fn": fn, "init": spec.init, "prefix": prefix,
         # A lazy provider (asyncflow.torch's tensor reducer) and its setup hook load in a
         # worker only once the worker has imported its trigger (torch): an image decoder's
@@ -98,6 +102,12 @@ def boot_payload(fn: Callable[[Any], Any], size: int, spec: Processes, stage: st
         "info": {"num_workers": size, "seed": spec.seed or 0, "stage": stage},
         "reseed": spec.reseed,
     }
+
+
+def boot_payload(fn: Callable[[Any], Any], size: int, spec: Processes, stage: str,
+                  prefix: str) -> Boot:
+    providers = _segments.lazy_providers()
+    setup = worker_setup(fn, size, spec, stage, prefix)
     try:
         return Boot(*_segments.pickle_by_value(setup), providers)
     except Exception as exc:
@@ -111,8 +121,10 @@ def boot_payload(fn: Callable[[Any], Any], size: int, spec: Processes, stage: st
 
 
 def check_picklable(fn: Callable[[Any], Any], spec: Processes, stage: str) -> None:
-    """Raise :class:`ConfigError` now if ``fn`` or ``spec.init`` cannot go to a worker."""
-    boot_payload(fn, 1, spec, stage, "")
+    """Raise :class:`ConfigError` now if ``fn`` or ``spec.init`` cannot go to a worker
+    (forked workers get both unpickled)."""
+    if spec.start_method != "fork":
+        boot_payload(fn, 1, spec, stage, "")
 
 
 def _pickles(obj: Any) -> bool:

@@ -30,7 +30,8 @@ from typing import Any
 from .._errors import WorkerError
 from .._redact import describe_item
 from . import _segments
-from ._boot import boot_payload, start_context, without_main
+from ._boot import Boot, boot_payload, start_context, without_main
+from ._fork import ForkTemplate, ReaderGate, fork_template
 from ._jobs import Job, Slot, blame, exit_reason, merge, settle, stop_workers, unpack
 from ._offload import ChunkResult
 from ._pool import PoolStats
@@ -55,7 +56,8 @@ class ProcessPool:
         stage: The stage's name, for messages and the workers' :class:`WorkerInfo`.
 
     Raises:
-        ConfigError: ``fn`` or ``spec.init`` cannot be pickled (names it; suggests threads).
+        ConfigError: ``fn`` or ``spec.init`` cannot be pickled (names it; suggests threads);
+            or ``spec`` asks for ``fork`` where the parent cannot be forked safely (says why).
     """
 
     def __init__(self, fn: Callable[[Any], Any], size: int, spec: Processes, stage: str):
@@ -64,7 +66,11 @@ class ProcessPool:
         self.stage = stage
         self.token = secrets.token_hex(4)
         self.prefix = _segments.segment_prefix(self.token)
-        self.boot = boot_payload(fn, size, spec, stage, self.prefix)
+        self._status_path = os.path.join(_segments.SHM_DIR, f"{self.prefix}status")
+        fork = spec.start_method == "fork"  # its template forks now, before the run's threads
+        self._template: ForkTemplate | None = fork_template(
+            fn, size, spec, stage, self.prefix, self._status_path) if fork else None
+        self.boot: Boot | None = None if fork else boot_payload(fn, size, spec, stage, self.prefix)
         self.deaths = 0
         # chunk ``first`` to worker ``first % size`` (_protocols.round_robin); its caller
         # bounds what each worker holds (the loader's prefetch_factor)
@@ -82,7 +88,6 @@ class ProcessPool:
         self._reader: threading.Thread | None = None
         self._wake_r, self._wake_w = -1, -1
         self._status: mmap.mmap | None = None
-        self._status_path = os.path.join(_segments.SHM_DIR, f"{self.prefix}status")
 
     # -- lifetime -----------------------------------------------------------------------
 
@@ -122,7 +127,8 @@ class ProcessPool:
         finally:
             os.close(fd)
         self._wake_r, self._wake_w = os.pipe()
-        self._context = start_context(self.spec, self.boot.share(self._name))
+        if self.boot is not None:
+            self._context = start_context(self.spec, self.boot.share(self._name))
         for wid in range(self.size):
             self._slots.append(self._spawn(wid))
         self._reader = threading.Thread(
@@ -131,6 +137,9 @@ class ProcessPool:
         self._reader.start()
 
     def _spawn(self, wid: int) -> Slot:
+        if self._template is not None:
+            return Slot(wid, *self._template.spawn(wid))
+        assert self.boot is not None
         parent, child = multiprocessing.Pipe(duplex=True)
         process = self._context.Process(
             target=worker_main, args=(child, self.boot.share(self._name), self._status_path, wid),
@@ -167,6 +176,8 @@ class ProcessPool:
         self._wake_r = self._wake_w = -1
         if self._status is not None:
             self._status.close()
+        if self._template is not None:
+            self._template.close()
         _segments.sweep(self.prefix)
         error = RuntimeError("the process pool was shut down")
         for job in pending:
@@ -260,20 +271,25 @@ class ProcessPool:
     # -- the reader thread --------------------------------------------------------------
 
     def _read_loop(self) -> None:
-        while not self._closed:
-            with self._lock:
-                by_conn = {s.conn: s for s in self._slots}
-                by_sentinel = {s.process.sentinel: s for s in self._slots}
-            ready = wait([*by_conn, *by_sentinel, self._wake_r])
-            if self._closed:
-                return
-            for obj in ready:
-                if obj in by_conn:
-                    self._receive(by_conn[obj])
-                elif obj in by_sentinel:
-                    slot = by_sentinel[obj]
-                    self._drain(slot)
-                    self._died(slot)
+        with ReaderGate() as gate:  # a fork pool's template forks while this waits (_fork.py)
+            while not self._closed:
+                with self._lock:
+                    by_conn = {s.conn: s for s in self._slots}
+                    by_sentinel = {s.process.sentinel: s for s in self._slots}
+                with gate.waiting():
+                    ready = wait([*by_conn, *by_sentinel, self._wake_r])
+                if not self._closed:
+                    self._handle(ready, by_conn, by_sentinel)
+
+    def _handle(self, ready: list[Any], by_conn: dict[Any, Slot],
+                by_sentinel: dict[Any, Slot]) -> None:
+        for obj in ready:
+            if obj in by_conn:
+                self._receive(by_conn[obj])
+            elif obj in by_sentinel:
+                slot = by_sentinel[obj]
+                self._drain(slot)
+                self._died(slot)
 
     def _receive(self, slot: Slot) -> bool:
         """Handle one message; ``False`` when the pipe is at its end (the worker is gone)."""
@@ -350,9 +366,7 @@ class ProcessPool:
             self._fail_pool(WorkerError(
                 f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died while "
                 f"starting ({reason})"
-            ))
-            for job in jobs:
-                settle(job, None, self._broken)
+            ), jobs)
             return
         if jobs:  # before the replacement, which writes its own status in the same slot
             assert self._status is not None
@@ -360,7 +374,13 @@ class ProcessPool:
                   lambda item: WorkerError(
                       f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died "
                       f"({reason}) while processing item {describe_item(item)}"))
-        replacement = self._spawn(slot.wid)
+        try:
+            replacement = self._spawn(slot.wid)
+        except OSError as exc:  # a fork pool's template is gone (stopped at exit, killed)
+            self._fail_pool(WorkerError(
+                f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died ({reason}) and "
+                f"could not be replaced: {exc}"), jobs)
+            return
         with self._lock:
             closed = self._closed  # shut down while it started: shutdown() did not see it
             if not closed:
@@ -382,14 +402,15 @@ class ProcessPool:
         logger.warning("asyncflow: worker %d of stage %r (pid %s) died (%s); replaced",
                        slot.wid, self.stage, pid, reason)
 
-    def _fail_pool(self, error: BaseException) -> None:
+    def _fail_pool(self, error: BaseException, held: list[Job] | None = None) -> None:
         with self._lock:
             if self._broken is None:
                 self._broken = error
-            jobs = self._take_jobs()
+            jobs = self._take_jobs() + (held or [])
         for job in jobs:
             settle(job, None, self._broken)
         # A broken pool serves nothing more: stop its workers and its reader now (from
         # another thread: this may be the reader), rather than when its owner is collected.
         threading.Thread(target=self.shutdown, name=f"asyncflow-{self.stage}-stop",
                          daemon=True).start()
+

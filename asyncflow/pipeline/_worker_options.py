@@ -24,7 +24,7 @@ __all__ = [
     "worker_setups",
 ]
 
-StartMethod = Literal["forkserver", "spawn"]
+StartMethod = Literal["forkserver", "spawn", "fork"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,11 +68,19 @@ class Processes:
 
     Args:
         start_method: ``"forkserver"`` (default: workers fork from a clean server process that
-            has imported NumPy, PIL and torch once, if the parent had) or ``"spawn"``. Never
-            ``fork``: a process with threads cannot fork safely. As with torch's DataLoader, a
-            worker does not import the main script again (unlike a plain multiprocessing child): a
-            script needs no ``if __name__ == "__main__":`` guard, and its top-level code runs
-            once.
+            has imported NumPy, PIL and torch once, if the parent had), ``"spawn"``, or
+            ``"fork"`` (Linux): the workers share the parent's pages copy-on-write, as torch's
+            forked workers do, and the function and its data are not pickled (a Dataset that
+            cannot be pickled works). Forking a process that runs other threads can deadlock the
+            child, so the parent is forked once, when the run is built, and only if no other
+            Python thread runs then but other pools' idle readers (else building the run
+            raises :class:`ConfigError`, saying which threads); that child forks the workers,
+            and replaces a dead one. On the issue-23 images job, fork held 1.04x torch's
+            memory, the forkserver 1.68x (docs/performance.md). Not the default: a run built
+            beside a running thread (Jupyter's, another run's) would be refused.
+            As with torch's DataLoader, a worker does not import the main script again (unlike
+            a plain multiprocessing child): a script needs no ``if __name__ == "__main__":``
+            guard, and its top-level code runs once.
         persistent: Keep the workers from one run (epoch) to the next. They then belong to the
             pipeline object, and stop when it is garbage-collected or at interpreter exit.
             ``False`` (default): they belong to the run, and stop with it.
@@ -93,10 +101,10 @@ class Processes:
     reseed: bool = True
 
     def __post_init__(self) -> None:
-        if self.start_method not in ("forkserver", "spawn"):
+        if self.start_method not in ("forkserver", "spawn", "fork"):
             raise ConfigError(
-                f"start_method must be 'forkserver' or 'spawn', got {self.start_method!r} "
-                "('fork' is unsafe once threads exist, and the run's loop is a thread)"
+                f"start_method must be 'forkserver', 'spawn' or 'fork', got "
+                f"{self.start_method!r}"
             )
         for name in ("persistent", "reseed"):
             if not isinstance(getattr(self, name), bool):

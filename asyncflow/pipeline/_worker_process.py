@@ -29,7 +29,7 @@ from ._portable import portable
 from ._worker_options import WorkerInfo, run_worker_setups, set_worker_info
 from .seeding import item_seed, seed_everything
 
-__all__ = ["STATUS", "send", "worker_main"]
+__all__ = ["STATUS", "send", "serve", "worker_main"]
 
 #: Per worker: the job id and the index in it of the item being processed (int64 each).
 STATUS = struct.Struct("<qq")
@@ -153,25 +153,35 @@ class _Worker:
 
 
 def worker_main(conn: Connection, boot: bytes, status_path: str, wid: int) -> None:
-    """Boot, then run jobs until told to stop. Never raises: errors go to the parent."""
+    """Boot from ``boot`` (a forkserver's or spawn's worker), then :func:`serve`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
         core, lazy, segments = pickle.loads(boot)
         # the setup's large buffers (a Dataset's arrays) on pages every worker shares
         setup = pickle.loads(core, buffers=_segments.map_private(segments))
-        info = WorkerInfo(id=wid, pid=os.getpid(), **setup["info"])
-        set_worker_info(info)
         for trigger, provider in lazy.items():
             _segments.register_lazy_reducers(trigger, provider)
         _segments.load_reducer_modules(setup["modules"])
+    except BaseException as exc:
+        _boot_error(conn, exc)
+        return
+    serve(conn, setup, status_path, wid)
+
+
+def serve(conn: Connection, setup: dict[str, Any], status_path: str, wid: int) -> None:
+    """Start as worker ``wid`` of ``setup`` (a forked worker gets it unpickled), then run
+    jobs until told to stop. Never raises: errors go to the parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        info = WorkerInfo(id=wid, pid=os.getpid(), **setup["info"])
+        set_worker_info(info)
         _segments.load_lazy()  # the function's own imports (torch for a Dataset) bring these in
         run_worker_setups(setup["setups"])
         if setup["init"] is not None:
             setup["init"](info)
         worker = _Worker(conn, wid, setup, status_path)
     except BaseException as exc:
-        text = redact("".join(traceback.format_exception(exc)).rstrip())
-        send(conn, "boot_error", text.encode(), [])
+        _boot_error(conn, exc)
         return
     send(conn, "ready", b"", [])
     jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -181,3 +191,8 @@ def worker_main(conn: Connection, boot: bytes, status_path: str, wid: int) -> No
             send(conn, "unloadable", job.text.encode(), [])
         else:
             worker.run_job(*job)
+
+
+def _boot_error(conn: Connection, exc: BaseException) -> None:
+    text = redact("".join(traceback.format_exception(exc)).rstrip())
+    send(conn, "boot_error", text.encode(), [])

@@ -6,7 +6,7 @@ from typing import Any
 
 from .._errors import ConfigError, ConfigTypeError
 
-__all__ = ["check_extras", "check_int", "refuse_unsupported", "start_method"]
+__all__ = ["check_extras", "check_fork", "check_int", "refuse_unsupported", "start_method"]
 
 # Arguments of other loaders that migrating code passes, and what to do instead.
 _INSTEAD = {
@@ -63,21 +63,34 @@ def check_extras(*, workers: Any, seed: Any, generator: Any, max_failures: Any) 
 
 def start_method(context: Any) -> str:
     """The start method for worker processes: ``context`` (a name or a multiprocessing
-    context) if it is ``spawn`` or ``forkserver``; ``forkserver`` for ``None``.
+    context) if it is ``spawn``, ``forkserver`` or ``fork``; ``forkserver`` for ``None``.
 
-    Raises:
-        ConfigError: ``fork`` (unsafe in a process with threads: the loader's loop is one).
+    ``fork`` forks the loader's process once per pool, when an epoch's run is built on the
+    consumer's thread, and only if no other Python thread runs then (else iterating raises
+    :class:`ConfigError` naming them; see :class:`asyncflow.Processes`).
     """
     if context is None:
         return "forkserver"
     name = context if isinstance(context, str) else getattr(
         context, "get_start_method", lambda: None)()
-    if name in ("spawn", "forkserver"):
+    if name in ("spawn", "forkserver", "fork"):
         return str(name)
-    if name is None or (name != "fork" and isinstance(context, str)):
-        return "forkserver"  # not a context, or an unknown name: torch's own check says so
-    raise ConfigError(
-        f"multiprocessing_context={context!r}: asyncflow starts workers with 'spawn' or "
-        "'forkserver' only ('fork' is unsafe in a process with threads, and the loader's own "
-        "loop is a thread); pass 'forkserver' (the default) or 'spawn'"
-    )
+    return "forkserver"  # not a context, or an unknown name: torch's own check says so
+
+
+def check_fork(context: Any, dataset: Any, workers: Any, num_workers: Any) -> None:
+    """Refuse ``fork`` for an ``IterableDataset`` on processes.
+
+    Raises:
+        ConfigError: Its workers' pools are built inside the loader's own run, beside that
+            run's threads, where forking is never safe (see :func:`start_method`).
+    """
+    from torch.utils.data import IterableDataset
+
+    if (start_method(context) == "fork" and isinstance(dataset, IterableDataset)
+            and workers != "threads" and num_workers != 0):
+        raise ConfigError(
+            "multiprocessing_context='fork' serves map-style Datasets: an IterableDataset's "
+            "workers start inside the loader's own run, beside its threads, where a fork can "
+            "deadlock; pass 'forkserver' (the default) or 'spawn', or workers='threads'"
+        )

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data.dataloader import _DatasetKind
 
 from ..pipeline import Pipeline, PipelineStats, usable_cpus
-from ._args import check_extras, refuse_unsupported, start_method
+from ._args import check_extras, check_fork, refuse_unsupported
 from ._copies import copy_for_persistent_threads, stale_kept_workers
 from ._draws import TorchDraws, worker_seed
 from ._fetch import Fetch, is_stateful
@@ -76,8 +76,15 @@ class DataLoader(TorchDataLoader[T_co]):
             in the background). Unlike torch's, it applies without workers too.
         worker_init_fn: As torch: called with the worker's id in each worker process, where
             ``torch.utils.data.get_worker_info()`` answers as in torch's workers.
-        multiprocessing_context: ``"forkserver"`` (default) or ``"spawn"``, a name or a
-            context; ``"fork"`` is refused (the loader's own loop is a thread).
+        multiprocessing_context: ``"forkserver"`` (default), ``"spawn"`` or ``"fork"``, a
+            name or a context. ``"fork"`` (Linux) shares the loader's pages with the workers
+            as torch's fork does (on the issue-23 images job, 1.04x torch's memory where the
+            forkserver's second copy of torch costs 1.68x; docs/performance.md), and takes a
+            Dataset that cannot be pickled. The process is forked when an epoch's run is
+            built, on the thread that iterates, and only if no other Python thread runs then:
+            else iterating raises :class:`ConfigError` naming them (forking beside a running
+            thread can deadlock the worker). Not the default for that reason. Refused for an
+            ``IterableDataset``, whose workers start inside the loader's own run.
         generator: As torch: a shuffle then matches torch's DataLoader given an identically
             seeded generator, and each epoch draws a worker base seed from it first.
         prefetch_factor: As torch: batches kept ready per worker (2 when ``None``).
@@ -140,7 +147,7 @@ class DataLoader(TorchDataLoader[T_co]):
         refuse_unsupported(unsupported)
         check_extras(workers=workers, seed=seed, generator=generator,
                      max_failures=max_failures)
-        start_method(multiprocessing_context)  # 'fork' is refused before torch accepts it
+        check_fork(multiprocessing_context, dataset, workers, num_workers)
         torch_args = {
             "dataset": dataset, "batch_size": batch_size, "shuffle": shuffle,
             "sampler": sampler, "batch_sampler": batch_sampler, "num_workers": num_workers,

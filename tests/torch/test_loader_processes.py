@@ -310,12 +310,58 @@ def test_persistent_workers_need_worker_processes() -> None:
 # -- 5. multiprocessing_context ------------------------------------------------------------
 
 
+class LockedPairs(Pairs):
+    """A Dataset that cannot be pickled (it holds a lock), as torch's fork workers allow."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.lock = threading.Lock()
+
+    def __getitem__(self, i: int) -> Any:
+        with self.lock:
+            return torch.full((3,), i), os.getpid()
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("context", ["fork", multiprocessing.get_context("fork")],
                          ids=["fork", "fork context"])
-def test_fork_is_refused(context: Any) -> None:
-    with pytest.raises(ConfigError, match="forkserver") as info:
-        DataLoader(Pairs(4), num_workers=2, workers="processes", multiprocessing_context=context)
-    assert isinstance(info.value, ValueError)
+def test_fork_workers_deliver_torchs_batches(context: Any, leak_check: None) -> None:
+    loader = DataLoader(Pairs(40), batch_size=4, num_workers=2, workers="processes",
+                        multiprocessing_context=context, persistent_workers=True)
+    reference = list(tud.DataLoader(Pairs(40), batch_size=4))  # torch's workers leave threads
+    for _ in range(2):
+        batches = list(loader)
+        assert len(batches) == len(reference) == 10
+        for ours, theirs in zip(batches, reference, strict=True):
+            assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+    del loader
+    gc.collect()
+
+
+@pytest.mark.timeout(60)
+def test_fork_takes_a_dataset_that_cannot_be_pickled(leak_check: None) -> None:
+    loader = DataLoader(LockedPairs(16), batch_size=4, num_workers=2, workers="processes",
+                        multiprocessing_context="fork")
+    batches = list(loader)
+    assert torch.equal(torch.cat([b[0] for b in batches])[:, 0], torch.arange(16))
+    assert os.getpid() not in {int(p) for b in batches for p in b[1]}
+    with pytest.raises(ConfigError, match="cannot be sent to worker processes"):
+        DataLoader(LockedPairs(16), num_workers=2, workers="processes")  # the forkserver's
+
+
+class Counting(tud.IterableDataset[int]):
+    def __iter__(self) -> Any:
+        return iter(range(4))
+
+
+def test_fork_is_refused_for_an_iterable_dataset_whose_workers_start_inside_a_run() -> None:
+    with pytest.raises(ConfigError, match=r"IterableDataset.*forkserver"):
+        DataLoader(Counting(), num_workers=2, workers="processes",
+                   multiprocessing_context="fork")
+    # on threads no process forks: accepted
+    batches = DataLoader(Counting(), num_workers=2, workers="threads",
+                         multiprocessing_context="fork")
+    assert {int(b) for b in batches} == {0, 1, 2, 3}
 
 
 def test_an_unknown_start_method_gets_torchs_error() -> None:
@@ -323,10 +369,20 @@ def test_an_unknown_start_method_gets_torchs_error() -> None:
         DataLoader(Pairs(4), num_workers=2, multiprocessing_context="bogus")
 
 
-@pytest.mark.parametrize("kwargs", [{"workers": "threads"}, {"num_workers": 0}])
-def test_fork_is_refused_even_where_no_process_would_start(kwargs: dict[str, Any]) -> None:
-    with pytest.raises(ConfigError, match="forkserver"):
-        DataLoader(Pairs(4), multiprocessing_context="fork", **kwargs)
+@pytest.mark.timeout(60)
+def test_fork_while_another_python_thread_runs_is_refused_naming_it(leak_check: None) -> None:
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, name="metrics-writer")
+    other.start()
+    try:
+        loader = DataLoader(Pairs(8), batch_size=4, num_workers=2, workers="processes",
+                            multiprocessing_context="fork")
+        with pytest.raises(ConfigError, match=r"metrics-writer.*forkserver"):
+            list(loader)
+    finally:
+        stop.set()
+        other.join()
+    assert len(list(loader)) == 2  # no other thread now: it forks
 
 
 @pytest.mark.parametrize("context", ["spawn", multiprocessing.get_context("spawn")],

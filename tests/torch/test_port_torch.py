@@ -1134,12 +1134,14 @@ def test_shuffle_false_is_accepted_with_an_iterable_dataset() -> None:
                            num_workers=0)) == [0, 1, 2]
 
 
-def test_the_fork_start_method_is_refused() -> None:
-    with pytest.raises(ValueError):
-        list(DataLoader(CountingDataset(4), num_workers=2, multiprocessing_context="fork"))
-    with pytest.raises(ValueError):
-        list(DataLoader(CountingDataset(4), num_workers=2,
-                        multiprocessing_context=multiprocessing.get_context("fork")))
+@pytest.mark.timeout(60)
+def test_the_fork_start_method_works_as_torchs() -> None:
+    expected = list(tud.DataLoader(CountingDataset(4), num_workers=2,
+                                   multiprocessing_context="fork"))
+    for context in ("fork", multiprocessing.get_context("fork")):
+        got = list(DataLoader(CountingDataset(4), num_workers=2, workers="processes",
+                              multiprocessing_context=context))
+        assert [b.tolist() for b in got] == [b.tolist() for b in expected]
 
 
 def test_excessive_worker_count_warns() -> None:
