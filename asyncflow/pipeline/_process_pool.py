@@ -24,17 +24,17 @@ import os
 import secrets
 import threading
 from collections.abc import Callable
-from multiprocessing.connection import wait
 from typing import Any
 
 from .._errors import WorkerError
 from .._redact import describe_item
 from . import _segments
 from ._boot import Boot, boot_payload, start_context, without_main
-from ._fork import ForkTemplate, ReaderGate, fork_template
-from ._jobs import Job, Slot, blame, exit_reason, merge, settle, stop_workers, unpack
+from ._fork import ForkTemplate, fork_template
+from ._jobs import Job, Slot, blame, exit_reason, merge, settle, stop_workers
 from ._offload import ChunkResult
 from ._pool import PoolStats
+from ._pool_reader import PoolReader
 from ._protocols import round_robin
 from ._worker_options import Processes
 from ._worker_process import STATUS, send, worker_main
@@ -46,7 +46,7 @@ logger = logging.getLogger("asyncflow")
 _PER_WORKER = 2  # chunks queued per worker: one running, one ready to start
 
 
-class ProcessPool:
+class ProcessPool(PoolReader):
     """``size`` worker processes running ``fn`` for the stage ``stage``.
 
     Args:
@@ -267,88 +267,6 @@ class ProcessPool:
             busy = sum(len(s.jobs) for s in self._slots) + len(self._waiting)
         return PoolStats(kind="processes", name=f"asyncflow-{self.stage}", size=self.size,
                          workers=workers, busy=busy)
-
-    # -- the reader thread --------------------------------------------------------------
-
-    def _read_loop(self) -> None:
-        with ReaderGate() as gate:  # a fork pool's template forks while this waits (_fork.py)
-            while not self._closed:
-                with self._lock:
-                    by_conn = {s.conn: s for s in self._slots}
-                    by_sentinel = {s.process.sentinel: s for s in self._slots}
-                with gate.waiting():
-                    ready = wait([*by_conn, *by_sentinel, self._wake_r])
-                if not self._closed:
-                    self._handle(ready, by_conn, by_sentinel)
-
-    def _handle(self, ready: list[Any], by_conn: dict[Any, Slot],
-                by_sentinel: dict[Any, Slot]) -> None:
-        for obj in ready:
-            if obj in by_conn:
-                self._receive(by_conn[obj])
-            elif obj in by_sentinel:
-                slot = by_sentinel[obj]
-                self._drain(slot)
-                self._died(slot)
-
-    def _receive(self, slot: Slot) -> bool:
-        """Handle one message; ``False`` when the pipe is at its end (the worker is gone)."""
-        try:
-            kind, payload, segments = unpack(slot.conn.recv_bytes())
-        except (EOFError, OSError):
-            return False  # the sentinel reports the death
-        if kind == "ready":
-            slot.ready = True
-        elif kind == "boot_error":
-            self._fail_pool(WorkerError(
-                f"worker {slot.wid} of stage {self.stage!r} could not start:\n"
-                f"{payload.decode(errors='replace')}"
-            ))
-        elif kind == "result":
-            self._result(slot, payload, segments)
-        elif kind == "unloadable":
-            self._unloadable(slot, payload.decode(errors="replace"))
-        return True
-
-    def _drain(self, slot: Slot) -> None:
-        """Read what a dead worker sent before it died (a result, a boot error)."""
-        with contextlib.suppress(EOFError, OSError):
-            # poll() is true at the end of the pipe too: stop there, or this spins forever.
-            while slot.conn.poll() and self._receive(slot):
-                pass
-
-    def _result(self, slot: Slot, payload: bytes, segments: list[tuple[str, int]]) -> None:
-        try:
-            _, values, failures, elapsed = _segments.loads(payload, segments)
-        except Exception as exc:
-            values, failures, elapsed = [], [], 0.0
-            error: BaseException | None = exc
-        else:
-            error = None
-        with self._lock:
-            job = slot.jobs.popleft() if slot.jobs else None
-        if job is None:
-            return
-        if error is not None:
-            settle(job, None, error)
-            return
-        settle(job, merge(job, values, failures, elapsed), None)
-
-    def _unloadable(self, slot: Slot, text: str) -> None:
-        """The worker could not unpickle a job: send it again by value, or fail its items."""
-        with self._lock:
-            job = slot.jobs.popleft() if slot.jobs else None
-        if job is None:
-            return
-        if not job.by_value:
-            job.by_value = True
-            self._dispatch(job)
-            return
-        failures: list[tuple[int, BaseException]] = [(i, WorkerError(
-            f"worker {slot.wid} of stage {self.stage!r} could not unpickle item "
-            f"{describe_item(item)}: {text}"
-        )) for i, item in enumerate(job.items)]
-        settle(job, merge(job, [], failures, 0.0), None)
 
     def _died(self, slot: Slot) -> None:
         slot.process.join(0.5)
