@@ -10,7 +10,6 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -18,25 +17,11 @@ import pytest
 from asyncflow import ConfigError, Pipeline, Processes, worker_info
 from asyncflow.pipeline._fork import fork_refusal
 from tests.conftest import _children
+from tests.pipeline.test_processes_lifecycle import _wait_gone
 
 pytestmark = [pytest.mark.usefixtures("leak_check"), pytest.mark.timeout(60)]
 
 FORK = Processes(start_method="fork")
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_gone(pids: Iterable[int], limit: float) -> list[int]:
-    deadline = time.monotonic() + limit
-    while (alive := [p for p in pids if _running(p)]) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return alive
 
 
 class Unpicklable:
