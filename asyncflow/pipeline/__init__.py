@@ -11,6 +11,7 @@ from ._checksum import short_digest, state_checksum
 from ._core import HookFactory
 from ._current import run_failed
 from ._custom import CustomSpec
+from ._failures import FailureBudget
 from ._features import feature, register_feature
 from ._identity import listing_identity, sequence_identity
 from ._merge import BranchEnd, Merge, MergeChooser, MergePolicy
@@ -45,6 +46,7 @@ __all__ = [
     "BranchEnd",
     "ConsumerHook",
     "CustomSpec",
+    "FailureBudget",
     "FailureRecord",
     "HookFactory",
     "ItemGroup",

@@ -15,8 +15,8 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ConfigError
-from ..pipeline import Pipeline, PipelineStats, Processes
+from .._errors import ConfigError, FailureBudgetExceeded
+from ..pipeline import FailureBudget, Pipeline, PipelineStats, Processes
 from ._fetch import Failed, Positioned, TorchWorkerInit
 from ._lane import END, LaneFetch
 from ._lane_stats import EpochLanes
@@ -212,6 +212,11 @@ class LanesIterator(EpochIterator):
         self._lanes = epochs.lanes  # this epoch's own: a later epoch opens others
         self._yielded = 0
         self._lane = epochs.next_lane
+        # max_failures, counted here over every lane's batches (the lanes' runs are sibling
+        # runs: a budget in each would allow it once per worker)
+        limit = epochs.loader.max_failures
+        self._budget = FailureBudget(limit, "fetch") if limit else None
+        self._seen = self._failed = 0
 
     def _advance(self) -> int | None:
         """The lane to read next, or ``None`` when every lane has ended."""
@@ -249,8 +254,9 @@ class LanesIterator(EpochIterator):
             run = self._lanes.runs[lane]
             assert run is not None
             item = self._next_of(run)
-            if self._take(lane, item):
+            if self._take(lane, item) and not self._skip(item):
                 return item
+        self._end_budget()
         raise StopIteration
 
     async def _apull(self) -> Positioned:
@@ -258,9 +264,44 @@ class LanesIterator(EpochIterator):
             run = self._lanes.runs[lane]
             assert run is not None
             item = await self._anext_of(run)
-            if self._take(lane, item):
+            if self._take(lane, item) and not self._skip(item):
                 return item
+        self._end_budget()
         raise StopAsyncIteration
+
+    def _skip(self, item: Positioned) -> bool:
+        """Whether ``item`` is a failed batch that ``max_failures`` lets the epoch skip
+        (logged, and counted as delivered and in ``stats()``, as the map-style loader's).
+
+        Raises:
+            FailureBudgetExceeded: One failed batch more than the budget allows (the batch's
+                own exception is its cause).
+        """
+        budget = self._budget
+        if budget is None:
+            return False
+        self._seen += 1
+        batch = item.batch
+        if not isinstance(batch, Failed):
+            return False
+        self._failed += 1
+        if not budget.allows(self._failed, self._seen):
+            raise FailureBudgetExceeded(
+                f"stage 'fetch': {self._failed} of {self._seen} batches failed, over "
+                f"max_failures={budget.limit!r} ({batch.where})", stage="fetch",
+                failures=self.stats().failures,
+            ) from batch.error
+        budget.log_skip(batch.where, batch.error)
+        if self._current():
+            self._count(item)
+        return True
+
+    def _end_budget(self) -> None:
+        """At the epoch's end: a fraction of failed batches over the budget, or every batch
+        failed, fails the epoch (:meth:`FailureBudget.check_end`)."""
+        if self._budget is not None and self._current():
+            self._budget.records = self.stats().failures
+            self._budget.check_end(self._failed, self._seen)
 
     def _count(self, item: Positioned) -> None:
         self._state.delivered += 1

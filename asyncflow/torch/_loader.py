@@ -103,7 +103,8 @@ class DataLoader(TorchDataLoader[T_co]):
             that exception, the batch's own type (stage and indices in its notes), and
             iterating on continues with the next batch, as in torch. An int allows that
             many failed batches, a float in [0, 1] that fraction: they are skipped, logged
-            and listed in :meth:`stats`, and one more fails the epoch.
+            and listed in :meth:`stats`, and one more fails the epoch (with an
+            ``IterableDataset``, counted over every worker's batches together).
         workers: *New.* ``"auto"`` (default): worker processes on 4 or more usable cores,
             where they are safe; threads otherwise, saying why in ``stats().notes``.
             ``"processes"`` or ``"threads"`` forces one.
