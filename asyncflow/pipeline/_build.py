@@ -33,6 +33,7 @@ from ._source_node import SourceNode
 from ._spec import MapSpec, StageSpec, stage_names
 from ._stats import StageCounters
 from ._thread_pool import WorkerPool
+from ._window import Window
 
 __all__ = ["build_graph", "build_run", "thread_count"]
 
@@ -138,6 +139,10 @@ def _add_chain(
     lineage = Lineage(plan)
     keys = ItemKeys()  # the source's seed keys, if it names them
     nodes: list[Node] = []
+    window = _window(merge, specs, names, options) if handoff else None
+    if options.window is not None and not handoff:
+        raise ConfigError(f"{prefix[:-1]}: a merge's input has a window; give the merged "
+                          "pipeline one instead")
     in_step = True  # every stage so far maps source items 1:1, in order
     batched = False
     for index, spec in enumerate(stages):
@@ -168,12 +173,17 @@ def _add_chain(
         )
         ctx.lineage = lineage
         ctx.item_keys = keys
+        ctx.window = window
+        if window is not None and spec is None:
+            ctx.add_receive_hook(window.received)  # the consumer has it: its credit is free
         if in_step:
             ctx.start = run.start  # positions count from the resumed one
             ctx.in_step = True
         in_step = in_step and (spec is None or spec.items_per_output == 1)
         if spec is not None and spec.traits.worker == "processes":
             ctx.processes = _process_pool(index, spec, name, ctx, run)
+            if ctx.processes.start_note:  # fork, or its fallback: chosen as the pool was made
+                graph.notes.append(f"stage {name!r}: {ctx.processes.start_note}")
         if spec is not None and spec.note:
             graph.notes.append(f"stage {name!r} runs on {spec.note}")
         if spec is None:
@@ -190,8 +200,24 @@ def _add_chain(
         previous = output
     lineage.attach(names, nodes, specs, keep=keep, nested=not handoff)
     if handoff:
-        graph.lineage = lineage
+        graph.lineage, graph.window = lineage, window
     return chain
+
+
+def _window(merge: Merge[Any] | None, specs: Sequence[StageSpec], names: Sequence[str],
+            options: RunOptions) -> Window | None:
+    """The run's window (``options.window``), if its stages keep items one for one."""
+    if options.window is None:
+        return None
+    if merge is not None:
+        raise ConfigError(f"{names[0]}: a window needs a plain source, not a Merge")
+    for name, spec in zip(names[1:], specs, strict=True):
+        if spec.traits.grouping is not None:
+            raise ConfigError(
+                f"stage {name!r} regroups items ({spec.traits.grouping}); a window counts "
+                "items one for one from the source to the consumer"
+            )
+    return Window(options.window)
 
 
 def _add_branch(

@@ -16,6 +16,7 @@ from ._node import Node, NodeContext
 from ._options import RunOptions
 from ._pool_holder import PoolHolder
 from ._thread_pool import WorkerPool
+from ._window import Window
 
 __all__ = ["Graph", "RunResources"]
 
@@ -49,6 +50,8 @@ class Graph:
     spawn: Callable[[Sequence[NodeContext]], None] | None = None
     #: The ledgers of the pipeline's own stages: what the consumer's items came from.
     lineage: Lineage = field(default_factory=Lineage)
+    #: The run's bound on the items between its source and its consumer (``window``).
+    window: Window | None = None
 
     def move(self, start: int, old: Sequence[NodeContext]) -> None:
         """Put the entries from ``start`` on in the place of those of ``old`` (a contiguous

@@ -141,6 +141,8 @@ class MapNode:
                         self.ctx.produced(count_items(before))
                     raise
             outs = self._outputs(items, values, len(values), clean=not failures)
+            if self.filter:
+                self.ctx.dropped(len(values) - len(failures) - len(outs))
             if outs:
                 await out.put_many(outs)
             self.ctx.produced(count_items(outs))
@@ -340,6 +342,8 @@ class MapNode:
             running.close()
             raise
         self.ctx.produced(count_items(outs))
+        if self.filter:
+            self.ctx.dropped(len(values) - len(outs))
         return True
 
 

@@ -19,6 +19,7 @@ from ._lineage import Lineage
 from ._offload import WorkerPool, run_in
 from ._protocols import Node, ReceiveHook, Receiver, Sender
 from ._stats import StageCounters
+from ._window import Window
 
 logger = logging.getLogger("asyncflow")
 
@@ -150,6 +151,8 @@ class NodeContext:
         self.in_step = False
         #: The source's seed keys (shared by the stages of a run's chain).
         self.item_keys = ItemKeys()
+        #: The run's window (``Pipeline(window=...)``), for a stage of the run's own chain.
+        self.window: Window | None = None
 
     def positions(self, taken: int, count: int) -> tuple[int, int]:
         """The source position of the stage's input item ``taken`` (counted from
@@ -208,6 +211,14 @@ class NodeContext:
         self.counters.items_out += count
         self.counters.last_progress = time.monotonic()
 
+    def dropped(self, count: int = 1) -> None:
+        """Say that the stage dropped ``count`` items it took, making nothing of them (a
+        filter does; a failure within the budget is counted by :meth:`item_failed`): a
+        run's window lets as many more in. A stage that drops items without saying so
+        holds a run with a window back until it has none free, and then forever."""
+        if self.window is not None:
+            self.window.give(count)
+
     def add_receive_hook(self, hook: ReceiveHook) -> None:
         """Apply ``hook`` to each item in the consumer's thread, before it is yielded."""
         self.receive_hooks.append(hook)
@@ -236,6 +247,7 @@ class NodeContext:
         counters.record(text, exc)
         if self.budget.allows(counters.failures, max(counters.items_in, 1)):
             self.budget.log_skip(text, exc)
+            self.dropped()
             return
         exc.add_note(
             f"asyncflow: stage {self.name!r} ({counters.kind} #{self.index}) failed on item "

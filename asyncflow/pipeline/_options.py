@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._errors import ConfigError
 from ._protocols import ReceiveHook
 from ._spec import StageSpec
 
@@ -25,6 +26,14 @@ class RunOptions:
     source_buffer: int | None = None
     notes: tuple[str, ...] = ()
     buffer_bytes: int | None = None
+    #: Items between the source and the consumer at most (``Pipeline(window=...)``).
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        window = self.window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                                   or window < 1):
+            raise ConfigError(f"window must be an int >= 1 or None, got {window!r}")
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,8 @@ class Pipeline(PipelineCore[T_co]):
             summed over tuples, lists and dicts), and a stage's chunks in hand stay within
             half of it. For large items (videos, shards, big tensors) without hand-tuned item
             counts. ``None`` (default): queues are bounded in items only.
+        window: Items let in by the source and not yet received nor dropped, at most
+            (torch's ``prefetch_factor * num_workers``); stages keep items one for one.
         notes: Lines shown in ``stats().notes`` of every run: what a library built on
             pipelines chose for the user, and why (``image.folder`` says whether it decodes
             on threads or processes).
@@ -103,6 +105,7 @@ class Pipeline(PipelineCore[T_co]):
         progress: bool = False,
         buffer: int | None = None,
         buffer_bytes: int | None = None,
+        window: int | None = None,
         notes: tuple[str, ...] = (),
     ) -> None:
         check_source("Pipeline(source)", source)
@@ -137,6 +140,7 @@ class Pipeline(PipelineCore[T_co]):
             source_buffer=buffer,
             notes=tuple(str(n) for n in notes),
             buffer_bytes=buffer_bytes,
+            window=window,
         )
         self._last = []
         self._pools = PoolHolder()

@@ -69,25 +69,39 @@ class SourceNode:
     async def _run_async(self, source: Any, out: Sender) -> None:
         it = source.__aiter__()
         self._keyed(it)
-        ledger = self.ctx.lineage.source
+        ledger, window = self.ctx.lineage.source, self.ctx.window
         position, skip = ledger.plan.first, ledger.plan.skip  # resumed: settled ones left out
+        credit = 0  # the window's, taken before the item is read
         try:
-            async for item in it:
+            while window is None or credit or (credit := await window.take(1)):
+                try:
+                    item = await anext(it)
+                except StopAsyncIteration:
+                    return
                 position += 1
                 if position <= skip.mark or (skip.ranges and position - 1 in skip):
                     continue
                 ledger.emitted += 1
+                credit = 0
                 await out.put(item)
                 self.ctx.produced(count_one(item))
         finally:
+            if window is not None:
+                window.give(credit)
             await aclose_iterator(it)
 
     async def _run_sequence(self, seq: Sequence[Any], out: Sender) -> None:
         ledger = self.ctx.lineage.source
         first, plan = ledger.plan.first, ledger.plan  # resumed: settled positions left out
+        window = self.ctx.window
         for low, high in plan.skip.gaps(plan.base, first + len(seq)):
-            for start in range(low - first, high - first, SOURCE_CHUNK):
-                chunk = list(seq[start : min(start + SOURCE_CHUNK, high - first)])
+            start, end = low - first, high - first
+            while start < end:
+                count = min(SOURCE_CHUNK, end - start)
+                if window is not None and not (count := await window.take(count)):
+                    return  # the run failed or is stopping
+                chunk = list(seq[start : start + count])
+                start += count
                 ledger.emitted += len(chunk)
                 await out.put_many(chunk)
                 self.ctx.produced(count_items(chunk))
@@ -95,7 +109,7 @@ class SourceNode:
     async def _run_iterator(self, it: Any, out: Sender) -> None:
         # The iterator may do slow work (listing files, reading a manifest): advance it on a
         # worker thread, a chunk per hand-off.
-        ctx = self.ctx
+        ctx, window = self.ctx, self.ctx.window
         running = False
         ledger = ctx.lineage.source
         plan, position = ledger.plan, ledger.plan.first  # resumed: settled ones left out
@@ -106,14 +120,19 @@ class SourceNode:
                 running = False
                 position = plan.base
             while True:
+                limit = SOURCE_CHUNK  # a window's credits, taken before the items are read
+                if window is not None and not (limit := await window.take(limit)):
+                    return  # the run failed or is stopping
                 running = True
                 ctx.counters.in_flight = 1
-                items, done, error = await ctx.run_sync(_advance, it, SOURCE_CHUNK, ctx.stop)
+                items, done, error = await ctx.run_sync(_advance, it, limit, ctx.stop)
                 ctx.counters.in_flight = 0
                 running = False
                 if plan.skip.ranges:
                     start, position = position, position + len(items)
                     items = [x for i, x in enumerate(items, start) if i not in plan.skip]
+                if window is not None:
+                    window.give(limit - len(items))  # the iterator ended, or skipped some
                 ledger.emitted += len(items)
                 if items:
                     await out.put_many(items)

@@ -1,0 +1,94 @@
+"""``Window``: a run's bound on the items between its source and its consumer
+(``Pipeline(window=n)``).
+
+An item takes a credit as the source lets it in, and gives it back as the consumer receives
+it (a receive hook, in the consumer's thread) or as the run drops it (filtered, or failed
+within the failure budget: :meth:`NodeContext.dropped`). The source waits on a future the
+giving side resolves, never polling; a failed or stopped run closes the window, which wakes
+the source to end its stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from typing import Any
+
+__all__ = ["Window"]
+
+
+class Window:
+    """Credits for the items in flight between a run's source and its consumer.
+
+    Args:
+        size: Items let in by the source, less those the consumer received or the run
+            dropped, at most.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._free = size
+        self._closed = False
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    @property
+    def in_flight(self) -> int:
+        """Items let in and not yet received nor dropped."""
+        return self.size - self._free
+
+    async def take(self, most: int) -> int:
+        """Take up to ``most`` credits (on the run's loop), waiting for one if none is free.
+
+        Returns:
+            How many were taken (at least 1); ``0`` once the window is closed: the run has
+            failed or is stopping, and the source ends its stream.
+
+        Cancellation:
+            Safe: a cancelled wait takes nothing.
+        """
+        while True:
+            with self._lock:
+                if self._closed:
+                    return 0
+                if self._free > 0:
+                    taken = min(most, self._free)
+                    self._free -= taken
+                    return taken
+                fut = asyncio.get_running_loop().create_future()
+                self._waiters.append((fut.get_loop(), fut))
+            await fut
+
+    def give(self, count: int = 1) -> None:
+        """Give ``count`` credits back (any thread; never blocks)."""
+        if count <= 0:
+            return
+        with self._lock:
+            self._free += count
+            waiters, self._waiters = self._waiters, []
+        _wake(waiters)
+
+    def received(self, item: Any) -> Any:
+        """A receive hook: the consumer has the item; its credit is free again."""
+        self.give(1)
+        return item
+
+    def close(self) -> None:
+        """The run failed or is stopping: wake the source, and let nothing more in (any
+        thread; idempotent)."""
+        with self._lock:
+            self._closed = True
+            waiters, self._waiters = self._waiters, []
+        _wake(waiters)
+
+
+def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
+    for loop, fut in waiters:
+        with contextlib.suppress(RuntimeError):  # the run's loop is closed: it is over
+            loop.call_soon_threadsafe(_resolve, fut)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
