@@ -38,7 +38,9 @@ from ._boot import worker_setup
 from ._worker_options import Processes
 from ._worker_process import serve
 
-__all__ = ["ForkTemplate", "ForkedWorker", "ReaderGate", "fork_refusal", "fork_template"]
+__all__ = [
+    "ForkTemplate", "ForkedWorker", "ReaderGate", "fork_refusal", "fork_refused", "fork_template",
+]
 
 _INT = struct.Struct("<i")
 _gates: dict[threading.Thread, threading.Lock] = {}  # the pools' reader threads, see ReaderGate
@@ -103,11 +105,13 @@ def fork_refusal() -> str | None:
 
 
 def fork_template(fn: Callable[[Any], Any], size: int, spec: Processes, stage: str,
-                  prefix: str, status_path: str) -> ForkTemplate:
+                  prefix: str, status_path: str) -> ForkTemplate | str:
     """The template of a pool of ``size`` workers running ``fn`` (``ProcessPool``'s args).
 
-    Raises:
-        ConfigError: :func:`fork_refusal` gives a reason; it says why, and what to do.
+    Returns:
+        The template; or, where the parent cannot be forked now, why (:func:`fork_refusal`'s
+        reason, checked with every :class:`ReaderGate` in hand): the caller raises
+        :func:`fork_refused` or starts its workers another way.
     """
     setup = worker_setup(fn, size, spec, stage, prefix)
 
@@ -117,12 +121,16 @@ def fork_template(fn: Callable[[Any], Any], size: int, spec: Processes, stage: s
     try:
         return ForkTemplate(main, f"asyncflow-{stage}-fork")
     except _Refused as exc:
-        raise ConfigError(
-            f"stage {stage!r}: its workers cannot fork from this process now: {exc}. "
-            "Start them from the forkserver (start_method='forkserver', the default; the "
-            "function and its data are then pickled), or build the run where no other "
-            "thread runs"
-        ) from None
+        return str(exc)
+
+
+def fork_refused(stage: str, reason: str) -> ConfigError:
+    """The error for a pool that asked for fork alone, refused for ``reason``."""
+    return ConfigError(
+        f"stage {stage!r}: its workers cannot fork from this process now: {reason}. "
+        "Start them from the forkserver (start_method='forkserver'; the function and its "
+        "data are then pickled), or build the run where no other thread runs"
+    )
 
 
 class _Refused(RuntimeError):

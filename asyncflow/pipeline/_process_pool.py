@@ -24,13 +24,14 @@ import os
 import secrets
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from .._errors import WorkerError
+from .._errors import ConfigError, WorkerError
 from .._redact import describe_item
 from . import _segments
 from ._boot import Boot, boot_payload, start_context, without_main
-from ._fork import ForkTemplate, fork_template
+from ._fork import ForkTemplate, fork_refused, fork_template
 from ._jobs import Job, Slot, blame, exit_reason, merge, settle, stop_workers
 from ._offload import ChunkResult
 from ._pool import PoolStats
@@ -57,7 +58,9 @@ class ProcessPool(PoolReader):
 
     Raises:
         ConfigError: ``fn`` or ``spec.init`` cannot be pickled (names it; suggests threads);
-            or ``spec`` asks for ``fork`` where the parent cannot be forked safely (says why).
+            or ``spec`` asks for ``fork`` where the parent cannot be forked safely (says why),
+            with no ``fallback`` (with one, the pool starts its workers that way instead and
+            says so in :attr:`start_note`).
     """
 
     def __init__(self, fn: Callable[[Any], Any], size: int, spec: Processes, stage: str):
@@ -67,10 +70,30 @@ class ProcessPool(PoolReader):
         self.token = secrets.token_hex(4)
         self.prefix = _segments.segment_prefix(self.token)
         self._status_path = os.path.join(_segments.SHM_DIR, f"{self.prefix}status")
-        fork = spec.start_method == "fork"  # its template forks now, before the run's threads
-        self._template: ForkTemplate | None = fork_template(
-            fn, size, spec, stage, self.prefix, self._status_path) if fork else None
-        self.boot: Boot | None = None if fork else boot_payload(fn, size, spec, stage, self.prefix)
+        self._template: ForkTemplate | None = None
+        #: How the workers start, and why, where ``spec.fallback`` left a choice (the run
+        #: shows it in ``stats().notes``).
+        self.start_note: str | None = None
+        refusal = None
+        if spec.start_method == "fork":  # its template forks now, before the run's threads
+            made = fork_template(fn, size, spec, stage, self.prefix, self._status_path)
+            if isinstance(made, ForkTemplate):
+                self._template = made
+            elif spec.fallback is None:
+                raise fork_refused(stage, made)
+            else:
+                refusal, self.spec = made, replace(spec, start_method=spec.fallback,
+                                                   fallback=None)
+            self.start_note = _start_note(spec, refusal)
+        self.boot: Boot | None = None
+        if self._template is None:
+            try:
+                self.boot = boot_payload(fn, size, self.spec, stage, self.prefix)
+            except ConfigError as exc:
+                if refusal is None:
+                    raise
+                raise ConfigError(f"{exc}; forked workers need no pickling, but this "
+                                  f"process cannot be forked now: {refusal}") from None
         self.deaths = 0
         # chunk ``first`` to worker ``first % size`` (_protocols.round_robin); its caller
         # bounds what each worker holds (the loader's prefetch_factor)
@@ -332,3 +355,13 @@ class ProcessPool(PoolReader):
         threading.Thread(target=self.shutdown, name=f"asyncflow-{self.stage}-stop",
                          daemon=True).start()
 
+
+def _start_note(spec: Processes, refusal: str | None) -> str | None:
+    """What the run's notes say of a pool that asked for fork: nothing without a fallback
+    (the user chose fork, and got it), else which start method the workers got, and why."""
+    if spec.fallback is None:
+        return None
+    if refusal is None:
+        return "worker processes forked from this process, as torch's"
+    how = "start from the forkserver" if spec.fallback == "forkserver" else "are spawned"
+    return f"worker processes {how}, not forked: {refusal}"

@@ -74,10 +74,11 @@ class Processes:
             cannot be pickled works). Forking a process that runs other threads can deadlock the
             child, so the parent is forked once, when the run is built, and only if no other
             Python thread runs then but other pools' idle readers (else building the run
-            raises :class:`ConfigError`, saying which threads); that child forks the workers,
-            and replaces a dead one. On the issue-23 images job, fork held 1.04x torch's
-            memory, the forkserver 1.68x (docs/performance.md). Not the default: a run built
-            beside a running thread (Jupyter's, another run's) would be refused.
+            raises :class:`ConfigError`, saying which threads, unless ``fallback`` is set);
+            that child forks the workers, and replaces a dead one. On the issue-23 images job,
+            fork held 1.04x torch's memory, the forkserver 1.68x (docs/performance.md). Not
+            this class's default: a pipeline built beside a running thread (Jupyter's, another
+            run's) would be refused. ``asyncflow.DataLoader`` asks for fork with a fallback.
             As with torch's DataLoader, a worker does not import the main script again (unlike
             a plain multiprocessing child): a script needs no ``if __name__ == "__main__":``
             guard, and its top-level code runs once.
@@ -89,6 +90,14 @@ class Processes:
         seed: The base seed (default: drawn once, when the stage is added).
         reseed: Seed the generators before each item (default). ``False``: only ``init``
             seeds them, once per worker, as torch's ``worker_init_fn`` does.
+        fallback: With ``start_method="fork"`` only: where the parent cannot be forked when
+            the pool is built (checked then, under the same gates as the fork itself, so a
+            thread started in between cannot turn the choice into an error), start the
+            workers with ``"forkserver"`` or ``"spawn"`` instead of raising. The run's
+            ``stats().notes`` then say which start method the workers got, and why. ``None``
+            (default): fork or raise. On the fallback the function and its data are pickled;
+            if they cannot be, building the run raises :class:`ConfigError` naming both
+            reasons.
 
     Raises:
         ConfigError: An option is invalid.
@@ -99,6 +108,7 @@ class Processes:
     init: Callable[[WorkerInfo], Any] | None = None
     seed: int | None = None
     reseed: bool = True
+    fallback: Literal["forkserver", "spawn"] | None = None
 
     def __post_init__(self) -> None:
         if self.start_method not in ("forkserver", "spawn", "fork"):
@@ -106,6 +116,12 @@ class Processes:
                 f"start_method must be 'forkserver', 'spawn' or 'fork', got "
                 f"{self.start_method!r}"
             )
+        if self.fallback not in (None, "forkserver", "spawn"):
+            raise ConfigError(f"fallback must be None, 'forkserver' or 'spawn', got "
+                              f"{self.fallback!r}")
+        if self.fallback is not None and self.start_method != "fork":
+            raise ConfigError(f"fallback= is the start method used where fork is refused; "
+                              f"start_method={self.start_method!r} is never refused")
         for name in ("persistent", "reseed"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -63,7 +63,8 @@ def check_extras(*, workers: Any, seed: Any, generator: Any, max_failures: Any) 
 
 def start_method(context: Any) -> str:
     """The start method for worker processes: ``context`` (a name or a multiprocessing
-    context) if it is ``spawn``, ``forkserver`` or ``fork``; ``forkserver`` for ``None``.
+    context) if it is ``spawn``, ``forkserver`` or ``fork``; ``forkserver`` for ``None``
+    (a map-style loader's default is fork where safe, else this: ``_layout.worker_spec``).
 
     ``fork`` forks the loader's process once per pool, when an epoch's run is built on the
     consumer's thread, and only if no other Python thread runs then (else iterating raises

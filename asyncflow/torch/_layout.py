@@ -56,9 +56,19 @@ def pinning(loader: Loader) -> bool:
 
 
 def worker_spec(loader: Loader, init: TorchWorkerInit) -> Processes:
-    """The worker processes' options, from the loader's torch arguments."""
+    """The worker processes' options, from the loader's torch arguments.
+
+    No ``multiprocessing_context`` over a map-style dataset: fork where the pool can when it
+    is built, else the forkserver (``Processes.fallback``; the run's notes say which). An
+    ``IterableDataset``'s pools are built inside the loader's run, beside its threads, where
+    fork is never safe: the forkserver.
+    """
+    method = start_method(loader.multiprocessing_context)
+    default_fork = (loader.multiprocessing_context is None
+                    and loader._dataset_kind != _DatasetKind.Iterable)
     return Processes(
-        start_method=start_method(loader.multiprocessing_context),  # type: ignore[arg-type]
+        start_method="fork" if default_fork else method,  # type: ignore[arg-type]
+        fallback="forkserver" if default_fork else None,
         persistent=bool(loader.persistent_workers),
         init=init,
         seed=loader._worker_seed,
@@ -134,7 +144,9 @@ def choose(loader: Loader, fn: Any, spec: Processes, stage: str
     )
     if chosen is not None:
         try:  # choose_workers checked the function alone; the init goes to the workers too
-            check_picklable(fn, spec, stage)
+            # as the fallback sends them: fork, refused at build time, would not be chosen here
+            check_picklable(fn, replace(spec, start_method=spec.fallback, fallback=None)
+                            if spec.fallback else spec, stage)
         except ConfigError as exc:
             chosen, note = None, f"threads (workers='auto'): {exc}"
     if chosen is None:

@@ -76,15 +76,20 @@ class DataLoader(TorchDataLoader[T_co]):
             in the background). Unlike torch's, it applies without workers too.
         worker_init_fn: As torch: called with the worker's id in each worker process, where
             ``torch.utils.data.get_worker_info()`` answers as in torch's workers.
-        multiprocessing_context: ``"forkserver"`` (default), ``"spawn"`` or ``"fork"``, a
-            name or a context. ``"fork"`` (Linux) shares the loader's pages with the workers
-            as torch's fork does (on the issue-23 images job, 1.04x torch's memory where the
-            forkserver's second copy of torch costs 1.68x; docs/performance.md), and takes a
-            Dataset that cannot be pickled. The process is forked when an epoch's run is
-            built, on the thread that iterates, and only if no other Python thread runs then:
-            else iterating raises :class:`ConfigError` naming them (forking beside a running
-            thread can deadlock the worker). Not the default for that reason. Refused for an
-            ``IterableDataset``, whose workers start inside the loader's own run.
+        multiprocessing_context: ``None`` (default), ``"fork"``, ``"forkserver"`` or
+            ``"spawn"``, a name or a context. ``None``, as torch's default on Linux, forks the
+            workers from the loader's process over a map-style dataset where that is safe:
+            they share its pages as torch's do (on the issue-23 images job, 1.04x torch's
+            memory where the forkserver's second copy of torch costs 1.68x;
+            docs/performance.md) and take a Dataset that cannot be pickled. The process is
+            forked when an epoch's run is built, on the thread that iterates, and only if no
+            other Python thread runs then (forking beside a running thread can deadlock the
+            worker); else the workers start from the forkserver, and ``stats().notes`` says
+            which, and why. An ``IterableDataset``'s workers start inside the loader's own
+            run, beside its threads: the forkserver. ``"fork"`` asks for fork alone:
+            iterating raises :class:`ConfigError` naming the threads where it is unsafe, and
+            it is refused for an ``IterableDataset``. ``"forkserver"`` and ``"spawn"`` pickle
+            the dataset.
         generator: As torch: a shuffle then matches torch's DataLoader given an identically
             seeded generator, and each epoch draws a worker base seed from it first.
         prefetch_factor: As torch: batches kept ready per worker (2 when ``None``).

@@ -184,3 +184,98 @@ def test_a_worker_init_runs_in_each_forked_worker() -> None:
     out = list(Pipeline(range(8)).map(lambda _: os.environ.get("FORK_INIT"), concurrency=2,
                                       workers=spec))
     assert set(out) <= {"0", "1"} and seen == []
+
+
+# -- fallback: fork where safe, else another start method, said in the notes --------------
+
+FORK_OR_SERVER = Processes(start_method="fork", fallback="forkserver")
+
+
+def _ppid(x: int) -> tuple[int, int]:
+    return x, os.getppid()
+
+
+def _cmdline(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        return fh.read().replace(b"\0", b" ").decode(errors="replace")
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_fallback_needs_fork_and_a_start_method_that_is_never_refused() -> None:
+    with pytest.raises(ConfigError, match="fallback"):
+        Processes(fallback="forkserver")  # the forkserver is never refused
+    with pytest.raises(ConfigError, match="fallback must be"):
+        Processes(start_method="fork", fallback="fork")  # type: ignore[arg-type]
+
+
+def test_a_fallback_unused_forks_and_the_notes_say_so() -> None:
+    pipe = Pipeline(range(8)).map(_ppid, concurrency=2, workers=FORK_OR_SERVER, name="work")
+    it = iter(pipe)
+    first = next(it)
+    template = first[1]  # alive while the run is: a child of this process, not the server
+    assert template != os.getpid() and _parent(template) == os.getpid()
+    assert "forkserver" not in _cmdline(template)
+    assert {ppid for _, ppid in [first, *it]} == {template}
+    assert "stage 'work': worker processes forked from this process" in pipe.stats().notes[-1]
+
+
+def test_without_a_fallback_the_notes_stay_quiet() -> None:
+    pipe = Pipeline(range(4)).map(abs, workers=FORK, name="work")
+    assert list(pipe) == [0, 1, 2, 3]
+    assert not any("forked" in note for note in pipe.stats().notes)
+
+
+def _refused(monkeypatch: pytest.MonkeyPatch, reason: str) -> None:
+    """The engine's own check, under the readers' gates as the pool is built, refuses: as if
+    a thread had started between whatever a caller checked and the build."""
+    import asyncflow.pipeline._fork as fork
+
+    monkeypatch.setattr(fork, "fork_refusal", lambda: reason)
+
+
+def test_a_refused_fork_falls_back_to_the_forkserver_saying_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _refused(monkeypatch, "1 other Python thread(s) run in this process (late-starter)")
+    with pytest.raises(ConfigError, match="late-starter"):  # fork alone: refused
+        list(Pipeline(range(4)).map(abs, workers=FORK))
+    pipe = Pipeline(range(8)).map(_ppid, concurrency=2, workers=FORK_OR_SERVER, name="work")
+    out = list(pipe)
+    assert [x for x, _ in out] == list(range(8))
+    [server] = {ppid for _, ppid in out}
+    assert "forkserver" in _cmdline(server)
+    assert any(n.startswith("stage 'work': worker processes start from the forkserver, not "
+                            "forked: 1 other Python thread(s) run in this process (late-")
+               for n in pipe.stats().notes)
+
+
+def test_a_fallback_while_a_user_thread_runs_and_fork_once_it_has_stopped() -> None:
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, name="user-monitor")
+    other.start()
+    pipe = Pipeline(range(8)).map(_ppid, concurrency=2,
+                                  workers=Processes(start_method="fork", fallback="spawn"))
+    try:
+        assert {ppid for _, ppid in pipe} == {os.getpid()}  # spawned by this process
+        assert any("are spawned, not forked" in n and "user-monitor" in n
+                   for n in pipe.stats().notes)
+    finally:
+        stop.set()
+        other.join()
+    assert os.getpid() not in {ppid for _, ppid in pipe}  # the next run forks
+    assert "forked from this process" in " ".join(pipe.stats().notes)
+
+
+def test_a_fallback_that_cannot_pickle_the_function_names_both_reasons(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fn = Unpicklable()
+    assert [v for v, _, _ in Pipeline(range(4)).map(fn, workers=FORK_OR_SERVER)] == [0, 1, 4, 9]
+    _refused(monkeypatch, "1 other Python thread(s) run in this process (late-starter)")
+    with pytest.raises(ConfigError, match=r"cannot be sent to worker processes.*forked "
+                                          r"workers need no pickling.*late-starter"):
+        list(Pipeline(range(4)).map(fn, workers=FORK_OR_SERVER))

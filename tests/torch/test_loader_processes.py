@@ -346,7 +346,8 @@ def test_fork_takes_a_dataset_that_cannot_be_pickled(leak_check: None) -> None:
     assert torch.equal(torch.cat([b[0] for b in batches])[:, 0], torch.arange(16))
     assert os.getpid() not in {int(p) for b in batches for p in b[1]}
     with pytest.raises(ConfigError, match="cannot be sent to worker processes"):
-        DataLoader(LockedPairs(16), num_workers=2, workers="processes")  # the forkserver's
+        DataLoader(LockedPairs(16), num_workers=2, workers="processes",
+                   multiprocessing_context="forkserver")
 
 
 class Counting(tud.IterableDataset[int]):
@@ -397,10 +398,14 @@ def test_spawn_starts_workers_from_this_process(context: Any, leak_check: None) 
     assert {ppid for _, ppid, _ in samples} == {os.getpid()}
 
 
-def test_forkserver_is_the_default(leak_check: None) -> None:
-    samples = list(DataLoader(Pids(4), batch_size=None, num_workers=1, workers="processes"))
+def test_forkserver_starts_workers_from_the_server(leak_check: None) -> None:
+    # (the default, fork where safe: tests/torch/test_loader_fork_default.py)
+    samples = list(DataLoader(Pids(4), batch_size=None, num_workers=1, workers="processes",
+                              multiprocessing_context="forkserver"))
     parents = {ppid for _, ppid, _ in samples}
     assert len(parents) == 1 and os.getpid() not in parents
+    with open(f"/proc/{parents.pop()}/cmdline", "rb") as fh:
+        assert b"forkserver" in fh.read()
 
 
 class TorchThreads(Pairs):
@@ -411,7 +416,7 @@ class TorchThreads(Pairs):
 
 
 @needs_two_cores
-@pytest.mark.parametrize("context", [None, "spawn"])
+@pytest.mark.parametrize("context", [None, "forkserver", "spawn"])
 def test_each_worker_computes_with_one_torch_thread(context: Any, leak_check: None) -> None:
     # As torch's DataLoader: the workers are the parallelism. N workers x N torch threads
     # oversubscribed a 16-core machine to a tenth of torch's rate (docs/performance.md); the
@@ -529,8 +534,10 @@ def test_a_main_script_gets_processes_with_or_without_a_main_guard(
 
 
 def test_an_unpicklable_dataset_with_processes_is_a_config_error() -> None:
+    # (the default forks where it can, and takes it: test_loader_fork_default.py)
     with pytest.raises(ConfigError) as info:
-        DataLoader(Locked(4), num_workers=2, workers="processes")
+        DataLoader(Locked(4), num_workers=2, workers="processes",
+                   multiprocessing_context="forkserver")
     message = str(info.value)
     assert "Locked" in message and "lock" in message
     assert "workers='threads'" in message
@@ -575,7 +582,8 @@ def _locked_init() -> Callable[[int], None]:
 
 def test_an_unpicklable_worker_init_fn_with_processes_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"worker_init_fn=.*locked_init.*workers='threads'"):
-        DataLoader(Pairs(4), num_workers=2, workers="processes", worker_init_fn=_locked_init())
+        DataLoader(Pairs(4), num_workers=2, workers="processes", worker_init_fn=_locked_init(),
+                   multiprocessing_context="forkserver")
 
 
 @needs_two_cores
@@ -662,7 +670,9 @@ def test_deleting_a_loader_stops_its_persistent_workers(leak_check: None) -> Non
     loader = DataLoader(Slow(40), batch_size=2, num_workers=2, workers="processes",
                         persistent_workers=True)
     assert len(list(loader)) == 20
-    assert len(_children() - before) == 2  # alive between epochs
+    forked = "forked from this process" in " ".join(loader.stats().notes)
+    # alive between epochs: the two workers, and the fork template they were forked from
+    assert len(_children() - before) == 2 + forked
     del loader
     gc.collect()
     assert _settles(lambda: _children() <= before), _children() - before
