@@ -13,7 +13,9 @@ child's own PSS just before the loader was built (after the imports and the data
 split by role (the parent, the forkserver, the resource tracker, the workers) says where the
 memory went. Shared-memory files nobody maps are in no process's PSS: the ``shm`` column adds
 this run's files in ``/dev/shm`` at the peak. The last column is each row's median time for
-its 2 epochs, start-up included: a memory saving that costs speed shows there.
+its 2 epochs, start-up included: a memory saving that costs speed shows there. Kinds
+``asyncflow`` (the default start: fork where safe, else the forkserver; the lines under the
+table say which it got), ``asyncflow-fork``, ``asyncflow-forkserver``, ``torch``, ``folder``.
 
 Jobs, both with 4 workers, ``persistent_workers=True``, 2 epochs:
 
@@ -38,8 +40,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-KINDS = {"torch": "torch DataLoader", "asyncflow": 'asyncflow.DataLoader(workers="processes")',
+KINDS = {"torch": "torch DataLoader",
+         "asyncflow": 'asyncflow.DataLoader(workers="processes"), default: fork where safe',
          "asyncflow-fork": 'the same, multiprocessing_context="fork"',
+         "asyncflow-forkserver": 'the same, multiprocessing_context="forkserver"',
          "folder": "image.folder(train=True), defaults",
          "folder-kernel": "the same, normalized in the decoders (float32 rows, before)"}
 
@@ -170,8 +174,8 @@ def _loader(kind: str, job: str, array_mib: int) -> Any:
         return torch.utils.data.DataLoader(dataset, **args)
     import asyncflow
 
-    if kind == "asyncflow-fork":
-        args["multiprocessing_context"] = "fork"
+    if kind in ("asyncflow-fork", "asyncflow-forkserver"):
+        args["multiprocessing_context"] = kind.removeprefix("asyncflow-")
     return asyncflow.DataLoader(dataset, workers="processes", **args)
 
 
@@ -222,9 +226,12 @@ def child(kind: str, job: str, array_mib: int) -> dict[str, Any]:
     sampler.wait()
     roles = peak.get("roles", {})
     roles["parent"] = roles.get("parent", base) - base
+    # how the default started its workers (fork, or the forkserver and why): its run's notes
+    start = ([n for n in loader.stats().notes if "worker processes" in n]
+             if kind == "asyncflow" else [])
     return {"kind": kind, "job": job, "above": peak["total"] - base, "roles": roles,
             "shm": peak.get("shm", 0.0), "seconds": seconds,
-            "held": peak.get("held", base) - base}
+            "held": peak.get("held", base) - base, "start": start}
 
 
 def main() -> None:
@@ -276,6 +283,9 @@ def main() -> None:
               f"| {statistics.median(above) / torch_median:.2f}x | {mid['shm']:.0f} MiB "
               f"| {where} | {held:.0f} MiB, {held / torch_held:.2f}x "
               f"| {statistics.median(r['seconds'] for r in runs):.1f} |")
+    for (job, kind), runs in results.items():
+        for note in sorted({n for r in runs for n in r.get("start", [])}):
+            print(f"- {job}, {kind}: {note}")
 
 
 if __name__ == "__main__":
