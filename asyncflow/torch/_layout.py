@@ -185,10 +185,10 @@ def epoch_pipeline(loader: Loader, fetch: Fetch) -> Pipeline:
         loader._restore_main = states.get(None, next(iter(states.values())))
     # Worker processes fetch at most prefetch_factor * num_workers batches ahead of the
     # consumer, as torch's: the pipeline's own queues (chunks queued per worker, the reorder
-    # window, the output buffer) would hold several times that many 150 MB batches. A
-    # failure budget drops failed batches, which would never give their credit back.
+    # window, the output buffer) would hold several times that many 150 MB batches. The
+    # run's window bounds them (a batch failed within the budget gives its place back).
     loader._ahead = ((loader.prefetch_factor or 2) * loader.num_workers
-                     if processes is not None and loader.max_failures == 0 else None)
+                     if processes is not None else None)
     # ... and batch i from worker i % num_workers, as torch's (then no worker holds more
     # than prefetch_factor batches)
     fetch.asyncflow_round_robin = loader._ahead is not None
@@ -198,7 +198,7 @@ def epoch_pipeline(loader: Loader, fetch: Fetch) -> Pipeline:
     fetch.catch = loader.max_failures == 0
     workers = max(1, loader.num_workers)
     pipe = Pipeline(
-        [], name="DataLoader", max_failures=loader.max_failures,
+        [], name="DataLoader", max_failures=loader.max_failures, window=loader._ahead,
         notes=(f"stage 'fetch' runs on {note}",) if note else (),
     ).map(
         fetch, concurrency=workers, name="fetch", ordered=loader._ordered(),

@@ -16,7 +16,6 @@ from ._copies import copy_for_persistent_threads, stale_kept_workers
 from ._draws import TorchDraws, worker_seed
 from ._fetch import Fetch, is_stateful
 from ._frameworks import record_for_rebuild
-from ._gate import Credits, GatedEpoch, GatedSource
 from ._iterable import IterableEpochs
 from ._layout import (
     dataset_of,
@@ -379,17 +378,10 @@ class DataLoader(TorchDataLoader[T_co]):
             source = restored(source, dataset_of(self), self._restore_main)
             self._restore_main = None
         assert self._template is not None
-        if self._ahead is None:
-            self._pipe = self._template.with_source(source, epoch=epoch, start=skip)
-            run = self._pipe.open()  # the epoch's iterator keeps torch's timeout
-            return EpochIterator(run, self._state, epoch_length(self), self.timeout,
-                                 ordered=self._ordered())
-        credits = Credits(self._ahead)
-        self._pipe = self._template.with_source(GatedSource(source, credits), epoch=epoch,
-                                                start=skip)
-        run = self._pipe.open()
-        return GatedEpoch(run, self._state, epoch_length(self), self.timeout,
-                          ordered=self._ordered(), credits=credits)
+        self._pipe = self._template.with_source(source, epoch=epoch, start=skip)
+        run = self._pipe.open()  # the epoch's iterator keeps torch's timeout
+        return EpochIterator(run, self._state, epoch_length(self), self.timeout,
+                             ordered=self._ordered())
 
     def _ordered(self) -> bool:
         """Whether batches come in sampler order: unless ``in_order=False`` with workers."""
