@@ -88,9 +88,12 @@ class IterableEpochs:
             )
         else:
             fetch.pin = pinning(loader)
-        pipe = Pipeline([], name="DataLoader",
+        # A worker fetches prefetch_factor batches ahead of the consumer, as torch's: its
+        # lane's window (its queues and chunks in hand would hold more).
+        ahead = loader.prefetch_factor or 2
+        pipe = Pipeline([], name="DataLoader", window=ahead if self.processes else None,
                         notes=(f"stage 'fetch' runs on {note}",) if note else ()).map(
-            fetch, name="fetch", workers=workers, buffer=loader.prefetch_factor or 2,
+            fetch, name="fetch", workers=workers, buffer=ahead,
         )
         if self.processes is not None and pinning(loader):
             from ._layout import _pin_positioned

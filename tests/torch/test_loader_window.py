@@ -1,11 +1,11 @@
-"""A map-style DataLoader's worker processes fetch at most ``prefetch_factor * num_workers``
+"""A DataLoader's worker processes fetch at most ``prefetch_factor * num_workers``
 batches ahead of the consumer through the run's window (``Pipeline(window=...)``), a failure
 budget included: a batch failed within it gives its place back."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -81,3 +81,46 @@ def test_workers_fetch_at_most_prefetch_factor_batches_ahead_under_a_failure_bud
         received += [batch[1].tolist() for batch in it]
     assert received == [[2 * b, 2 * b + 1] for b in range(BATCHES) if not _failed(b)]
     assert len(loader.stats().failures) == BATCHES // 5
+
+
+class LoggedStream(torch.utils.data.IterableDataset[int]):
+    """Each worker yields its share of ``range(n)`` and appends a byte to its own log file for
+    each sample it yields."""
+
+    def __init__(self, n: int, logs: str) -> None:
+        self.n, self.logs = n, logs
+
+    def __iter__(self) -> Iterator[int]:
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(worker, self.n, workers):
+            with open(f"{self.logs}/{worker}", "ab") as f:
+                f.write(b"x")
+            yield i
+
+
+@pytest.mark.parametrize(("workers", "prefetch"), [(1, 1), (2, 2)])
+def test_each_iterable_worker_fetches_at_most_prefetch_factor_batches_ahead(
+    tmp_path: Path, workers: int, prefetch: int, leak_check: None
+) -> None:
+    loader = DataLoader(LoggedStream(200, str(tmp_path)), batch_size=2, num_workers=workers,
+                        prefetch_factor=prefetch, workers="processes", timeout=30)
+
+    def fetched(worker: int) -> int:
+        return _fetched(tmp_path / str(worker))
+
+    received = []
+    with iter(loader) as it:
+        for held in (1, 2, 3):  # the consumer holds off after each batch
+            received.append(next(it).tolist())
+            # torch's rule: each worker prefetch_factor batches beyond those received (a
+            # worker's lane starts when the consumer first asks it for a batch)
+            expected = [len(range(w, held, workers)) + prefetch if w < held else 0
+                        for w in range(workers)]
+            assert _settles(lambda: all(
+                fetched(w) >= n for w, n in enumerate(expected))), (  # noqa: B023
+                f"{[fetched(w) for w in range(workers)]} batches fetched, {expected} let in")
+            time.sleep(0.3)  # room to fetch more, were it allowed
+            assert [fetched(w) for w in range(workers)] == expected
+        received += [batch.tolist() for batch in it]
+    assert sorted(x for batch in received for x in batch) == list(range(200))
