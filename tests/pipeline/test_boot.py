@@ -91,8 +91,9 @@ def test_a_datasets_tensor_is_mapped_by_the_dataloaders_workers_not_copied() -> 
     pytest.importorskip("torch")
     from asyncflow import DataLoader
 
+    # the forkserver's boot payload (forked workers share the parent's pages instead)
     loader = DataLoader(TensorRows(), batch_size=2, num_workers=2, workers="processes",
-                        collate_fn=list)
+                        collate_fn=list, multiprocessing_context="forkserver")
     where = [path for batch in loader for path in batch]
     assert len(where) == 4
     assert all(os.path.basename(p).startswith("asyncflow-") for p in where), where
