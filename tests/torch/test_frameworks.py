@@ -571,6 +571,11 @@ def test_the_frameworks_page_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     blocks = re.findall(r"^```python\n(.*?)^```", PAGE.read_text(), flags=re.S | re.M)
     assert len(blocks) == 6
     monkeypatch.chdir(tmp_path)  # Lightning's checkpoints, Accelerate's "checkpoint"
+    # Lightning's progress bar would start tqdm's monitor thread, which outlives the test:
+    # later DataLoaders would find another Python thread and start from the forkserver
+    from tqdm.std import tqdm
+
+    monkeypatch.setattr(tqdm, "monitor_interval", 0)
     namespace: dict[str, Any] = {"__name__": "frameworks_page"}
     for number, block in enumerate(blocks):
         if "Accelerator(" in block:
