@@ -5,11 +5,36 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+
+#: Set in the interpreter a ``fresh_process`` test runs in (see :func:`pytest_pyfunc_call`).
+FRESH_PROCESS = "ASYNCFLOW_TEST_FRESH_PROCESS"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A test marked ``fresh_process`` runs in a new interpreter of its own (``pytest`` on its
+    node id), and passes or fails as it does there. Forking worker processes needs a process
+    where no other Python thread runs, which a long session cannot promise: servers, monitors
+    and the loaders of earlier tests may still be running or stopping."""
+    if pyfuncitem.get_closest_marker("fresh_process") is None or os.environ.get(FRESH_PROCESS):
+        return None
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", pyfuncitem.nodeid, "-q", "-p", "no:cacheprovider"],
+        cwd=pyfuncitem.config.rootpath, env={**os.environ, FRESH_PROCESS: "1"},
+        capture_output=True, text=True, check=False,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"{pyfuncitem.nodeid} failed in a fresh process (pytest exit "
+                    f"{done.returncode}):\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}",
+                    pytrace=False)
+    return True
 
 
 @pytest.fixture(scope="session", autouse=True)

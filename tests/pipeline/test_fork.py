@@ -19,7 +19,8 @@ from asyncflow.pipeline._fork import fork_refusal
 from tests.conftest import _children
 from tests.pipeline.test_processes_lifecycle import _wait_gone
 
-pytestmark = [pytest.mark.usefixtures("leak_check"), pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.usefixtures("leak_check"), pytest.mark.timeout(120),
+              pytest.mark.fresh_process]  # fork needs a process with no other thread
 
 FORK = Processes(start_method="fork")
 

@@ -16,7 +16,8 @@ import torch.utils.data as tud
 from asyncflow import DataLoader
 from tests.torch.test_loader_processes import Counting, Locked, Pairs, Pids
 
-pytestmark = [pytest.mark.usefixtures("leak_check"), pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.usefixtures("leak_check"), pytest.mark.timeout(120),
+              pytest.mark.fresh_process]  # fork needs a process with no other thread
 
 
 def _parent(pid: int) -> int:

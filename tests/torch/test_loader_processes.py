@@ -322,7 +322,8 @@ class LockedPairs(Pairs):
             return torch.full((3,), i), os.getpid()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.fresh_process  # fork needs a process with no other thread
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("context", ["fork", multiprocessing.get_context("fork")],
                          ids=["fork", "fork context"])
 def test_fork_workers_deliver_torchs_batches(context: Any, leak_check: None) -> None:
@@ -338,7 +339,8 @@ def test_fork_workers_deliver_torchs_batches(context: Any, leak_check: None) -> 
     gc.collect()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.fresh_process  # fork needs a process with no other thread
+@pytest.mark.timeout(120)
 def test_fork_takes_a_dataset_that_cannot_be_pickled(leak_check: None) -> None:
     loader = DataLoader(LockedPairs(16), batch_size=4, num_workers=2, workers="processes",
                         multiprocessing_context="fork")
@@ -370,7 +372,8 @@ def test_an_unknown_start_method_gets_torchs_error() -> None:
         DataLoader(Pairs(4), num_workers=2, multiprocessing_context="bogus")
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.fresh_process  # fork needs a process with no other thread
+@pytest.mark.timeout(120)
 def test_fork_while_another_python_thread_runs_is_refused_naming_it(leak_check: None) -> None:
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, name="metrics-writer")

@@ -1134,7 +1134,8 @@ def test_shuffle_false_is_accepted_with_an_iterable_dataset() -> None:
                            num_workers=0)) == [0, 1, 2]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.fresh_process  # fork needs a process with no other thread
+@pytest.mark.timeout(120)
 def test_the_fork_start_method_works_as_torchs() -> None:
     expected = list(tud.DataLoader(CountingDataset(4), num_workers=2,
                                    multiprocessing_context="fork"))
