@@ -5,13 +5,14 @@ budget included: a batch failed within it gives its place back."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from asyncflow import DataLoader
+from tests.torch.test_loader_processes import _settles
 
 BATCHES = 40
 
@@ -47,15 +48,6 @@ def _let_in(received: int, window: int) -> int:
     return let_in
 
 
-def _settles(check: Callable[[], bool], seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def _fetched(log: Path) -> int:
     return log.stat().st_size // 2 if log.exists() else 0
 
@@ -74,7 +66,7 @@ def test_workers_fetch_at_most_prefetch_factor_batches_ahead_under_a_failure_bud
         for held in (1, 2, 3):  # the consumer holds off after each batch
             received.append(next(it)[1].tolist())
             expected = _let_in(held, ahead)
-            assert _settles(lambda: _fetched(log) >= expected), (  # noqa: B023
+            assert _settles(lambda: _fetched(log) >= expected, 10.0), (  # noqa: B023
                 f"{_fetched(log)} batches fetched, {expected} let in")
             time.sleep(0.3)  # room to fetch more, were it allowed
             assert _fetched(log) == expected
@@ -118,7 +110,7 @@ def test_each_iterable_worker_fetches_at_most_prefetch_factor_batches_ahead(
             expected = [len(range(w, held, workers)) + prefetch if w < held else 0
                         for w in range(workers)]
             assert _settles(lambda: all(
-                fetched(w) >= n for w, n in enumerate(expected))), (  # noqa: B023
+                fetched(w) >= n for w, n in enumerate(expected)), 10.0), (  # noqa: B023
                 f"{[fetched(w) for w in range(workers)]} batches fetched, {expected} let in")
             time.sleep(0.3)  # room to fetch more, were it allowed
             assert [fetched(w) for w in range(workers)] == expected
