@@ -25,7 +25,7 @@ NumPy's, one thread: torch's thread pool would spin on the decoders' cores.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import torch
@@ -38,13 +38,13 @@ from . import _explain
 from ._batch import IMAGENET_MEAN, IMAGENET_STD
 from ._batch import normalize as normalize_batch
 from ._config import check_arguments, decode_path, decode_workers, resolve_split
-from ._decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, decode
+from ._decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS
 from ._geometry import target_size
 from ._gpu import gpu_stage
 from ._gpu_host import PendingAssembler
-from ._gpu_plan import ClaimPlans, PlanClaimed, PlanRows
+from ._gpu_plan import PlanClaimed
 from ._listing import Listing, Sample
-from ._rows import DecodeIntoSharedRow, Failed, Ticket
+from ._rows import Claimed, DecodeIntoSharedRow, Failed
 from ._scan import IMG_EXTENSIONS, scan
 from ._shared import ClaimRows, SharedSlabs
 from ._slots import Batch, BatchAssembler
@@ -61,33 +61,26 @@ _NORMALIZE_IN_KERNEL = False
 __all__ = ["IMG_EXTENSIONS", "Failed", "ImageFolder", "Sample", "folder", "scan"]
 
 
-class _DecodeIntoRow:
-    """The decode stage on threads (unordered): decode a group of items, each straight into
-    its batch row.
+class _ClaimThen:
+    """The decode stage on threads (unordered): claim each item's batch row as the item is
+    taken (waiting while its batch is more than ``ahead`` past the oldest open one), then
+    hand it to ``work``, which decodes it into the row (``DecodeIntoSharedRow``) or plans it
+    for the GPU (``PlanClaimed``).
 
     Failures are returned, not raised, so that the assembler hears of every row; the
     ``assemble`` stage counts them, one per image, against ``max_failures``.
     """
 
-    def __init__(self, assembler: BatchAssembler, seed: int, options: dict[str, Any]) -> None:
+    def __init__(self, assembler: BatchAssembler,
+                 work: Callable[[Iterable[Claimed]], ItemGroup]) -> None:
         self.assembler = assembler
-        self.seed = seed
-        self.options = options
+        self.work = work
         self.__name__ = "decode"
 
     def __call__(self, items: list[Sample]) -> ItemGroup:
-        return ItemGroup(self._one(item) for item in items)
-
-    def _one(self, item: Sample) -> Ticket | Failed:
-        ticket, out = self.assembler.claim(item.run, item.pos, item.label)
-        try:
-            decode(
-                item.path, out=out, layout="chw", seed=self.seed,
-                epoch=item.epoch, index=item.sample, **self.options,
-            )
-        except Exception as exc:
-            return Failed(item.path, exc, ticket)
-        return ticket
+        claim = self.assembler.claim
+        return self.work(Claimed(item.path, item.epoch, item.sample,
+                                 *claim(item.run, item.pos, item.label)) for item in items)
 
 
 class _NormalizeImages:
@@ -330,29 +323,23 @@ def folder(
     pipe._seed = seed
     pipe._decode_options = options if gpu_decoder is None else {**options,
                                                                 "decoder": gpu_decoder.name}
+    work: Callable[[Iterable[Claimed]], ItemGroup] = (
+        PlanClaimed(seed, options) if gpu_device is not None else
+        DecodeIntoSharedRow(seed, kernel, (batch_size, 3, out_h, out_w),
+                            str(assembler._np_dtype)))
     groups: Pipeline[Any] = pipe
-    if gpu_device is not None and processes is None:
-        rows = groups.map(PlanRows(assembler, seed, options), concurrency=threads,
-                          ordered=False, name="decode", workers="threads", buffer=2 * threads)
-    elif gpu_device is not None:
-        assert processes is not None
-        rows = (groups.map(ClaimPlans(assembler), name="claim", buffer=2)
-                .map(PlanClaimed(seed, options), concurrency=threads, ordered=False,
-                     name="decode", workers=processes, buffer=2 * threads))
-    elif processes is None:
+    if processes is None:
         # One group per hand-off (buffer=2 x threads makes the chunks single groups): a
         # decoder holding many groups would claim rows beyond `ahead` and wait on itself.
-        rows = groups.map(_DecodeIntoRow(assembler, seed, kernel), concurrency=threads,
-                          ordered=False, name="decode", workers="threads", buffer=2 * threads)
+        rows = groups.map(_ClaimThen(assembler, work), concurrency=threads, ordered=False,
+                          name="decode", workers="threads", buffer=2 * threads)
     else:
-        decoder = DecodeIntoSharedRow(seed, kernel, (batch_size, 3, out_h, out_w),
-                                      str(assembler._np_dtype))
         rows = (
             # Rows claimed and not yet released are bounded by these queues: the claim stage's
             # two groups, four per worker process in flight, two per worker decoded and
             # waiting, and the rows queue; about as many batches as `ahead` allows threads.
             groups.map(ClaimRows(assembler), name="claim", buffer=2)
-            .map(decoder, concurrency=threads, ordered=False, name="decode", workers=processes,
+            .map(work, concurrency=threads, ordered=False, name="decode", workers=processes,
                  buffer=2 * threads)
         )
     # Decode errors come back as rows: the stage named "batch" counts them (max_failures).

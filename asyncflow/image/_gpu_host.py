@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ._gpu_plan import Encoded, Payload, Planned
-from ._rows import Failed, Ticket
+from ._rows import Failed
 from ._slots import BatchAssembler
 
 __all__ = ["Pending", "PendingAssembler"]
@@ -48,10 +48,6 @@ class PendingAssembler(BatchAssembler):
     @staticmethod
     def failure(row: Any) -> Exception | None:
         return None  # counted by the GPU stage (see the class docstring)
-
-    def position(self, row: Any) -> int:
-        ticket: Ticket = row if isinstance(row, Ticket) else row.ticket
-        return ticket.number * self.batch_size + ticket.row
 
     def release(self, row: Any, *, ok: bool = True) -> list[tuple[Any, list[int]]]:
         if isinstance(row, Planned | Failed):

@@ -17,7 +17,7 @@ For each image, on the read workers (``image.folder``'s ``decode`` stage under
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -29,20 +29,9 @@ from ..pipeline.seeding import item_random
 from . import _jpeg
 from ._decode import DEFAULT_MAX_BYTES, _crop, _orientation, _read, check_pixels, decode
 from ._geometry import draft_request, orientation_op, target_size
-from ._listing import Sample
-from ._rows import Failed, Ticket
+from ._rows import Claimed, Failed, Ticket
 
-__all__ = [
-    "ClaimPlans",
-    "Encoded",
-    "Payload",
-    "Placement",
-    "PlanClaimed",
-    "PlanRows",
-    "Planned",
-    "ToPlan",
-    "plan",
-]
+__all__ = ["Encoded", "Payload", "Placement", "PlanClaimed", "Planned", "plan"]
 
 _SCALE = (0.08, 1.0)
 _RATIO = (3 / 4, 4 / 3)
@@ -175,36 +164,10 @@ def _draft_factor(
     return next(s for s in (8, 4, 2, 1) if scale >= s)
 
 
-class ToPlan(NamedTuple):
-    """An item with its claimed row, on its way to a worker process."""
-
-    path: str
-    epoch: int
-    sample: int
-    ticket: Ticket
-
-
-class ClaimPlans:
-    """Process mode, in the parent: claim each item's row (the assembler lives here)."""
-
-    def __init__(self, assembler: Any) -> None:
-        self.assembler = assembler
-        self.__name__ = "claim"
-
-    def __call__(self, items: list[Sample]) -> ItemGroup:
-        return ItemGroup(_claim(self.assembler, items, wait=False))
-
-
-def _claim(assembler: Any, items: list[Sample], *, wait: bool) -> Iterator[ToPlan]:
-    """Each item with the row claimed for it, claimed as the item is taken."""
-    claim = assembler.claim
-    return (ToPlan(item.path, item.epoch, item.sample,
-                   claim(item.run, item.pos, item.label, wait=wait)[0]) for item in items)
-
-
 class PlanClaimed:
-    """Plan each claimed item: in a worker process (process mode), or for
-    :class:`PlanRows` on the read threads."""
+    """The ``decode`` stage's function under ``decode="cuda"``: plan each claimed item (in a
+    worker process, or on the read threads). Failures are returned as rows, as on the CPU
+    path."""
 
     def __init__(self, seed: int, options: dict[str, Any]) -> None:
         self.seed = seed
@@ -212,27 +175,13 @@ class PlanClaimed:
         self.options = {k: options[k] for k in keys if k in options}
         self.__name__ = "decode"
 
-    def __call__(self, items: Iterable[ToPlan]) -> ItemGroup:
+    def __call__(self, items: Iterable[Claimed]) -> ItemGroup:
         return ItemGroup(self._one(item) for item in items)
 
-    def _one(self, item: ToPlan) -> Planned | Failed:
+    def _one(self, item: Claimed) -> Planned | Failed:
         try:
             payload = plan(item.path, seed=self.seed, epoch=item.epoch, index=item.sample,
                            **self.options)
         except Exception as exc:
             return Failed(item.path, exc, item.ticket)
         return Planned(item.ticket, payload)
-
-
-class PlanRows:
-    """The ``decode`` stage's function under ``decode="cuda"`` (threads, unordered): claim
-    each item's row and plan it (:class:`PlanClaimed`). Failures are returned as rows, as on
-    the CPU path."""
-
-    def __init__(self, assembler: Any, seed: int, options: dict[str, Any]) -> None:
-        self.assembler = assembler
-        self.planner = PlanClaimed(seed, options)
-        self.__name__ = "decode"
-
-    def __call__(self, items: list[Sample]) -> ItemGroup:
-        return self.planner(_claim(self.assembler, items, wait=True))

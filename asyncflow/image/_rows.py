@@ -9,6 +9,7 @@ from __future__ import annotations
 import mmap
 import os
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -46,17 +47,19 @@ class Failed(NamedTuple):
 
 
 class Claimed(NamedTuple):
-    """An item with its row's address, on its way to a worker."""
+    """An item with its row: the row's address on its way to a worker process (the name of
+    its shared-memory slab), or the row itself for a decode thread."""
 
     path: str
     epoch: int
     sample: int
     ticket: Ticket
-    slab: str
+    slab: str | np.ndarray
 
 
 class DecodeIntoSharedRow:
-    """The decode stage's function in a worker process: decode each item into its row.
+    """The decode stage's function: decode each item into its row (in a worker process, a
+    row of a shared slab, mapped once; on a thread, the row it was given).
 
     Returns, per item, its ticket, or a ``Failed`` record (the decode error names the file);
     the batch stage raises the errors, where they count against ``max_failures``.
@@ -74,11 +77,12 @@ class DecodeIntoSharedRow:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_slabs": OrderedDict()}  # mappings stay in their process
 
-    def __call__(self, items: list[Claimed]) -> ItemGroup:
+    def __call__(self, items: Iterable[Claimed]) -> ItemGroup:
         out = ItemGroup()  # stats count its images
         for item in items:
             try:
-                row = self._slab(item.slab)[item.ticket.row]
+                slab = item.slab
+                row = slab if isinstance(slab, np.ndarray) else self._slab(slab)[item.ticket.row]
                 decode(item.path, out=row, layout="chw", seed=self.seed, epoch=item.epoch,
                        index=item.sample, **self.options)
             except Exception as exc:

@@ -239,8 +239,9 @@ class BatchAssembler:
         return [batch for batch, _ in self.release(row, ok=ok) if batch is not None]
 
     def position(self, row: Ticket | Failed) -> int:
-        """The position of ``row`` in its epoch's order."""
-        ticket = row.ticket if isinstance(row, Failed) else row
+        """The position of ``row`` (a ticket, or a record that holds one) in its epoch's
+        order."""
+        ticket = row if isinstance(row, Ticket) else row.ticket
         return ticket.number * self.batch_size + ticket.row
 
     def resume(self, settled: Span) -> None:
