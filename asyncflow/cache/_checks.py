@@ -19,54 +19,15 @@ import threading
 import zlib
 from array import array
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from .._errors import SourceError
-from ._format import HEADER_BYTES
-from ._schema import Field
+from ._format import HEADER_BYTES, block_rows
+from ._reader import Identity, Reader
 
-__all__ = ["ALL_CHECKED", "BLOCK_BYTES", "BlockSums", "CheckedCache", "Checks", "block_rows"]
-
-BLOCK_BYTES = 4096
-
-
-class CheckedCache(Protocol):
-    """What the checks read of an open cache (``_reader.Reader`` is one): its files, their
-    identity, and each field's block checksums."""
-
-    @property
-    def path(self) -> Path: ...
-
-    @property
-    def manifest(self) -> dict[str, Any]: ...
-
-    @property
-    def fields(self) -> tuple[Field, ...]: ...
-
-    @property
-    def arrays(self) -> tuple[np.ndarray, ...]: ...
-
-    @property
-    def identity(self) -> tuple[tuple[int, int, int, int], ...]: ...
-
-    @property
-    def sums(self) -> tuple[np.ndarray, ...]: ...
-
-    @property
-    def block_rows(self) -> tuple[int, ...]: ...
-
-    @property
-    def count(self) -> int: ...
-
-
-def block_rows(sample_bytes: int) -> int:
-    """Rows per checksummed block of a field whose rows take ``sample_bytes`` (0: no data)."""
-    if sample_bytes <= 0:
-        return 0
-    return max(1, BLOCK_BYTES // sample_bytes)
+__all__ = ["ALL_CHECKED", "BlockSums", "Checks"]
 
 
 class BlockSums:
@@ -99,9 +60,6 @@ class BlockSums:
         return np.asarray(sums, dtype="<u4").tobytes()
 
 
-Identity = tuple[tuple[int, int, int, int], ...]
-
-
 class Checks:
     """Which blocks of a cache have been found to match their checksums.
 
@@ -122,7 +80,7 @@ class Checks:
         earlier epoch, else None."""
         return self._damaged.get(identity)
 
-    def verify(self, reader: CheckedCache, rows: int | slice | np.ndarray,
+    def verify(self, reader: Reader, rows: int | slice | np.ndarray,
                arrays: Sequence[np.ndarray] | None = None) -> None:
         """Check the blocks holding ``rows`` of every field that were not checked yet.
 
@@ -154,12 +112,12 @@ class Checks:
         if all(d.all() for d in done):
             self._complete = True
 
-    def complete(self, reader: CheckedCache) -> bool:
+    def complete(self, reader: Reader) -> bool:
         """Whether every block of ``reader``'s files has been checked (reads check nothing)."""
         with self._lock:
             return self._identity == reader.identity and self._complete
 
-    def _record(self, reader: CheckedCache) -> list[np.ndarray] | None:
+    def _record(self, reader: Reader) -> list[np.ndarray] | None:
         with self._lock:
             if self._identity != reader.identity:
                 self._identity = reader.identity
@@ -167,7 +125,7 @@ class Checks:
                 self._complete = False
             return None if self._complete else self._done
 
-    def _damaged_error(self, reader: CheckedCache, index: int, block: int, per: int,
+    def _damaged_error(self, reader: Reader, index: int, block: int, per: int,
                        size: int) -> SourceError:
         field = reader.fields[index]
         first = block * per
@@ -192,7 +150,7 @@ def _blocks(rows: int | slice | np.ndarray, per: int) -> Any:
 class _AllChecked(Checks):
     """The record of a replay whose blocks were all checked already: it checks nothing."""
 
-    def verify(self, reader: CheckedCache, rows: int | slice | np.ndarray,
+    def verify(self, reader: Reader, rows: int | slice | np.ndarray,
                arrays: Sequence[np.ndarray] | None = None) -> None:
         return None
 

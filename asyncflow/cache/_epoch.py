@@ -42,21 +42,12 @@ from .._errors import SourceError
 from ..pipeline import current_epoch, listing_identity, run_failed, run_thread
 from ._checks import ALL_CHECKED, Checks
 from ._fingerprint import describe_change
-from ._format import MANIFEST, read_manifest
+from ._format import MANIFEST, CacheInvalid, leftovers, read_manifest, remove_cache, remove_path
 from ._lock import WriterLock, take_lock
-from ._reader import (
-    CacheInvalid,
-    Reader,
-    Writer,
-    headers_match,
-    identity_of,
-    leftovers,
-    remove_cache,
-    remove_path,
-    sizes_match,
-)
+from ._reader import Reader, files_match, identity_of
 from ._replay import BufferPool, KeptMapping, permutation, replay
 from ._upstream import Upstream, stream, take
+from ._writer import Writer
 
 __all__ = ["CacheSource"]
 
@@ -138,7 +129,7 @@ class CacheSource:
                 return False
             identity = identity_of(self.path, manifest)
             return (self.checks.damage(identity) is None and identity not in self.refused
-                    and sizes_match(manifest, identity) and headers_match(self.path, manifest))
+                    and files_match(self.path, manifest, identity))
         except (FileNotFoundError, CacheInvalid):
             return False
 

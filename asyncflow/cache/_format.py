@@ -29,12 +29,14 @@ from .._errors import ConfigError
 from ._schema import Field
 
 __all__ = [
+    "BLOCK_BYTES",
     "FORMAT",
     "HEADER_BYTES",
     "LAYOUTS",
     "MANIFEST",
     "VERSION",
     "CacheInvalid",
+    "block_rows",
     "leftovers",
     "manifest_digest",
     "npy_header",
@@ -50,12 +52,20 @@ VERSION = 2  # 2: block checksums, a checksummed manifest
 MANIFEST = "manifest.json"
 LAYOUTS = ("samples", "batches", "lists")
 HEADER_BYTES = 4096  # the .npy header is padded to one page, so the data starts page-aligned
+BLOCK_BYTES = 4096  # bytes of a checksummed block, in whole rows (see block_rows, _checks.py)
 _OWN_FILE = re.compile(r"manifest\.json|field\d+\.(npy|crc32)")
 _SELF = "manifest_crc32"
 
 
 class CacheInvalid(Exception):
     """The cache exists but must not be used; ``str(exc)`` says why."""
+
+
+def block_rows(sample_bytes: int) -> int:
+    """Rows per checksummed block of a field whose rows take ``sample_bytes`` (0: no data)."""
+    if sample_bytes <= 0:
+        return 0
+    return max(1, BLOCK_BYTES // sample_bytes)
 
 
 def table_name(index: int) -> str:

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._blob import describe_size
+from ._format import CacheInvalid, leftovers, read_manifest
 from ._lock import WriterLock
-from ._reader import CacheInvalid, Reader, leftovers, read_manifest
+from ._reader import Reader
 from ._schema import Field
 
 __all__ = ["CacheInfo", "info"]
@@ -66,15 +68,14 @@ class CacheInfo:
         status = "usable" if self.usable else f"not usable: {self.problem}"
         rows = [("cache", str(self.path)), ("status", status)]
         if self.fields or self.count:
-            rows.append(("samples", f"{self.count:,} ({_size(self.nbytes)} on disk)"))
+            rows.append(("samples", f"{self.count:,} ({describe_size(self.nbytes)} on disk)"))
             kind = "lists" if self.layout == "lists" else "batches"
             rows.append(("items", f"{kind} of {self.batch_size} ({self.items:,} upstream)"
                          if self.batch_size else "single samples"))
             names = max(len(f.name) for f in self.fields) if self.fields else 0
             for i, f in enumerate(self.fields):
-                shape = "(" + ", ".join(map(str, f.shape)) + ("," if len(f.shape) == 1 else "")
-                text = (f"{f.name:<{names}}  {f.kind:<7} {f.dtype:<8} {shape + ')':<16} "
-                        f"{_size(f.sample_bytes)}/sample")
+                text = (f"{f.name:<{names}}  {f.kind:<7} {f.dtype:<8} {f.shape!s:<16} "
+                        f"{describe_size(f.sample_bytes)} per sample")
                 if f.device != "cpu":
                     text += f" (replayed onto {f.device})"
                 rows.append(("fields" if i == 0 else "", text))
@@ -99,15 +100,6 @@ class CacheInfo:
 def _line(value: Any, limit: int = 100) -> str:
     text = json.dumps(value, separators=(", ", ": "))
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def info(path: str | Path) -> CacheInfo:

@@ -21,36 +21,21 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import block_rows
 from ._format import (
     HEADER_BYTES,
     LAYOUTS,
     CacheInvalid,
-    leftovers,
+    block_rows,
     npy_header,
     read_manifest,
-    remove_cache,
-    remove_path,
     table_name,
 )
 from ._schema import Field
-from ._writer import Writer
 
-__all__ = [
-    "HEADER_BYTES",
-    "LAYOUTS",
-    "CacheInvalid",
-    "Reader",
-    "Writer",
-    "field_array",
-    "identity_of",
-    "leftovers",
-    "map_shared",
-    "read_manifest",
-    "remove_cache",
-    "remove_path",
-    "sizes_match",
-]
+__all__ = ["Identity", "Reader", "field_array", "files_match", "identity_of", "map_shared"]
+
+#: Per field file: device, inode, size and modification time.
+Identity = tuple[tuple[int, int, int, int], ...]
 
 # MAP_NORESERVE keeps a private mapping of a cache larger than RAM from being refused by the
 # kernel's overcommit check; Python's mmap module does not name the flag.
@@ -75,7 +60,7 @@ class Reader:
     copy: bool
     #: Per field file: device, inode, size and modification time. A rebuilt cache is new
     #: files renamed into place, so a changed identity means other content.
-    identity: tuple[tuple[int, int, int, int], ...] = ()
+    identity: Identity = ()
     #: Per field: the CRC-32 of each block of its data, and the rows of one block (0: the
     #: field holds no bytes). See _checks.py.
     sums: tuple[np.ndarray, ...] = ()
@@ -241,7 +226,7 @@ def _read_table(file: Path, field: Field, count: int, crc: int) -> np.ndarray:
     return np.frombuffer(data, dtype="<u4")
 
 
-def identity_of(path: Path, manifest: dict[str, Any]) -> tuple[tuple[int, int, int, int], ...]:
+def identity_of(path: Path, manifest: dict[str, Any]) -> Identity:
     """:attr:`Reader.identity` of the cache at ``path`` now, from a ``stat`` of each file.
 
     Raises:
@@ -253,12 +238,16 @@ def identity_of(path: Path, manifest: dict[str, Any]) -> tuple[tuple[int, int, i
         raise CacheInvalid(f"its files cannot be found ({exc})") from None
 
 
-def headers_match(path: Path, manifest: dict[str, Any]) -> bool:
-    """Whether each field file at ``path`` starts with the ``.npy`` header ``manifest`` gives
-    it: a damaged header is found without mapping the files (one short read each)."""
+def files_match(path: Path, manifest: dict[str, Any], identity: Identity) -> bool:
+    """Whether the field files at ``path``, of ``identity`` (from :func:`identity_of`), have
+    the sizes and start with the ``.npy`` headers ``manifest`` gives them: a truncated cache or
+    a damaged header is found without mapping the files (one short read each)."""
     try:
         fields = [Field.from_json(f) for f in manifest["fields"]]
         count = int(manifest["count"])
+        expected = [HEADER_BYTES + count * f.sample_bytes for f in fields]
+        if expected != [size for _, _, size, _ in identity]:
+            return False
         for name, field in zip(manifest["files"], fields, strict=True):
             with open(path / str(name), "rb") as fh:
                 if fh.read(HEADER_BYTES) != npy_header(field, count):
@@ -266,19 +255,6 @@ def headers_match(path: Path, manifest: dict[str, Any]) -> bool:
     except (OSError, KeyError, TypeError, ValueError):
         return False
     return True
-
-
-def sizes_match(manifest: dict[str, Any], identity: tuple[tuple[int, int, int, int], ...]
-                ) -> bool:
-    """Whether the field files of ``identity`` (from :func:`identity_of`) have the sizes
-    ``manifest`` gives them: a truncated cache is found without opening it."""
-    try:
-        count = int(manifest["count"])
-        fields = [Field.from_json(f) for f in manifest["fields"]]
-    except (KeyError, TypeError, ValueError):
-        return False
-    expected = [HEADER_BYTES + count * f.sample_bytes for f in fields]
-    return expected == [size for _, _, size, _ in identity]
 
 
 def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:

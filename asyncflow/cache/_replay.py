@@ -32,7 +32,8 @@ import numpy as np
 from .._recycle import PoolStats, Recycler
 from ..pipeline.seeding import epoch_rng
 from ._checks import Checks
-from ._reader import CacheInvalid, Reader, map_shared
+from ._format import CacheInvalid
+from ._reader import Identity, Reader, map_shared
 from ._schema import Field, unflatten
 
 __all__ = ["BufferPool", "Deferred", "KeptMapping", "finish", "permutation", "replay"]
@@ -139,20 +140,13 @@ class KeptMapping:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._identity: tuple[tuple[int, int, int, int], ...] | None = None
+        self._identity: Identity | None = None
         self._sources: tuple[Any, ...] = ()
         self._arrays: tuple[np.ndarray, ...] = ()
 
-    def sources(self, reader: Reader) -> tuple[Any, ...]:
-        """What to gather ``reader``'s rows from: its files' kept views (``reader.arrays``
-        when the files changed again while being mapped)."""
-        return self._mapped(reader)[1]
-
-    def arrays(self, reader: Reader) -> tuple[np.ndarray, ...]:
-        """The kept mapping of ``reader``'s files as numpy arrays (or ``reader.arrays``)."""
-        return self._mapped(reader)[0]
-
-    def _mapped(self, reader: Reader) -> tuple[tuple[np.ndarray, ...], tuple[Any, ...]]:
+    def mapped(self, reader: Reader) -> tuple[tuple[np.ndarray, ...], tuple[Any, ...]]:
+        """The kept mapping of ``reader``'s files as numpy arrays, and the views to gather
+        rows from (both ``reader.arrays`` when the files changed again while being mapped)."""
         with self._lock:
             if self._identity != reader.identity:
                 try:
@@ -228,7 +222,7 @@ def replay(
         sources: Sequence[Any] = reader.arrays
         read = reader.arrays  # checked through the mapping the rows are read from
         if order is not None and kept is not None:
-            sources, read = kept.sources(reader), kept.arrays(reader)
+            read, sources = kept.mapped(reader)
         return _batches(reader, sources, read, order, build, buffers or BufferPool(), defer,
                         checks)
     return _samples(reader, order, build, checks)

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError
-from ._checks import BLOCK_BYTES, BlockSums
+from ._checks import BlockSums
 from ._format import (
+    BLOCK_BYTES,
     FORMAT,
     HEADER_BYTES,
     LAYOUTS,

@@ -20,7 +20,9 @@ from asyncflow import ConfigError, Pipeline, PipelineError, SourceError
 from asyncflow.cache import CachedPipeline, _replay
 from asyncflow.cache._cached import _layout
 from asyncflow.cache._checks import Checks
-from asyncflow.cache._reader import HEADER_BYTES, Reader, Writer, leftovers
+from asyncflow.cache._format import HEADER_BYTES, leftovers
+from asyncflow.cache._reader import Reader
+from asyncflow.cache._writer import Writer
 
 
 class Decode:

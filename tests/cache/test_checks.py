@@ -12,8 +12,8 @@ import pytest
 
 from asyncflow import SourceError
 from asyncflow.cache import _checks
-from asyncflow.cache._checks import BLOCK_BYTES, BlockSums, Checks, block_rows
-from asyncflow.cache._format import HEADER_BYTES
+from asyncflow.cache._checks import BlockSums, Checks
+from asyncflow.cache._format import BLOCK_BYTES, HEADER_BYTES, block_rows
 from asyncflow.cache._reader import Reader
 from asyncflow.cache._replay import permutation, replay
 

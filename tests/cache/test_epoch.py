@@ -16,8 +16,9 @@ import pytest
 from asyncflow import ConfigError, SourceError
 from asyncflow._scope import use_epoch
 from asyncflow.cache._epoch import CacheSource
+from asyncflow.cache._format import HEADER_BYTES, leftovers
 from asyncflow.cache._lock import WriterLock
-from asyncflow.cache._reader import HEADER_BYTES, Reader, leftovers
+from asyncflow.cache._reader import Reader
 
 from .test_reader import write
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from asyncflow import Pipeline, PipelineError
-from asyncflow.cache._reader import HEADER_BYTES, leftovers
+from asyncflow.cache._format import HEADER_BYTES, leftovers
 
 
 def loop_threads(name: str) -> list[str]:

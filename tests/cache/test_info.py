@@ -11,7 +11,7 @@ import pytest
 import asyncflow.cache
 from asyncflow.cache import CacheInfo, info
 from asyncflow.cache._lock import WriterLock
-from asyncflow.cache._reader import Writer
+from asyncflow.cache._writer import Writer
 
 from .test_reader import batches, write
 
@@ -33,7 +33,7 @@ def test_info_of_a_usable_cache(tmp_path: Path) -> None:
         tmp_path / "c" / "field1.npy").stat().st_size
     text = str(result)
     assert "usable" in text and "batches of 4" in text and "item[0]" in text
-    assert "uint8" in text and "(3, 4, 5)" in text and "60 B/sample" in text
+    assert "uint8" in text and "(3, 4, 5)" in text and "60 bytes per sample" in text
     json.dumps(result.to_dict())
 
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from asyncflow.cache._format import leftovers
 from asyncflow.cache._lock import WriterLock
-from asyncflow.cache._reader import Reader, leftovers
+from asyncflow.cache._reader import Reader
 
 from ._proc import digest_of, make_batch
 

@@ -14,16 +14,16 @@ import torch
 
 from asyncflow import ConfigError
 from asyncflow.cache import _reader
-from asyncflow.cache._format import manifest_digest
-from asyncflow.cache._reader import (
+from asyncflow.cache._format import (
     HEADER_BYTES,
     CacheInvalid,
-    Reader,
-    Writer,
     leftovers,
+    manifest_digest,
     remove_cache,
 )
+from asyncflow.cache._reader import Reader
 from asyncflow.cache._replay import replay
+from asyncflow.cache._writer import Writer
 
 
 def batches(count: int, size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

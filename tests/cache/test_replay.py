@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from asyncflow.cache._reader import CacheInvalid, Reader, map_shared, remove_cache
+from asyncflow.cache._format import CacheInvalid, remove_cache
+from asyncflow.cache._reader import Reader, map_shared
 from asyncflow.cache._replay import Deferred, KeptMapping, _gather, finish, permutation, replay
 
 from .test_reader import batches, write
@@ -140,11 +141,11 @@ def test_shuffled_epochs_keep_one_read_only_mapping(tmp_path: Path) -> None:
     write(tmp_path / "c", batches(64, 8))
     kept, order = KeptMapping(), permutation(64, 1)
     first = Reader.open(tmp_path / "c")
-    sources = kept.sources(first)
+    sources = kept.mapped(first)[1]
     assert all(not a.flags.writeable for a in map_shared(first))  # nothing writes through
     for _ in range(3):  # each epoch checks the cache again, and reads through the kept views
         reader = Reader.open(tmp_path / "c")
-        assert kept.sources(reader) is sources
+        assert kept.mapped(reader)[1] is sources
         assert _ids(reader, order, kept) == order.tolist()
 
 
@@ -165,7 +166,7 @@ def test_a_rebuilt_cache_is_mapped_anew(tmp_path: Path) -> None:
 def test_writes_into_stored_order_batches_never_reach_a_shuffled_epoch(tmp_path: Path) -> None:
     write(tmp_path / "c", batches(16, 4))
     kept = KeptMapping()
-    kept.sources(Reader.open(tmp_path / "c"))  # mapped before the writes
+    kept.mapped(Reader.open(tmp_path / "c"))  # mapped before the writes
     for images, ids in replay(Reader.open(tmp_path / "c"), kept=kept):  # zero-copy slices
         images.fill_(255)
         ids.fill_(-1)
@@ -186,5 +187,5 @@ def test_a_cache_replaced_after_its_check_is_read_through_the_checked_mapping(
     with pytest.raises(CacheInvalid, match="changed"):
         map_shared(reader)
     kept, order = KeptMapping(), permutation(16, 5)
-    assert kept.sources(reader) is reader.arrays
+    assert kept.mapped(reader)[1] is reader.arrays
     assert _ids(reader, order, kept) == order.tolist()  # the checked cache, consistently
