@@ -20,7 +20,7 @@ from ..pipeline import FailureBudget, Pipeline, PipelineStats, Processes
 from ._fetch import Failed, Positioned, TorchWorkerInit
 from ._lane import END, LaneFetch
 from ._lane_stats import EpochLanes
-from ._layout import choose, pinning, worker_spec
+from ._layout import choose, epoch_length, fetch_pipeline, pinning, worker_spec
 from ._state import EpochIterator, LoaderState
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class IterableEpochs:
         fetch = LaneFetch(loader.dataset, loader.collate_fn, loader.batch_size,
                           loader.drop_last, resume=restore)
         self.fetches.append(fetch)
-        workers: str | Processes = "threads"
+        workers = None
         if self.processes is not None:
             init = TorchWorkerInit(loader.dataset, loader.worker_init_fn,
                                    lane=(lane, self.count))
@@ -91,17 +91,8 @@ class IterableEpochs:
         # A worker fetches prefetch_factor batches ahead of the consumer, as torch's: its
         # lane's window (its queues and chunks in hand would hold more).
         ahead = loader.prefetch_factor or 2
-        pipe = Pipeline([], name="DataLoader", window=ahead if self.processes else None,
-                        notes=(f"stage 'fetch' runs on {note}",) if note else ()).map(
-            fetch, name="fetch", workers=workers, buffer=ahead,
-        )
-        if self.processes is not None and pinning(loader):
-            from ._layout import _pin_positioned
-
-            pipe = pipe.map(_pin_positioned, name="pin")
-        if loader.device is not None:
-            pipe = pipe.to_device(loader.device)
-        return pipe
+        return fetch_pipeline(loader, fetch, workers, note,
+                              window=ahead if workers else None, buffer=ahead)
 
     def start(self, epoch: int) -> LanesIterator:
         """Open the epoch's lanes and return its iterator."""
@@ -124,7 +115,7 @@ class IterableEpochs:
                     start=self.yielded[lane]).open()
                 for lane, template in enumerate(self.templates)]
         self.lanes = EpochLanes(runs, list(self.yielded), named=self.count > 1)
-        return LanesIterator(self, self.loader._state, _length(self.loader),
+        return LanesIterator(self, self.loader._state, epoch_length(self.loader),
                              self.loader.timeout)
 
     def state_dict(self, in_epoch: bool) -> dict[str, Any]:
@@ -174,16 +165,6 @@ def _warn_past_len(loader: Loader, yielded: int) -> None:
 
 def _tasks(epoch: int, start: int) -> Iterator[tuple[int, int]]:
     return ((epoch, position) for position in itertools.count(start))
-
-
-def _length(loader: Loader) -> int:
-    asked = loader._IterableDataset_len_called  # torch's len() notes it was asked: we don't
-    try:
-        return len(loader)
-    except TypeError:
-        return 0
-    finally:
-        loader._IterableDataset_len_called = asked
 
 
 def _resume_plan(saved: dict[str, Any] | None, lanes: int, epoch: int

@@ -25,6 +25,7 @@ __all__ = [
     "default_workers",
     "epoch_length",
     "epoch_pipeline",
+    "fetch_pipeline",
     "index_batches",
     "needs_processes",
     "pinning",
@@ -192,20 +193,32 @@ def epoch_pipeline(loader: Loader, fetch: Fetch) -> Pipeline:
     # ... and batch i from worker i % num_workers, as torch's (then no worker holds more
     # than prefetch_factor batches)
     fetch.asyncflow_round_robin = loader._ahead is not None
-    pin_batches = pinning(loader)
     fetch.pin_device = loader.pin_memory_device or None
-    fetch.pin = pin_batches and processes is None  # pinned in the loading threads
+    fetch.pin = pinning(loader) and processes is None  # pinned in the loading threads
     fetch.catch = loader.max_failures == 0
     workers = max(1, loader.num_workers)
+    return fetch_pipeline(
+        loader, fetch, processes, note, window=loader._ahead, max_failures=loader.max_failures,
+        concurrency=workers, ordered=loader._ordered(),
+        buffer=(loader.prefetch_factor or 2) * workers,
+    )
+
+
+def fetch_pipeline(loader: Loader, fetch: Any, processes: Processes | None, note: str | None,
+                   *, window: int | None, buffer: int, max_failures: int | float = 0,
+                   concurrency: int = 1, ordered: bool = True) -> Pipeline:
+    """An epoch's template: ``fetch`` on threads or ``processes`` (``note`` says why), then
+    pinning in this process for worker processes' batches (page-locked memory is this
+    process's) and the copy to ``device=``."""
     pipe = Pipeline(
-        [], name="DataLoader", max_failures=loader.max_failures, window=loader._ahead,
+        [], name="DataLoader", max_failures=max_failures, window=window,
         notes=(f"stage 'fetch' runs on {note}",) if note else (),
     ).map(
-        fetch, concurrency=workers, name="fetch", ordered=loader._ordered(),
-        buffer=(loader.prefetch_factor or 2) * workers, workers=processes or "threads",
+        fetch, concurrency=concurrency, name="fetch", ordered=ordered, buffer=buffer,
+        workers=processes or "threads",
     )
-    if processes is not None and pin_batches:
-        pipe = pipe.map(_pin_positioned, name="pin")  # page-locked memory is this process's
+    if processes is not None and pinning(loader):
+        pipe = pipe.map(_pin_positioned, name="pin")
     if loader.device is not None:
         pipe = pipe.to_device(loader.device)  # a failure or a snapshot is no tensor: left alone
     return pipe
@@ -267,8 +280,12 @@ def restored(source: Iterator[Indexed], dataset: Any, state: Any) -> Iterator[In
 
 
 def epoch_length(loader: Loader) -> int:
-    """``len(loader)``, or 0 where the dataset has no length."""
+    """``len(loader)``, or 0 where the dataset has no length; torch's ``len()`` notes that
+    an ``IterableDataset``'s was asked (to warn past it), which this does not."""
+    asked = loader._IterableDataset_len_called
     try:
         return len(loader)
     except TypeError:
         return 0
+    finally:
+        loader._IterableDataset_len_called = asked
