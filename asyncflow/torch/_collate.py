@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from .._errors import ConfigError
+from ._args import check_int
 
 __all__ = ["Padded", "default_collate", "pad_collate"]
 
@@ -103,8 +103,7 @@ def pad_collate(
             padded key's ``_lengths`` / ``_mask`` name is already taken.
         TypeError: A field named in ``fields`` holds something that cannot become a tensor.
     """
-    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
-        raise ConfigError(f"multiple_of must be an int >= 1, got {multiple_of!r}")
+    check_int("multiple_of", multiple_of, 1)
     samples = list(batch)
     if not samples:
         return collate(samples)

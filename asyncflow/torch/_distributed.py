@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .._errors import ConfigError, WorkerError
+from ._args import check_int
 
 __all__ = ["EvenSteps", "StepStats", "even_steps", "gather_states", "worker_states"]
 
@@ -57,8 +58,7 @@ class EvenSteps(Generic[T]):
     """``batches`` read in step with the other ranks: see :func:`even_steps`."""
 
     def __init__(self, batches: Iterable[T], group: Any = None, agree_every: int = 1) -> None:
-        if isinstance(agree_every, bool) or not isinstance(agree_every, int) or agree_every < 1:
-            raise ConfigError(f"agree_every must be an int >= 1, got {agree_every!r}")
+        check_int("agree_every", agree_every, 1)
         if not (dist.is_available() and dist.is_initialized()):
             raise ConfigError("even_steps needs an initialized torch.distributed process group "
                               "(torch.distributed.init_process_group)")

@@ -18,6 +18,7 @@ import torch
 
 from .._errors import ConfigError
 from .._recycle import Fence, PoolStats, Recycler
+from ._args import check_int
 
 __all__ = ["Fence", "PinnedPool", "PoolStats", "held_bytes"]
 
@@ -71,8 +72,7 @@ class PinnedPool:
         granularity: int = 1 << 20,
         allocate: Callable[[int], torch.Tensor] = _pinned,
     ) -> None:
-        if isinstance(max_buffers, bool) or not isinstance(max_buffers, int) or max_buffers < 1:
-            raise ConfigError(f"max_buffers must be an int >= 1, got {max_buffers!r}")
+        check_int("max_buffers", max_buffers, 1)
         if granularity < 1:
             raise ConfigError(f"granularity must be >= 1, got {granularity!r}")
         self.max_buffers = max_buffers

@@ -10,6 +10,7 @@ from torch.utils.data import RandomSampler as TorchRandomSampler
 
 from .._errors import ConfigError
 from ..pipeline.seeding import epoch_seed
+from ._args import check_int
 
 __all__ = ["ShuffleSampler"]
 
@@ -49,8 +50,7 @@ class ShuffleSampler(TorchRandomSampler):
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration draw epoch ``epoch``'s order (without it, each iteration
         takes the next epoch). Ignored when drawing from a given ``generator``."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
+        check_int("epoch", epoch, 0)
         self.epoch, self._pinned = epoch, True
 
     @property

@@ -9,6 +9,7 @@ from typing import Any
 
 from .._errors import ConfigError, LoaderTimeout, PipelineError
 from ..pipeline import PipelineStats, Run
+from ._args import check_int
 from ._fetch import Failed, Positioned
 
 __all__ = ["EpochIterator", "LoaderState"]
@@ -84,8 +85,7 @@ class LoaderState:
         except (KeyError, TypeError) as exc:
             raise ConfigError(f"not a DataLoader state dict: {state!r:.200}") from exc
         for what, value in (("epoch", epoch), ("batches", batches)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"state {what} must be an int >= 0, got {value!r}")
+            check_int(f"state {what}", value, 0)
         ahead = state.get("delivered_ahead", [])
         if not isinstance(ahead, list) or not all(
                 isinstance(p, int) and not isinstance(p, bool) and p > batches for p in ahead):

@@ -29,6 +29,7 @@ import torch
 
 from .._errors import ConfigError
 from ..pipeline import CustomSpec
+from ._args import check_int
 from ._pinned import PinnedPool, align
 from ._tensors import flatten, map_tensors
 
@@ -264,8 +265,7 @@ def to_device(
             not that device index), or ``pool_size`` is not an int >= 1.
     """
     dev = resolve_device(device)
-    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
-        raise ConfigError(f"pool_size must be an int >= 1, got {pool_size!r}")
+    check_int("pool_size", pool_size, 1)
     if dev.type == "cpu":
         return pipe if then is None else cast(P, pipe.map(then, name="to_device"))
     if dev.type != "cuda":
