@@ -23,7 +23,7 @@ import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["END", "content_digest", "file_token", "file_tokens", "read_file", "relative_names"]
+__all__ = ["END", "content_digest", "file_token", "file_tokens", "relative_names"]
 
 #: Bytes read at each end of a file for its token.
 END = 1024
@@ -94,22 +94,3 @@ def content_digest(data: bytes | memoryview) -> str:
     decoded, so that a file rewritten in place, even to the same size and time, is found."""
     return hashlib.sha256(data).hexdigest()[:16]
 
-
-def read_file(path: str) -> bytes:
-    """The bytes of the regular file ``path`` (opened without blocking: a FIFO is refused).
-
-    Raises:
-        OSError: It cannot be read, or is not a regular file.
-
-    Cancellation:
-        Blocks for the read.
-    """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path}: not a regular file")
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read()
-    finally:
-        os.close(fd)

@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from .._blob import read_regular
 from .._errors import ConfigError, RebuildWarning, SourceError
 from ._decode import augmentation, decode
-from ._digests import content_digest, read_file
+from ._digests import content_digest
 from ._geometry import Crop
 
 if TYPE_CHECKING:
@@ -37,9 +38,7 @@ if TYPE_CHECKING:
     from ._listing import Listing
     from ._slots import BatchAssembler  # imports torch: reading a journal does not need it
 
-__all__ = [
-    "JournaledFolder", "begin", "crops", "entry", "rebuild", "record_crops", "recorded_crops",
-]
+__all__ = ["JournaledFolder", "begin", "entry", "rebuild", "record_crops"]
 
 KIND = "image.folder"
 
@@ -135,11 +134,11 @@ def _read_back(pipe: JournaledFolder, epoch: int, items: list[list[Any]]
     for path, _, sample in items:
         full = os.path.join(pipe.root, path)
         try:
-            data = read_file(full)
+            data = read_regular(full, full, None)
             crop = augmentation(data, name=full, size=options["size"], resize=options["resize"],
                                 train=options["train"], seed=pipe._seed, epoch=epoch,
                                 index=sample, max_pixels=options["max_pixels"])
-        except (OSError, ValueError):
+        except (SourceError, ValueError):
             digests.append(None)
             drawn.append(None)
             continue
@@ -148,39 +147,24 @@ def _read_back(pipe: JournaledFolder, epoch: int, items: list[list[Any]]
     return digests, drawn
 
 
-def recorded_crops(line: dict[str, Any]) -> list[Crop | None] | None:
-    """The crops a journal record holds (``None``: a record written before they were)."""
-    drawn = line.get("crops")
-    if drawn is None:
-        return None
-    return [None if c is None else Crop((int(c[0]), int(c[1]), int(c[2]), int(c[3])),
-                                        bool(c[4])) for c in drawn]
-
-
 def record_crops(line: dict[str, Any], config: dict[str, Any]) -> list[Crop | None]:
     """The crops of a journal record's rows: those it holds, or (a record written before they
-    were) drawn again from each file as it is now.
+    were) drawn again from each file (``[path, label, sample]`` under the root) as it is now.
 
     The journal reads ``image.folder`` records through this: ``asyncflow/__init__.py``
     registers it as the feature ``"journal_crops:image.folder"``, so the journal imports
     nothing of ``asyncflow.image``.
     """
-    recorded = recorded_crops(line)
-    if recorded is not None:
-        return recorded
-    items = [[str(p), int(label), int(s)] for p, label, s in line.get("items", ())]
-    return list(crops(config, line["epoch"], items))
-
-
-def crops(config: dict[str, Any], epoch: int, items: list[Any]) -> list[Crop]:
-    """The crop box and flip drawn for each item (``[path, label, sample]``) of a batch from
-    its file as it is now (for a record written before crops were recorded)."""
+    drawn = line.get("crops")
+    if drawn is not None:
+        return [None if c is None else Crop((int(c[0]), int(c[1]), int(c[2]), int(c[3])),
+                                            bool(c[4])) for c in drawn]
     size = (int(config["size"][0]), int(config["size"][1]))
     return [
-        augmentation(os.path.join(config["root"], path), size=size, resize=config["resize"],
-                     train=config["train"], seed=config["seed"], epoch=epoch, index=sample,
-                     max_pixels=config["max_pixels"])
-        for path, _, sample, *_ in items
+        augmentation(os.path.join(config["root"], str(path)), size=size,
+                     resize=config["resize"], train=config["train"], seed=config["seed"],
+                     epoch=line["epoch"], index=int(sample), max_pixels=config["max_pixels"])
+        for path, _, sample, *_ in line.get("items", ())
     ]
 
 
@@ -219,10 +203,7 @@ def rebuild(pipe: JournaledFolder, config: dict[str, Any], epoch: int,
     array = np.empty((len(items), 3, *options["size"]), dtype)
     for row, (path, _, sample, *recorded) in enumerate(items):
         full = os.path.join(pipe.root, path)
-        try:
-            data = read_file(full)
-        except OSError as exc:
-            raise SourceError(f"{full}: cannot be read again ({exc})") from exc
+        data = read_regular(full, full, None)
         if recorded and recorded[0] != content_digest(data):
             raise SourceError(
                 f"{full}: changed since the run (its bytes' digest is {content_digest(data)}, "

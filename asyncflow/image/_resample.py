@@ -34,6 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ._decode import _scaled_box
 from ._gpu_plan import Placement
 
 __all__ = ["resample"]
@@ -96,7 +97,9 @@ def _chunk(
     sizes = np.array([image.numel() for image in images], np.int64)
     offsets = np.concatenate(([0], np.cumsum(sizes)[:-1]))
     reduced = np.array([p.reduced() for p in places], np.int64)  # upright (h, w) per row
-    boxes = np.array([_scaled_box(p) for p in places], np.float64)
+    # the box in the reduced upright picture, clamped to it, as the CPU kernel's
+    boxes = np.array([_scaled_box(p.box, p.factor, p.reduced()[::-1]) for p in places],
+                     np.float64)
     ystart, wy = _coefficients(reduced[:, 0], boxes[:, 1], boxes[:, 3], out_h)
     xstart, wx = _coefficients(reduced[:, 1], boxes[:, 0], boxes[:, 2], out_w)
     flips = np.array([p.flip for p in places])
@@ -112,14 +115,6 @@ def _chunk(
     across = across.add_(0.5).floor_().clamp_(0, 255)
     down = _taps(across, 2, ystart - top[:, None], wy, rows, device)
     return down.add_(0.5).floor_().clamp_(0, 255)
-
-
-def _scaled_box(place: Placement) -> tuple[float, float, float, float]:
-    """The box in the reduced upright picture, clamped to it (``_decode._scaled_box``)."""
-    f = place.factor
-    x0, y0, x1, y1 = (v / f for v in place.box)
-    h, w = place.reduced()
-    return (min(max(0.0, x0), w), min(max(0.0, y0), h), min(x1, w), min(y1, h))
 
 
 def _coefficients(
