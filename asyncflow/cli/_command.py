@@ -183,15 +183,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from ._demo import run_demo
 
-    return run_demo(
-        data=args.data,
-        device=args.device,
-        batch_size=args.batch_size,
-        size=args.size,
-        images=args.images,
-        epochs=args.epochs,
-        progress=not args.no_progress,
-    )
+    names = ("data", "device", "batch_size", "size", "images", "epochs", "progress")
+    return run_demo(**{name: getattr(args, name) for name in names})
 
 
 # -- bench ----------------------------------------------------------------------------------
@@ -222,15 +215,6 @@ def bench_scripts(directory: Path) -> dict[str, Path]:
 _NEEDS_CUDA = frozenset({"gpu_train", "transfer"})
 
 
-def _cuda_available() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:
-        return False
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     directory = _bench_dir(args.dir)
     if directory is None:
@@ -250,7 +234,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"choose from {', '.join(scripts)}", file=sys.stderr)
         return 2
     chosen = args.names or list(scripts)
-    if not args.names and not _cuda_available():
+    if not args.names and not _torch_status().get("cuda_available"):
         skipped = [n for n in chosen if n in _NEEDS_CUDA]
         chosen = [n for n in chosen if n not in _NEEDS_CUDA]
         if skipped:
@@ -311,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--images", type=int, default=256,
                       help="images to generate when --data is not given")
     demo.add_argument("--epochs", type=int, default=1)
-    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.add_argument("--no-progress", dest="progress", action="store_false",
+                      help="no progress bar")
     demo.set_defaults(func=cmd_demo)
 
     info = sub.add_parser("info", help="versions, Pillow-SIMD, libjpeg-turbo, uvloop, CUDA")

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from .._errors import ConfigError
-from ._tables import table_html, table_text
+from ._tables import _rate, _Raw, _seconds, table_html, table_text
 
 __all__ = ["ProfileReport", "StageProfile", "profile"]
 
@@ -104,26 +104,16 @@ class ProfileReport:
     def _rows(self, *, html: bool) -> list[list[str]]:
         rows = []
         for s in self.stages:
-            best = s.best_rate
-            cells = []
-            for c in self.concurrencies:
-                rate = s.rates.get(c)
-                text = "" if rate is None else _rate(rate)
-                if html and rate is not None and c == s.recommended:
-                    text = _bold(text)
-                cells.append(text)
-            if s.recommended is None:
-                only = next(iter(s.rates.values()), 0.0)
-                cells = [""] * len(self.concurrencies)
-                cells[0] = _rate(only)
+            cells = [""] * len(self.concurrencies)
+            if s.recommended is None:  # not a setting: one run, as configured
+                cells[0] = _rate(next(iter(s.rates.values()), 0.0))
+            else:
+                for i, c in enumerate(self.concurrencies):
+                    text = _rate(s.rates[c]) if c in s.rates else ""
+                    cells[i] = _Raw(f"<b>{text}</b>") if html and c == s.recommended else text
             row = [
-                s.name,
-                s.kind,
-                f"{s.items_in:,}",
-                _ms(s.seconds_per_item),
-                *cells,
-                _rate(best),
-                "-" if s.recommended is None else str(s.recommended),
+                s.name, s.kind, f"{s.items_in:,}", _seconds(s.seconds_per_item), *cells,
+                _rate(s.best_rate), "-" if s.recommended is None else str(s.recommended),
                 str(s.configured),
             ]
             if self._any_failures:
@@ -174,22 +164,6 @@ def _per_source_item(stage: StageProfile, report: ProfileReport) -> float:
     # A batch stage sees 1/32 as many items as the source: compare rates in source items.
     ratio = report.sample / stage.items_in if stage.items_in else 1.0
     return stage.best_rate * ratio
-
-
-def _bold(text: str) -> str:
-    from ._tables import _Raw
-
-    return _Raw(f"<b>{text}</b>")
-
-
-def _rate(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
-
-
-def _ms(seconds: float) -> str:
-    if seconds <= 0:
-        return "-"
-    return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.1f} us"
 
 
 #: The buffer between the profiled stage and the stages after it: never full, so that the

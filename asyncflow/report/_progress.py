@@ -106,7 +106,7 @@ class ProgressBar:
         if snapshot.bottleneck:
             self.bar.set_postfix_str(f"bottleneck: {snapshot.bottleneck}", refresh=False)
         if self._handle is not None:
-            _update_stats(self._handle, snapshot)
+            self._handle.update(_stats_view(snapshot))
 
     def close(self) -> None:
         """Close the bar (and leave the final table), once the run has ended."""
@@ -117,20 +117,18 @@ class ProgressBar:
 
 def _display_stats(run: Any) -> Any:
     try:
-        from IPython.display import HTML, display
+        from IPython.display import display
     except ImportError:
         return None
-    from ._tables import stats_html
-
-    return display(HTML(stats_html(run.stats())), display_id=True)  # type: ignore[no-untyped-call]
+    return display(_stats_view(run.stats()), display_id=True)  # type: ignore[no-untyped-call]
 
 
-def _update_stats(handle: Any, snapshot: Any) -> None:
+def _stats_view(snapshot: Any) -> Any:
     from IPython.display import HTML
 
     from ._tables import stats_html
 
-    handle.update(HTML(stats_html(snapshot)))  # type: ignore[no-untyped-call]
+    return HTML(stats_html(snapshot))  # type: ignore[no-untyped-call]
 
 
 def progress_hook(**options: Any) -> Callable[[Any], ProgressBar]:

@@ -155,19 +155,8 @@ def _bar(fraction: float) -> _Raw:
 # -- statistics -----------------------------------------------------------------------------
 
 _STATS_HEADERS = (
-    "stage",
-    "kind",
-    "conc",
-    "in",
-    "out",
-    "items/s",
-    "busy",
-    "per item",
-    "queue",
-    "failures",
+    "stage", "kind", "conc", "in", "out", "items/s", "busy", "per item", "queue", "failures",
 )
-
-
 _STATS_ALIGN = "llrrrrrrrr"
 
 
@@ -194,20 +183,11 @@ def _stats_rows(
         if rate is None:
             rate = max(stage.items_in, stage.items_out) / elapsed
         busy: str = _bar(stage.utilization) if html_bars else _percent(stage.utilization)
-        rows.append(
-            [
-                name,
-                stage.kind,
-                str(stage.concurrency),
-                f"{stage.items_in:,}",
-                f"{stage.items_out:,}",
-                _rate(rate),
-                busy,
-                _seconds(stage.mean_seconds_per_item),
-                _queue(stage),
-                f"{stage.failures:,}",
-            ]
-        )
+        rows.append([
+            name, stage.kind, str(stage.concurrency), f"{stage.items_in:,}",
+            f"{stage.items_out:,}", _rate(rate), busy, _seconds(stage.mean_seconds_per_item),
+            _queue(stage), f"{stage.failures:,}",
+        ])
     return rows, marked
 
 
@@ -224,26 +204,23 @@ def _summary(stats: Any) -> str:
     return text
 
 
-def _hidden_line(stats: Any, internal: bool) -> list[str]:
+def _lines_below(stats: Any, internal: bool) -> list[str]:
+    """The lines under a stats table: hidden internal stages, failures, notes."""
+    out = []
     hidden = [s.name for s in stats.stages if getattr(s, "internal", False)]
-    if internal or not hidden:
-        return []
-    return [
-        f"internal stages hidden: {', '.join(hidden)} (their time counts for the next stage "
-        "shown; stats.table(internal=True) lists them)"
-    ]
-
-
-def _failure_lines(stats: Any) -> list[str]:
-    failures = list(getattr(stats, "failures", ()))
-    lines = [
+    if hidden and not internal:
+        out.append(f"internal stages hidden: {', '.join(hidden)} (their time counts for the "
+                   "next stage shown; stats.table(internal=True) lists them)")
+    failures = [
         redact(f"  {f.stage}: {f.error_type}: {f.message} (item {f.item})")
-        for f in failures[:_MAX_FAILURES_SHOWN]
+        for f in list(getattr(stats, "failures", ()))[:_MAX_FAILURES_SHOWN]
     ]
     total = sum(s.failures for s in stats.stages)
-    if total > len(lines):
-        lines.append(f"  ... {total - len(lines):,} more")
-    return ["failures:", *lines] if lines else []
+    if total > len(failures):
+        failures.append(f"  ... {total - len(failures):,} more")
+    if failures:
+        out += ["failures:", *failures]
+    return out + [f"note: {redact(note)}" for note in getattr(stats, "notes", ())]
 
 
 _NO_RUN = "no run yet: stats() describes the latest run of this pipeline object"
@@ -258,11 +235,8 @@ def stats_text(stats: Any, *, internal: bool = False) -> str:
     if not stats.stages:
         return _NO_RUN
     rows, _ = _stats_rows(stats, html_bars=False, internal=internal)
-    parts = [table_text(_STATS_HEADERS, rows, align=_STATS_ALIGN), _summary(stats)]
-    parts += _hidden_line(stats, internal)
-    parts += _failure_lines(stats)
-    parts += [f"note: {redact(note)}" for note in getattr(stats, "notes", ())]
-    return "\n".join(parts)
+    table = table_text(_STATS_HEADERS, rows, align=_STATS_ALIGN)
+    return "\n".join([table, _summary(stats), *_lines_below(stats, internal)])
 
 
 def stats_html(stats: Any, *, internal: bool = False) -> str:
@@ -274,8 +248,7 @@ def stats_html(stats: Any, *, internal: bool = False) -> str:
     out = table_html(
         _STATS_HEADERS, rows, highlight=marked, caption=_summary(stats), align=_STATS_ALIGN
     )
-    extra = _hidden_line(stats, internal) + _failure_lines(stats)
-    extra += [f"note: {redact(n)}" for n in getattr(stats, "notes", ())]
+    extra = _lines_below(stats, internal)
     if extra:
         out += "<pre>" + html.escape("\n".join(extra)) + "</pre>"
     return out
@@ -303,18 +276,12 @@ def _stage_rows(description: Sequence[Mapping[str, Any]]) -> list[list[str]]:
         if stage.get("kind") == "source":
             made_by, type_name = rest.pop("callable", None), rest.pop("type", "")
             readable = isinstance(made_by, str) and not made_by.startswith("<")
-            if readable:
-                what = f"{str(made_by).rpartition('<locals>.')[2]}()"
-            else:
-                what = str(type_name)
+            what = f"{made_by.rpartition('<locals>.')[2]}()" if readable else str(type_name)
         else:
             what = str(stage.get("fn", ""))
         conc = stage.get("concurrency")
         rows.append([
-            str(i),
-            str(stage.get("name", "")),
-            str(stage.get("kind", "")),
-            _short(what),
+            str(i), str(stage.get("name", "")), str(stage.get("kind", "")), _short(what),
             "" if conc is None else str(conc),
             ", ".join(f"{k}={_short(v)}" for k, v in rest.items()),
         ])
