@@ -177,31 +177,35 @@ class GpuDecodeNode:
         self, pending: Pending, failures: list[tuple[int, Failed, Exception]]
     ) -> tuple[torch.Tensor, list[int]]:
         n, (height, width) = len(pending.rows), self.size
-        dtype = torch.float32 if self.normalize else torch.uint8
-        gpu = [i for i, row in enumerate(pending.rows) if isinstance(row, Encoded)]
-        pictures, cpu_rows, failed = self._decode(pending, gpu, failures)
-        done = [i for i in gpu if i in pictures]
+        pictures = self._decode(pending)
+        self.held = list(pictures.values())
+        cpu_rows: dict[int, np.ndarray] = {}
+        for i, row in enumerate(pending.rows):
+            if i in pictures:
+                continue
+            if isinstance(row, Encoded):  # refused by the GPU decoder: the CPU kernel's turn
+                row = self._on_cpu(row)
+            if isinstance(row, Failed):
+                failures.append((i, row, row.error))
+            else:
+                cpu_rows[i] = row
+        done = sorted(pictures)
         values = resample([pictures[i] for i in done],
                           [pending.rows[i].place for i in done],  # type: ignore[union-attr]
                           (height, width), layout=self.decoder.layout) if done else None
         if values is not None and len(done) == n:  # every row from the GPU: no scatter
             return self._finish(values), list(range(n))
+        dtype = torch.float32 if self.normalize else torch.uint8
         out = torch.empty((n, 3, height, width), dtype=dtype, device=self.device)
         if values is not None:
             out[torch.tensor(done, dtype=torch.long, device=self.device)] = self._finish(values)
-        for i, row in enumerate(pending.rows):
-            if isinstance(row, Failed):
-                failed.add(i)
-                failures.append((i, row, row.error))
-            elif not isinstance(row, Encoded):
-                cpu_rows[i] = row
         if cpu_rows:
             at = sorted(cpu_rows)
             host = torch.from_numpy(np.stack([cpu_rows[i] for i in at]))
             values = host.to(self.device, non_blocking=False).to(torch.float32)
             out[torch.tensor(at, dtype=torch.long, device=self.device)] = self._finish(values)
-        keep = [i for i in range(n) if i not in failed]
-        if failed:
+        keep = sorted([*done, *cpu_rows])
+        if len(keep) < n:
             out = out[torch.tensor(keep, dtype=torch.long, device=self.device)]
         return out, keep
 
@@ -210,42 +214,34 @@ class GpuDecodeNode:
             return values.mul_(self.scale).add_(self.offset)
         return values.to(torch.uint8)
 
-    def _decode(
-        self, pending: Pending, gpu: list[int], failures: list[tuple[int, Failed, Exception]]
-    ) -> tuple[dict[int, torch.Tensor], dict[int, np.ndarray], set[int]]:
-        """The pictures the GPU decoded, the rows the CPU kernel made instead, the failed."""
-        rows: list[Encoded] = [pending.rows[i] for i in gpu]  # type: ignore[misc]
-        pictures: dict[int, torch.Tensor] = {}
+    def _decode(self, pending: Pending) -> dict[int, torch.Tensor]:
+        """The pictures the GPU decoded, by row: those of the size their plans expect."""
+        gpu = [(i, row) for i, row in enumerate(pending.rows) if isinstance(row, Encoded)]
+        if not gpu:
+            return {}
         decoded: list[torch.Tensor | None]
         try:
-            decoded = list(self.decoder.decode([row.data for row in rows])) if rows else []
+            decoded = list(self.decoder.decode([row.data for _, row in gpu]))
         except Exception:
-            decoded = [self._one(row) for row in rows]  # find the pictures it refuses
-        for i, row, picture in zip(gpu, rows, decoded, strict=True):
-            if picture is not None and _matches(picture, row, self.decoder.layout):
-                pictures[i] = picture
-        self.held = list(pictures.values())
-        cpu_rows: dict[int, np.ndarray] = {}
-        failed: set[int] = set()
-        for i, row in zip(gpu, rows, strict=True):
-            if i in pictures:
-                continue
-            self.cpu_fallbacks += 1
-            try:
-                made = plan(bytes(row.data), seed=self.seed, epoch=row.epoch, index=row.item,
-                            gpu=False, name=row.name, **self.options)
-            except Exception as exc:
-                failed.add(i)
-                failures.append((i, Failed(row.name, exc, _NO_TICKET), exc))
-                continue
-            cpu_rows[i] = made  # type: ignore[assignment]
-        return pictures, cpu_rows, failed
+            decoded = [self._one(row) for _, row in gpu]  # find the pictures it refuses
+        return {i: picture for (i, row), picture in zip(gpu, decoded, strict=True)
+                if picture is not None and _matches(picture, row, self.decoder.layout)}
 
     def _one(self, row: Encoded) -> torch.Tensor | None:
         try:
             return self.decoder.decode([row.data])[0]
         except Exception:
             return None
+
+    def _on_cpu(self, row: Encoded) -> np.ndarray | Failed:
+        """A row the GPU decoder did not make, from the CPU kernel (or its named error)."""
+        self.cpu_fallbacks += 1
+        try:
+            made = plan(bytes(row.data), seed=self.seed, epoch=row.epoch, index=row.item,
+                        gpu=False, name=row.name, **self.options)
+        except Exception as exc:
+            return Failed(row.name, exc, _NO_TICKET)
+        return made  # type: ignore[return-value]
 
 
 _STREAMS: dict[torch.device, Any] = {}
