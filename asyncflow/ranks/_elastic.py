@@ -63,11 +63,9 @@ def resumed_ordinals(n: int, settled: Span | None, index: int, count: int,
     """The ordinals (of ``n``) that part ``index`` of ``count`` takes, in order, when the
     ones in ``settled`` are done (``None``: none are): :func:`~asyncflow.cut` over those left.
     A ``"pad"`` repeat is the ordinal it repeats."""
-    if settled is None:
-        return cut(n, index, count, remainder="pad" if remainder == "pad" else "drop")
-    left = _left(n, settled)
+    left = range(n) if settled is None else _left(n, settled)
     taken = cut(len(left), index, count, remainder="pad" if remainder == "pad" else "drop")
-    return [left[j] for j in taken]
+    return taken if settled is None else [left[j] for j in taken]
 
 
 def _left(n: int, settled: Span) -> list[int]:

@@ -41,7 +41,7 @@ from ..pipeline import Span, sequence_identity
 from ._cut import Remainder, check_count, cut, padding
 from ._dealt import AsyncDealt, Dealt
 from ._elastic import remaining, resumed_ordinals
-from ._world import env_int, process_group
+from ._world import process_group, world_of_env
 
 __all__ = ["Part", "Share", "Split", "cut", "padding"]
 
@@ -174,10 +174,9 @@ class Split:
                     "leave them out to use the group's"
                 )
             return rank, world
-        given_rank = self.rank if self.rank is not None else env_int("RANK")
-        given_world = self.world_size if self.world_size is not None else env_int("WORLD_SIZE")
-        rank = 0 if given_rank is None else given_rank
-        world = 1 if given_world is None else given_world
+        env_rank, env_world = world_of_env()
+        rank = env_rank if self.rank is None else self.rank
+        world = env_world if self.world_size is None else self.world_size
         if world < 1 or not 0 <= rank < world:
             raise ConfigError(f"rank {rank} of world_size {world} is out of range (from "
                               f"Split(rank={self.rank}, world_size={self.world_size}) and "

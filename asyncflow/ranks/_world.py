@@ -9,7 +9,7 @@ import sys
 
 from .._errors import ConfigError
 
-__all__ = ["env_int", "process_group", "world"]
+__all__ = ["env_int", "process_group", "world", "world_of_env"]
 
 
 def env_int(name: str) -> int | None:
@@ -38,10 +38,13 @@ def process_group() -> tuple[int, int] | None:
 
 
 def world() -> tuple[int, int]:
-    """``(rank, world_size)``: the process group's when initialized, else ``$RANK`` and
-    ``$WORLD_SIZE``, else ``(0, 1)``."""
-    group = process_group()
-    if group is not None:
-        return group
+    """``(rank, world_size)``: the process group's when initialized, else
+    :func:`world_of_env`'s."""
+    return process_group() or world_of_env()
+
+
+def world_of_env() -> tuple[int, int]:
+    """``(rank, world_size)`` from ``$RANK`` and ``$WORLD_SIZE``, each ``0`` / ``1`` when
+    unset (``torchrun`` sets them, and DataLoader worker processes inherit them)."""
     rank, size = env_int("RANK"), env_int("WORLD_SIZE")
     return (0 if rank is None else rank), (1 if size is None else size)
