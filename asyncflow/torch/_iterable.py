@@ -200,7 +200,6 @@ class LanesIterator(EpochIterator):
         # runs: a budget in each would allow it once per worker)
         limit = epochs.loader.max_failures
         self._budget = FailureBudget(limit, "fetch") if limit else None
-        self._seen = self._failed = 0
 
     def _advance(self) -> int | None:
         """The lane to read next, or ``None`` when every lane has ended."""
@@ -261,17 +260,13 @@ class LanesIterator(EpochIterator):
             FailureBudgetExceeded: One failed batch more than the budget allows (the batch's
                 own exception is its cause).
         """
-        budget = self._budget
-        if budget is None:
+        budget, batch = self._budget, item.batch
+        if budget is None or not isinstance(batch, Failed):
             return False
-        self._seen += 1
-        batch = item.batch
-        if not isinstance(batch, Failed):
-            return False
-        self._failed += 1
-        if not budget.allows(self._failed, self._seen):
+        failed, seen = sum(self._lanes.failures), sum(self._lanes.received)
+        if not budget.allows(failed, seen):
             raise FailureBudgetExceeded(
-                f"stage 'fetch': {self._failed} of {self._seen} batches failed, over "
+                f"stage 'fetch': {failed} of {seen} batches failed, over "
                 f"max_failures={budget.limit!r} ({batch.where})", stage="fetch",
                 failures=self.stats().failures,
             ) from batch.error
@@ -285,7 +280,7 @@ class LanesIterator(EpochIterator):
         failed, fails the epoch (:meth:`FailureBudget.check_end`)."""
         if self._budget is not None and self._current():
             self._budget.records = self.stats().failures
-            self._budget.check_end(self._failed, self._seen)
+            self._budget.check_end(sum(self._lanes.failures), sum(self._lanes.received))
 
     def _count(self, item: Positioned) -> None:
         self._state.delivered += 1

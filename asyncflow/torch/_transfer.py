@@ -111,13 +111,12 @@ class DeviceTransfer:
         *,
         non_blocking: bool = True,
         pool_size: int = DEFAULT_POOL_SIZE,
-        pool: PinnedPool | None = None,
         then: Then | None = None,
     ) -> None:
         self.device = device
         self.non_blocking = non_blocking
         self.then = then
-        self.pool = pool if pool is not None else PinnedPool(pool_size)
+        self.pool = PinnedPool(pool_size)
         self.stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
 
     def send(self, batch: Any) -> InFlight:
