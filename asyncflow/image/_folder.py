@@ -40,8 +40,7 @@ from ._batch import normalize as normalize_batch
 from ._config import check_arguments, decode_path, decode_workers, resolve_split
 from ._decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS
 from ._geometry import target_size
-from ._gpu import gpu_stage
-from ._gpu_host import PendingAssembler
+from ._gpu import PendingAssembler, gpu_stage
 from ._gpu_plan import PlanClaimed
 from ._listing import Listing, Sample
 from ._rows import Claimed, DecodeIntoSharedRow, Failed

@@ -1,9 +1,11 @@
 """``image.folder``'s GPU stage: whole batches of JPEGs decoded, cropped, resized, flipped and
 normalized on the device, on a side CUDA stream.
 
-Each batch the ``assemble`` stage releases (a :class:`~asyncflow.image._gpu_host.Pending`:
-encoded JPEGs with their crops, and rows the CPU already decoded) is made here, in one
-worker thread of the run:
+The readers' rows are gathered by a :class:`PendingAssembler` (``image.folder``'s
+:class:`~asyncflow.image._slots.BatchAssembler` over one-byte rows: the same claims, order,
+resume and journal records). Each batch it releases (a :class:`Pending` batch: encoded JPEGs
+with their crops, and rows the CPU already decoded) is made here, in one worker thread of the
+run:
 
 1. the side stream is synchronized with the host first: the decoders may be handed memory
    that the caching allocator freed on this stream (torchvision's nvJPEG writes on a stream of
@@ -33,7 +35,7 @@ import bisect
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -41,17 +43,85 @@ import torch
 from ..pipeline import CustomSpec, Span
 from ._decode import _affine
 from ._gpu_decoders import GpuDecoder
-from ._gpu_host import Pending, PendingAssembler
-from ._gpu_plan import Encoded, plan
+from ._gpu_plan import Encoded, Payload, Planned, plan
 from ._resample import resample
 from ._rows import Failed, Ticket
+from ._slots import BatchAssembler
 
 if TYPE_CHECKING:
     from ..pipeline import NodeContext, Receiver, Sender
 
-__all__ = ["GpuBatch", "GpuDecodeNode", "gpu_stage"]
+__all__ = ["GpuBatch", "GpuDecodeNode", "Pending", "PendingAssembler", "gpu_stage"]
 
 _NO_TICKET = Ticket(-1, -1, -1, -1)  # a row that failed after its batch was assembled
+
+
+class Pending(NamedTuple):
+    """A released batch, not yet decoded: its rows' payloads and labels, in row order."""
+
+    key: tuple[int, int]  # (listing run, batch number)
+    rows: list[Payload]
+    labels: torch.Tensor
+    paths: list[str]
+    rows_at: list[int]  # each payload's row in its batch
+
+
+class PendingAssembler(BatchAssembler):
+    """:class:`BatchAssembler` bookkeeping for rows that are payloads, not pixels: batches
+    are released in order, whole, as :class:`Pending` batches.
+
+    A failed row stays in its batch as its :class:`~asyncflow.image._rows.Failed` record:
+    the GPU stage, named ``"batch"`` as the CPU path's assembling stage is, counts it against
+    ``max_failures`` with the rows that neither decoder could make, so that failures read
+    alike on both paths. Its own buffers are one byte a row (the bookkeeping needs a row to
+    claim).
+    """
+
+    def __init__(self, batch_size: int, count: int, *, drop_last: bool, ahead: int) -> None:
+        super().__init__(batch_size, 1, 1, count, torch.uint8, drop_last=drop_last,
+                         ahead=ahead, pool=max(4, ahead + 2))
+        self._payloads: dict[tuple[int, int], dict[int, tuple[Payload, str]]] = {}
+
+    @staticmethod
+    def failure(row: Any) -> Exception | None:
+        return None  # counted by the GPU stage (see the class docstring)
+
+    def release(self, row: Any, *, ok: bool = True) -> list[tuple[Any, list[int]]]:
+        if isinstance(row, Planned | Failed):
+            ticket = row.ticket
+            payload = row.payload if isinstance(row, Planned) else row
+            name = payload.name if isinstance(payload, Encoded) else ""
+            with self._lock:
+                state = self._runs.get(ticket.run)
+                entry = None if state is None else state.open.get(ticket.number)
+                if entry is not None and ticket.row not in entry.absent:
+                    rows = self._payloads.setdefault((ticket.run, ticket.number), {})
+                    rows[ticket.row] = (payload, name)
+            return super().release(ticket, ok=ok)
+        raise TypeError(f"not a row of the GPU path: {row!r:.80}")
+
+    def _release(self, entry: Any) -> Any:
+        with self._lock:
+            payloads = self._payloads.pop(entry.key, {})
+        gone = set(entry.failed) | set(entry.absent)
+        keep = [r for r in range(entry.rows) if r not in gone and r in payloads]
+        labels = torch.from_numpy(entry.labels[keep].copy())
+        pending = Pending(entry.key, [payloads[r][0] for r in keep], labels,
+                          [payloads[r][1] for r in keep], keep)
+        return self._logged(entry, (pending, labels))  # type: ignore[arg-type]
+
+    def relog(self, before: torch.Tensor, after: torch.Tensor, failed: list[tuple[int, str]],
+              decoder: str) -> None:
+        """The GPU stage made ``after`` (its labels) of the batch logged under ``before``:
+        note it there for a journal, with the rows that failed on the way and the decoder."""
+        with self._lock:
+            log = self.log
+            logged = None if log is None else log.pop(id(before), None)
+            if log is None or logged is None:
+                return
+            run, number, earlier, absent = logged
+            log[id(after)] = (run, number, sorted([*earlier, *failed]), absent,  # type: ignore[assignment]
+                              decoder)
 
 
 @dataclass(eq=False)

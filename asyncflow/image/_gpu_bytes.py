@@ -32,8 +32,7 @@ from ._batch import IMAGENET_MEAN, IMAGENET_STD
 from ._config import decode_path
 from ._decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS
 from ._geometry import target_size
-from ._gpu import gpu_stage
-from ._gpu_host import Pending
+from ._gpu import Pending, gpu_stage
 from ._gpu_plan import Encoded, plan
 
 __all__ = ["decode_batches"]
