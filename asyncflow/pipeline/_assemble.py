@@ -108,7 +108,7 @@ class AssembleLedger(Ledger):
         self.base = inputs.mark
         self.done = list(inputs.ranges)
 
-    def get_state(self, outputs: Span, key_of: Any) -> dict[str, Any] | None:
+    def get_state(self, outputs: Span) -> dict[str, Any] | None:
         if self.grouped:
             raise ConfigError(
                 "this pipeline cannot be resumed: its assemble stage received several rows "

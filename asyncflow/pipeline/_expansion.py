@@ -235,7 +235,7 @@ class SplitLedger(Ledger):
         self._stamp += 1
         self.base, self.done = inputs.mark, list(inputs.ranges)
 
-    def _settled_partials(self, key_of: Any) -> tuple[list[dict[str, Any]], str]:
+    def _settled_partials(self) -> tuple[list[dict[str, Any]], str]:
         """The inputs expanded in part, walked incrementally, and their canonical JSON text
         (``_text``): an input's entry is made once per change of its settled outputs."""
         rows = self._rows
@@ -244,7 +244,7 @@ class SplitLedger(Ledger):
             order = sorted(self._got.keys() | self._skipping if self._skipping else self._got)
             for o in order:
                 if o not in entries:
-                    entries[o] = self._entry(o, key_of)
+                    entries[o] = self._entry(o)
             listed = [entries[o] for o in order]
             # an earlier run's partials, not met again yet
             listed.extend((key, span.mark, span.ranges, _text(key, span.mark, span.ranges))
@@ -258,7 +258,7 @@ class SplitLedger(Ledger):
                           if len(ranges) == 1 else list(map(list, ranges))}}
                 for key, mark, ranges, _ in rows[1]], rows[2]
 
-    def _entry(self, o: int, key_of: Any) -> _Entry:
+    def _entry(self, o: int) -> _Entry:
         """Open input ``o``'s partial entry: its source positions, and its outputs settled
         (or skipped, resuming) as a span's mark and ranges."""
         found, skip = self._got.get(o, []), self.open[o][2]
@@ -269,23 +269,28 @@ class SplitLedger(Ledger):
         else:
             done = Span.of(0, found[:]) if skip is None else Span.of(0, found[:]).union(skip)
             mark, ranges = done.mark, done.ranges
-        key = self._keys.get(o)
-        if key is None:  # fixed while the input is open: its records upstream stay
-            key = self._keys[o] = [list(r) for r in key_of(o)]
-        pairs = tuple((a, b) for a, b in key)
+        pairs = tuple((a, b) for a, b in self._key(o))
         return pairs, mark, ranges, _text(pairs, mark, ranges)
 
-    def get_state(self, outputs: Span, key_of: Any) -> dict[str, Any] | None:
+    def _key(self, o: int) -> list[list[int]]:
+        """Open input ``o``'s source positions (``[start, end]`` pairs), asked once: they are
+        fixed while it is open (its records upstream stay)."""
+        key = self._keys.get(o)
+        if key is None:
+            key = self._keys[o] = [list(r) for r in self.key_of(o)]
+        return key
+
+    def get_state(self, outputs: Span) -> dict[str, Any] | None:
         if self.batch is not None:
             return None  # its batch's inputs are settled one by one
         if self._settling:
-            partial, text = self._settled_partials(key_of)
+            partial, text = self._settled_partials()
             self.state_text = text if partial else None
             return {"partial": partial} if partial else None
         self.state_text = None
         memo = self._state_memo
         if memo is None or memo[0] != self._stamp or memo[1] != outputs:
-            memo = self._state_memo = (self._stamp, outputs, self._partials(outputs, key_of))
+            memo = self._state_memo = (self._stamp, outputs, self._partials(outputs))
         # copies: the caller may keep or change what it is given
         partial = [{"input": [r[:] for r in entry["input"]],
                     "done": {"mark": entry["done"]["mark"],
@@ -293,7 +298,7 @@ class SplitLedger(Ledger):
                    for entry in memo[2]]
         return {"partial": partial} if partial else None
 
-    def _partials(self, outputs: Span, key_of: Any) -> list[Any]:
+    def _partials(self, outputs: Span) -> list[Any]:
         """The inputs expanded in part, as :meth:`get_state` saves them."""
         settled, counts = self._settled(outputs)
         done = set(settled)
@@ -310,10 +315,7 @@ class SplitLedger(Ledger):
                 skip = self.open[o][2]
                 settled_json = (span_json(found[o]) if skip is None
                                 else Span.of(0, found[o]).union(skip).to_json())
-                key = self._keys.get(o)
-                if key is None:  # fixed while the input is open: its records upstream stay
-                    key = self._keys[o] = [list(r) for r in key_of(o)]
-                partial.append({"input": [r[:] for r in key], "done": settled_json})
+                partial.append({"input": [r[:] for r in self._key(o)], "done": settled_json})
         # partials of an earlier run not yet met again stay saved
         partial.extend({"input": [list(r) for r in key], "done": span.to_json()}
                        for key, span in self.partial.items())

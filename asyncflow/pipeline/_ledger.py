@@ -67,9 +67,9 @@ class Ledger(abc.ABC):
         :meth:`settled_inputs` returned for ``outputs``."""
         return None  # a hook: nothing to do by default
 
-    def get_state(self, outputs: Span, key_of: Any) -> dict[str, Any] | None:
-        """Extras to save beyond the settled positions (lock held); ``key_of(ordinal)``
-        names an input by its source positions."""
+    def get_state(self, outputs: Span) -> dict[str, Any] | None:
+        """Extras to save beyond the settled positions, given the settled outputs (lock
+        held)."""
         return None
 
     def set_state(self, state: dict[str, Any]) -> None:

@@ -64,7 +64,7 @@ class _NodeAdapter(Ledger):
         node = self.node
         return list(node.inputs_of(ordinal)) if isinstance(node, TracingNode) else []
 
-    def get_state(self, outputs: Span, key_of: Any) -> dict[str, Any] | None:
+    def get_state(self, outputs: Span) -> dict[str, Any] | None:
         return self.node.get_state() if isinstance(self.node, StatefulNode) else None
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -282,7 +282,7 @@ class Lineage:
             settled = self._walk(outputs)
             extras = {}
             for index, ledger in enumerate(self.ledgers):
-                state = ledger.get_state(settled[index], functools.partial(self.key_of, index - 1))
+                state = ledger.get_state(settled[index])
                 if state is not None:
                     extras[self.names[index]] = state
             if self._grown or not self._compacted:  # records came since the last time
@@ -324,7 +324,7 @@ class Lineage:
         extras = {}
         for index, ledger in enumerate(self.ledgers):
             if type(ledger).get_state is not Ledger.get_state:
-                state = ledger.get_state(Span(), functools.partial(self.key_of, index - 1))
+                state = ledger.get_state(Span())
                 if state is not None:
                     extras[self.names[index]] = state
         return self._inputs[0].span(), extras

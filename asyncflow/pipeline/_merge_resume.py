@@ -211,7 +211,7 @@ class MergeLedger(SourceLedger):
         for track in self.tracks:
             track.fold()
 
-    def get_state(self, outputs: Span, key_of: Any) -> dict[str, Any] | None:
+    def get_state(self, outputs: Span) -> dict[str, Any] | None:
         items, ordinals = self._per_era(outputs)
         branches = []
         for track in self.tracks:

@@ -112,10 +112,10 @@ def test_the_ledger_maps_a_batch_to_its_rows_and_compacts() -> None:
     assert ledger.inputs_of(0) == [0, 1, 2] and ledger.inputs_of(1) == [4, 5]
     assert ledger.settled_inputs(Span(0)) == Span(0, [(3, 4)])
     assert ledger.settled_inputs(Span(1)) == Span(4)
-    assert ledger.get_state(Span(1), None) == {"rows": {"mark": 4, "ranges": []}}
+    assert ledger.get_state(Span(1)) == {"rows": {"mark": 4, "ranges": []}}
     ledger.compact(Span(1), Span(4))
     assert ledger.inputs_of(0) == [] and ledger.inputs_of(1) == [4, 5]
-    assert ledger.get_state(Span(2), None) == {"rows": {"mark": 6, "ranges": []}}
+    assert ledger.get_state(Span(2)) == {"rows": {"mark": 6, "ranges": []}}
 
 
 def test_an_assembler_without_positions_is_refused_by_name() -> None:

@@ -117,6 +117,8 @@ def test_split_ledger_settles_as_it_walks(seed: int) -> None:
     def key_of(ordinal: int) -> tuple[tuple[int, int], ...]:
         return ((ordinal * 2, ordinal * 2 + 1),)
 
+    twins.walked.key_of = twins.settling.key_of = key_of
+
     settled: set[int] = set()
     opened: list[int] = []
     for _ in range(300):
@@ -136,8 +138,8 @@ def test_split_ledger_settles_as_it_walks(seed: int) -> None:
             last = twins.walked.first_out + len(twins.walked.sources)
             outputs = _grow(rng, settled, last)
             twins.check(outputs, compact=rng.random() < 0.3)
-            state = twins.walked.get_state(outputs, key_of)
-            assert twins.settling.get_state(Span(), key_of) == state
+            state = twins.walked.get_state(outputs)
+            assert twins.settling.get_state(Span()) == state
             text = twins.settling.state_text
             assert (text is None) == (state is None)
             if state is not None:
@@ -153,11 +155,11 @@ def test_split_ledger_keeps_a_resumed_runs_partials() -> None:
     ledger.set_state(saved)
     ledger.key_of = lambda ordinal: ((ordinal * 4, ordinal * 4 + 1),)
     ledger.start_settling()
-    assert ledger.get_state(Span(), ledger.key_of) == saved
+    assert ledger.get_state(Span()) == saved
     ordinal = ledger.begin()  # input 0: positions [0, 1), not saved
     ordinal = ledger.begin()  # input 1: positions [4, 5), saved: index 1 settled
     assert ledger.keep(ordinal, ["a", "b", "c"]) == ["a", "c"]
-    state = ledger.get_state(Span(), ledger.key_of)
+    state = ledger.get_state(Span())
     assert state == {"partial": [
         {"input": [[4, 5]], "done": {"mark": 0, "ranges": [[1, 2]]}},
         {"input": [[8, 9]], "done": {"mark": 1, "ranges": []}}]}
