@@ -213,7 +213,7 @@ class MergeNode:
         rebuild: Rebuild,
         tasks: dict[Any, asyncio.Task[None]],
         failed: set[NodeContext],
-        ledger: MergeLedger | None = None,
+        ledger: MergeLedger,
     ) -> None:
         self.ctx = ctx
         self.ledger = ledger
@@ -242,7 +242,7 @@ class MergeNode:
             ledger = self.ledger
             while (i := chooser.choose()) is not None:
                 branch = self._branch(i)
-                if ledger is not None and (what := ledger.pick(int(i))) != TAKE:
+                if (what := ledger.pick(int(i))) != TAKE:
                     if what == PASS:  # settled before a resume: the branch leaves it out
                         branch.taken += 1
                     elif what == END:  # an era settled in full before a resume ran out
@@ -259,8 +259,7 @@ class MergeNode:
                 branch.items[branch.pos] = None  # the merge's reference is not kept
                 branch.pos += 1
                 branch.taken += 1
-                if ledger is not None:
-                    ledger.take(int(i))
+                ledger.take(int(i))
                 pending.append(item)
                 if len(pending) >= _FLUSH:
                     await self._flush(pending, out)
@@ -302,14 +301,12 @@ class MergeNode:
 
     async def _ended(self, i: int, branch: BranchRun, chooser: MergeChooser) -> bool:
         """Branch ``i`` ran out: drop or restart it; False when the merge ends."""
-        if self.ledger is not None:
-            self.ledger.ran_out(i)
+        self.ledger.ran_out(i)
         await self._settle(branch)
         if any(ctx in self._failed for ctx in branch.contexts):
             return False  # the run fails with the branch's error
         verdict = self._verdict(chooser, i, empty=branch.taken == 0)
-        if self.ledger is not None:
-            self.ledger.ended(i, verdict)  # a restart: the branch's next era
+        self.ledger.ended(i, verdict)  # a restart: the branch's next era
         if verdict == "stop":
             return False
         await self._retire(branch)

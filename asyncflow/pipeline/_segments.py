@@ -44,7 +44,6 @@ __all__ = [
     "loads",
     "map_private",
     "pickle_by_value",
-    "reducer_modules",
     "register_lazy_reducers",
     "register_reducer",
     "segment_prefix",
@@ -116,12 +115,6 @@ def _load_lazy() -> None:
         if trigger in sys.modules:
             del _lazy[trigger]
             importlib.import_module(provider)
-
-
-def reducer_modules() -> list[str]:
-    """The modules that registered reducers in this process (for the workers to import)."""
-    _load_lazy()
-    return list(_modules)
 
 
 def load_reducer_modules(names: Iterable[str]) -> None:
