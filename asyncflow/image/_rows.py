@@ -18,7 +18,7 @@ from ..pipeline import ItemGroup
 from ..pipeline.shm import SHM_DIR
 from ._decode import decode
 
-__all__ = ["Claimed", "DecodeIntoSharedRow", "Failed", "Ticket"]
+__all__ = ["Claimed", "DecodeIntoSharedRow", "Failed", "Ticket", "map_slab"]
 
 # Slabs a worker keeps mapped: the assembler's pool, and a few made beyond it (whose names
 # are gone once their batch is complete, so a mapping kept longer would only hold memory).
@@ -96,14 +96,23 @@ class DecodeIntoSharedRow:
         if slab is not None:
             self._slabs.move_to_end(name)
             return slab
-        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
-        try:
-            # Pre-faulted: one call maps every page, instead of a fault per page on first write.
-            mapping = mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED | _POPULATE)
-        finally:
-            os.close(fd)
-        slab = np.ndarray(self.shape, self.dtype, buffer=mapping)
+        slab = np.ndarray(self.shape, self.dtype, buffer=map_slab(name))
         self._slabs[name] = slab
         while len(self._slabs) > _MAPPED:
             self._slabs.popitem(last=False)
         return slab
+
+
+def map_slab(name: str, size: int | None = None) -> mmap.mmap:
+    """Map the shared-memory slab ``name`` (``size``: create it, of that many bytes)."""
+    create = os.O_CREAT | os.O_EXCL if size is not None else 0
+    fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | create, 0o600)
+    try:
+        if size is None:
+            size = os.fstat(fd).st_size
+        else:
+            os.ftruncate(fd, size)
+        # Pre-faulted: one call maps every page, instead of a fault per page on first write.
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+    finally:
+        os.close(fd)

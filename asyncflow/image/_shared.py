@@ -20,7 +20,6 @@ complete, when no worker will need to map it again.
 from __future__ import annotations
 
 import itertools
-import mmap
 import os
 import secrets
 import weakref
@@ -30,12 +29,10 @@ import numpy as np
 
 from ..pipeline import ItemGroup, label_stage
 from ..pipeline.shm import SHM_DIR, segment_prefix, sweep
-from ._rows import Claimed
+from ._rows import Claimed, map_slab
 from ._slots import BatchAssembler
 
 __all__ = ["ClaimRows", "SharedSlabs"]
-
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 class SharedSlabs:
@@ -50,12 +47,7 @@ class SharedSlabs:
         """A new zeroed buffer of ``shape`` and ``dtype``, and its slab's name."""
         name = f"{self.prefix}{next(self._numbers)}"
         size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, size)
-            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
-        finally:
-            os.close(fd)
+        mapping = map_slab(name, size)
         # np.ndarray over the mapping, not frombuffer().reshape(): the pool tells a free buffer
         # by its reference count, so the views handed out must have this array as their base.
         return np.ndarray(shape, dtype, buffer=mapping), name
