@@ -13,10 +13,8 @@ that names the object, never a splice of two versions.
 
 from __future__ import annotations
 
-import email.utils
 import hashlib
 import re
-import weakref
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
@@ -26,19 +24,11 @@ import aiohttp
 from .._errors import SourceError
 from ._http_body import MAX_CONTENT_LENGTH, body, coding, content_length
 from ._http_session import get
-from ._retry import Retry, Timeout, Transient
+from ._retry import Retry, Timeout, http_date
 
 __all__ = ["Changed", "Resume", "open_from", "stream"]
 
 _CONTENT_RANGE = re.compile(r"bytes ([0-9]{1,20})-([0-9]{1,20})/([0-9]{1,20})")
-
-
-def _http_date(value: str | None) -> float | None:
-    try:
-        when = email.utils.parsedate_to_datetime(value) if value else None
-    except (TypeError, ValueError, IndexError):
-        return None
-    return None if when is None or when.tzinfo is None else when.timestamp()
 
 
 class Resume:
@@ -67,7 +57,7 @@ class Resume:
         # RFC 9110 13.1.5: a date only where there is no entity tag, and only a strong one
         # (at least a second older than the answer's Date).
         modified, date = resp.headers.get("Last-Modified"), resp.headers.get("Date")
-        when, now = _http_date(modified), _http_date(date)
+        when, now = http_date(modified), http_date(date)
         strong = etag is None and when is not None and now is not None and now - when >= 1
         self.last_modified = modified if strong else None
         self.total = length
@@ -142,19 +132,6 @@ async def open_from(
         raise
 
 
-_LEFT_BEHIND: weakref.WeakKeyDictionary[aiohttp.ClientSession, dict[tuple[str, int], Resume]] = (
-    weakref.WeakKeyDictionary()
-)
-_MAX_LEFT_BEHIND = 1024
-
-
-def _leave(session: aiohttp.ClientSession, url: str, offset: int, resume: Resume) -> None:
-    left = _LEFT_BEHIND.setdefault(session, {})
-    left[(url, offset)] = resume
-    if len(left) > _MAX_LEFT_BEHIND:
-        del left[next(iter(left))]
-
-
 class _Replay:
     """Checks that an answer read again from byte 0 begins with the bytes already delivered:
     their digest, over the first ``offset`` bytes of the new body, is the one kept."""
@@ -193,15 +170,13 @@ async def stream(
     what: object,
     retry: Retry,
     timeout: Timeout,
-    resume: Resume | None = None,
+    resume: Resume,
 ) -> AsyncGenerator[bytes, None]:
     """One try at the body of ``url`` from byte ``offset`` on, in chunks.
 
     Args:
         resume: What proves that a resumed try continues the object the first try began
-            (one :class:`Resume` per read, given to every try). Without one, a try at
-            ``offset > 0`` uses what the try that broke at ``offset`` on the same session
-            and URL left behind.
+            (one :class:`Resume` per read, given to every try).
 
     Raises:
         Transient: A failure worth resuming from where it stopped.
@@ -209,45 +184,32 @@ async def stream(
             one, the digest of the bytes already yielded, read again from byte 0), so they
             cannot be continued; or the server answered another range than asked for.
     """
-    own = resume is None
-    if resume is None:
-        left = _LEFT_BEHIND.get(session, {})
-        resume = (left.pop((url, offset), None) if offset else None) or Resume()
-    delivered = 0
+    resp, start, expected = await open_from(session, url, offset, resume, what, retry, timeout)
     try:
-        resp, start, expected = await open_from(
-            session, url, offset, resume, what, retry, timeout
-        )
-        try:
-            replay = None
-            if not offset:
-                resume.learn(resp, expected)
-            elif start == 0 and resume.prefix is not None:
-                replay = _Replay(resume, offset, what)
-            elif start == 0 and not resume.same(resp, expected):
-                raise Changed(f"{what}: the object changed after {offset} bytes were read; "
-                              "cannot resume")
-            # A server that ignores ranges sends the same object whole: skip what was read.
-            skip = 0 if replay is not None else offset - start
-            async with aclosing(body(resp, expected, what, timeout)) as chunks:
-                async for chunk in chunks:
-                    if replay is not None and replay.left:
-                        chunk = replay.skip(chunk)
-                    elif skip:
-                        cut = min(skip, len(chunk))
-                        skip -= cut
-                        chunk = chunk[cut:]
-                    if not chunk:
-                        continue
-                    if resume.prefix is not None:
-                        resume.prefix.update(chunk)
-                    delivered += len(chunk)
-                    yield chunk
-            if replay is not None:
-                replay.finish()
-        finally:
-            resp.release()
-    except Transient:
-        if own and offset + delivered:
-            _leave(session, url, offset + delivered, resume)
-        raise
+        replay = None
+        if not offset:
+            resume.learn(resp, expected)
+        elif start == 0 and resume.prefix is not None:
+            replay = _Replay(resume, offset, what)
+        elif start == 0 and not resume.same(resp, expected):
+            raise Changed(f"{what}: the object changed after {offset} bytes were read; "
+                          "cannot resume")
+        # A server that ignores ranges sends the same object whole: skip what was read.
+        skip = 0 if replay is not None else offset - start
+        async with aclosing(body(resp, expected, what, timeout)) as chunks:
+            async for chunk in chunks:
+                if replay is not None and replay.left:
+                    chunk = replay.skip(chunk)
+                elif skip:
+                    cut = min(skip, len(chunk))
+                    skip -= cut
+                    chunk = chunk[cut:]
+                if not chunk:
+                    continue
+                if resume.prefix is not None:
+                    resume.prefix.update(chunk)
+                yield chunk
+        if replay is not None:
+            replay.finish()
+    finally:
+        resp.release()

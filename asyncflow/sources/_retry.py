@@ -35,6 +35,7 @@ __all__ = [
     "Retry",
     "Timeout",
     "Transient",
+    "http_date",
     "parse_retry_after",
     "resolve_policy",
     "with_retries",
@@ -207,6 +208,15 @@ class Transient(Exception):
         self.throttled = throttled
 
 
+def http_date(value: str | None) -> float | None:
+    """The POSIX time of an HTTP date with a time zone; ``None`` for anything else."""
+    try:
+        when = email.utils.parsedate_to_datetime(value) if value else None
+    except (TypeError, ValueError, IndexError):
+        return None
+    return None if when is None or when.tzinfo is None else when.timestamp()
+
+
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
     """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
     if not value:
@@ -215,14 +225,8 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     try:
         return max(0.0, float(value))
     except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+        when = http_date(value)
+    return None if when is None else max(0.0, when - (time.time() if now is None else now))
 
 
 _DEFAULT_RETRY = Retry()

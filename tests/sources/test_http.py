@@ -430,11 +430,10 @@ async def test_an_unknown_encoding_is_refused(http_server: FaultServer, unique: 
         await asyncflow.read_bytes(http_server.url(f"/gen/100/{unique}?encoding=br"))
 
 
-async def read_in_two_tries(
-    url: str, resume: _http_ranges.Resume | None
-) -> tuple[bytes, list[bytes]]:
+async def read_in_two_tries(url: str) -> tuple[bytes, list[bytes]]:
     """The bytes of a first try that breaks, then the chunks of a second from there."""
     what = f"GET {url}"
+    resume = _http_ranges.Resume()  # one per read, given to both tries
     got = bytearray()
     async with _http_session.http_session() as session:
         with pytest.raises(Transient):
@@ -446,7 +445,6 @@ async def read_in_two_tries(
     return bytes(got), rest
 
 
-@pytest.mark.parametrize("explicit", [True, False])
 @pytest.mark.parametrize("query", ["truncate=1", "truncate=1&validator=date",
                                    "truncate=1&norange=1",
                                    # issue 25.14: nothing proves the object unchanged, or the
@@ -456,26 +454,23 @@ async def read_in_two_tries(
                                    "truncate=1&validator=weak", "truncate=1&validator=newdate",
                                    "truncate=1&encoding=gzip"])
 async def test_a_stream_resumes_the_same_object(
-    http_server: FaultServer, unique: str, explicit: bool, query: str
+    http_server: FaultServer, unique: str, query: str
 ) -> None:
     url, v1, _ = two_versions(http_server, unique)
-    resume = _http_ranges.Resume() if explicit else None
-    head, rest = await read_in_two_tries(f"{url}?{query}", resume)
+    head, rest = await read_in_two_tries(f"{url}?{query}")
     assert 0 < len(head) < BIG and head + b"".join(rest) == v1
 
 
-@pytest.mark.parametrize("explicit", [True, False])
 @pytest.mark.parametrize("query", ["swap=1", "swap=1&validator=date", "swap=1&ifrange=ignore",
                                    "swap=1&norange=1", "swap=1&validator=weak",
                                    "swap=1&validator=newdate", "swap=1&validator=none",
                                    "swap=1&validator=none&norange=1", "swap=1&encoding=gzip"])
 async def test_a_stream_never_continues_another_version(
-    http_server: FaultServer, unique: str, explicit: bool, query: str
+    http_server: FaultServer, unique: str, query: str
 ) -> None:
     url, _, _ = two_versions(http_server, unique)
     with pytest.raises(SourceError, match=r"changed") as info:
-        await read_in_two_tries(f"{url}?truncate=1&{query}",
-                                _http_ranges.Resume() if explicit else None)
+        await read_in_two_tries(f"{url}?truncate=1&{query}")
     assert not isinstance(info.value, Transient)
     assert f"/store/{unique}/obj?truncate=1&swap=1" in str(info.value)  # it names the object
 
@@ -487,7 +482,7 @@ async def test_a_shorter_object_read_again_is_refused(
     url = http_server.put(f"{unique}/obj", generated(f"{unique}-v1", BIG))
     http_server.put(f"{unique}/obj.v2", generated(f"{unique}-v1", BIG)[:1000])
     with pytest.raises(SourceError, match=r"changed: read again from byte 0, it ends after"):
-        await read_in_two_tries(f"{url}?truncate=1&swap=1&validator=none", None)
+        await read_in_two_tries(f"{url}?truncate=1&swap=1&validator=none")
 
 
 @pytest.mark.usefixtures("warm_executor")  # before the leak baseline: tar reads on a thread
