@@ -139,9 +139,7 @@ class CacheSource:
     def _order(self, count: int, epoch: int) -> np.ndarray | None:
         if not self.shuffle:
             return None
-        if self.seed is None:
-            return permutation(count, None)
-        return permutation(count, [self.seed % 2**64, epoch])
+        return permutation(count, None if self.seed is None else [self.seed % 2**64, epoch])
 
     async def _epoch(self, epoch: int, upstream: Upstream | None, *, defer: bool = False
                      ) -> AsyncGenerator[Any, None]:

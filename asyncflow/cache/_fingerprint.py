@@ -24,7 +24,10 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
 
+import numpy as np
+
 from .._redact import redact
+from ._schema import as_array
 
 __all__ = [
     "canonical",
@@ -195,20 +198,13 @@ def _code_digest(code: types.CodeType) -> str:
 def _array_state(value: Any) -> Any:
     state = {"array": str(value.dtype), "shape": [int(n) for n in value.shape]}
     try:
-        data = memoryview(_numpy(value)).cast("B") if _nbytes(value) <= _SMALL_ARRAY else None
+        small = _nbytes(value) <= _SMALL_ARRAY
+        data = np.ascontiguousarray(as_array(value)).data.cast("B") if small else None
     except (TypeError, ValueError, RuntimeError):
         data = None
     if data is not None:
         state["sha256"] = hashlib.sha256(data).hexdigest()[:16]
     return state
-
-
-def _numpy(value: Any) -> Any:
-    import numpy as np
-
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    return np.ascontiguousarray(value)
 
 
 def _nbytes(value: Any) -> int:

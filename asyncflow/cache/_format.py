@@ -44,6 +44,7 @@ __all__ = [
     "remove_cache",
     "remove_path",
     "table_name",
+    "write_file",
     "write_manifest",
 ]
 
@@ -128,15 +129,19 @@ def manifest_digest(manifest: dict[str, Any]) -> int:
     return zlib.crc32(text.encode("ascii"))
 
 
-def write_manifest(directory: Path, manifest: dict[str, Any], *, durable: bool) -> None:
-    """Write ``manifest`` with its checksum into ``directory``."""
-    manifest = {**manifest, _SELF: manifest_digest(manifest)}
-    with open(directory / MANIFEST, "w", encoding="utf-8") as fh:
-        json.dump(manifest, fh, indent=1)
-        fh.write("\n")
+def write_file(path: Path, data: bytes, *, durable: bool) -> None:
+    """Write ``data`` to a new file at ``path``; with ``durable``, ``fsync`` it."""
+    with open(path, "wb") as fh:
+        fh.write(data)
         if durable:
             fh.flush()
             os.fsync(fh.fileno())
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any], *, durable: bool) -> None:
+    """Write ``manifest`` with its checksum into ``directory``."""
+    text = json.dumps({**manifest, _SELF: manifest_digest(manifest)}, indent=1) + "\n"
+    write_file(directory / MANIFEST, text.encode("ascii"), durable=durable)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

@@ -161,20 +161,12 @@ class KeptMapping:
             return self._arrays, self._sources
 
 
-class Deferred:
-    """A batch still to be copied out of the cache: :func:`finish` copies it.
+class Deferred(functools.partial[Any]):
+    """A batch still to be copied out of the cache: :func:`finish` copies it (calls it).
 
     Holds the mapping, the rows and the buffer pool, not the batch's memory: a run stopped
     with deferred batches in its queues drops them at no cost.
     """
-
-    __slots__ = ("_copy",)
-
-    def __init__(self, copy: Callable[[], Any]) -> None:
-        self._copy = copy
-
-    def __call__(self) -> Any:
-        return self._copy()
 
     def __repr__(self) -> str:
         return "<asyncflow.cache deferred batch>"
@@ -266,9 +258,9 @@ def _batches(reader: Reader, sources: Sequence[Any], read: Sequence[np.ndarray],
             continue
         # shuffled, or a read-only mapping the consumer must not see
         rows: slice | np.ndarray = slice(start, stop) if order is None else order[start:stop]
-        copy = functools.partial(_copy_rows, reader.arrays if order is None else sources, rows,
-                                 shapes, dtypes, buffers, build)
-        yield Deferred(copy) if defer else copy()
+        copy = Deferred(_copy_rows, reader.arrays if order is None else sources, rows, shapes,
+                        dtypes, buffers, build)
+        yield copy if defer else copy()
 
 
 def _copy_rows(sources: Sequence[Any], rows: slice | np.ndarray,

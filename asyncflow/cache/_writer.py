@@ -31,6 +31,7 @@ from ._format import (
     remove_cache,
     remove_path,
     table_name,
+    write_file,
     write_manifest,
 )
 from ._schema import Schema
@@ -129,11 +130,7 @@ class Writer:
                 os.fsync(fh.fileno())
             fh.close()
             table = sums.table()
-            with open(self.tmp / table_name(i), "wb") as out:
-                out.write(table)
-                if durable:
-                    out.flush()
-                    os.fsync(out.fileno())
+            write_file(self.tmp / table_name(i), table, durable=durable)
             tables.append({"block_rows": sums.rows, "crc32": zlib.crc32(table)})
         self._files = []
         manifest = {
