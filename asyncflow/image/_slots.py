@@ -67,7 +67,7 @@ FLOAT_POOL = 6
 class _Open:
     """A batch whose rows are still arriving."""
 
-    __slots__ = ("absent", "array", "arrived", "errors", "failed", "key", "labels", "rows", "slab",
+    __slots__ = ("absent", "array", "arrived", "failed", "key", "labels", "rows", "slab",
                  "spare", "tensor")
 
     def __init__(self, tensor: torch.Tensor, array: np.ndarray, rows: int, slab: str = "",
@@ -76,8 +76,7 @@ class _Open:
         self.slab, self.spare = slab, spare  # shared-memory name; made beyond the pool
         self.labels = np.zeros(rows, np.int64)
         self.arrived = 0
-        self.failed: list[int] = []
-        self.errors: list[str] = []  # of the failed rows, in the same order
+        self.failed: dict[int, str] = {}  # the failed rows' errors, by row
         self.key = (0, 0)  # (run, batch number)
         self.absent: list[int] = []  # rows settled before a resume: they never arrive
 
@@ -94,10 +93,6 @@ class _Run:
         self.skip = skip  # positions settled in an earlier run (resumed), or None
 
 
-def _fresh(key: _Key, need: int) -> np.ndarray:
-    return np.empty(*key)
-
-
 def _make(slabs: Any, names: dict[int, str], key: _Key, need: int) -> np.ndarray:
     """A new batch buffer: private memory, or a shared-memory slab whose name goes in ``names``."""
     if slabs is None:
@@ -111,9 +106,9 @@ def _make(slabs: Any, names: dict[int, str], key: _Key, need: int) -> np.ndarray
 class BatchAssembler:
     """Rows of per-batch ``N x 3 x H x W`` buffers by item position; whole batches in order.
 
-    Thread-safe: decode threads call :meth:`claim` and :meth:`failed` concurrently with
-    :meth:`arrived`. ``dtype`` is the released batches' element type: uint8, or float32 when
-    decoding normalizes as it writes, or when ``normalize`` normalizes each batch at release.
+    Thread-safe: decode threads call :meth:`claim` concurrently with :meth:`arrived`.
+    ``dtype`` is the released batches' element type: uint8, or float32 when decoding
+    normalizes as it writes, or when ``normalize`` normalizes each batch at release.
 
     Args:
         batch_size, height, width: The batch geometry.
@@ -167,7 +162,8 @@ class BatchAssembler:
         # The released float batches, recycled alike: made fresh each time, they leave freed
         # 19 MB blocks in malloc's arenas (the process grew by 8 batches, not the 4 it held).
         self._floats: Recycler[_Key, np.ndarray] = Recycler(
-            _fresh, nbytes=lambda a: a.nbytes, limit=FLOAT_POOL, returned="unreferenced",
+            partial(_make, None, {}), nbytes=lambda a: a.nbytes, limit=FLOAT_POOL,
+            returned="unreferenced",
         )
 
     def describe(self) -> dict[str, Any]:
@@ -279,10 +275,9 @@ class BatchAssembler:
                 entry.labels[ticket.row] = ticket.label
                 entry.arrived += 1
             else:
-                entry.failed.append(ticket.row)
                 error = row.error if isinstance(row, Failed) else "failed"
-                entry.errors.append(f"{type(error).__name__}: {error}"
-                                    if isinstance(error, Exception) else error)
+                entry.failed[ticket.row] = (f"{type(error).__name__}: {error}"
+                                            if isinstance(error, Exception) else error)
             if entry.spare and entry.complete and self._slabs is not None:
                 self._slabs.release(entry.slab)  # every row is in: no worker maps it again
             ready = []
@@ -386,8 +381,7 @@ class BatchAssembler:
             with self._lock:
                 while len(log) >= _LOGGED:  # batches no journal took (a stopped run's)
                     del log[next(iter(log))]
-                log[id(batch[1])] = (*entry.key, list(zip(entry.failed, entry.errors,
-                                                          strict=True)), list(entry.absent))
+                log[id(batch[1])] = (*entry.key, list(entry.failed.items()), list(entry.absent))
         return batch
 
     def take_log(self, labels: torch.Tensor) -> _Logged | None:
