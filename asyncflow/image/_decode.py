@@ -192,8 +192,7 @@ def augmentation(
     try:
         with Image.open(io.BytesIO(data)) as im:
             width, height = im.size
-            if width * height > max_pixels:
-                raise DecodeError(f"cannot decode {label}: {width}x{height} is over max_pixels")
+            check_pixels(width, height, max_pixels, label)
             _, swaps = orientation_op(_orientation(im))
     except (DecodeError, ConfigError):
         raise

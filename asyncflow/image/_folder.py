@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -82,16 +83,12 @@ class _ClaimThen:
                                  *claim(item.run, item.pos, item.label)) for item in items)
 
 
-class _NormalizeImages:
-    """``to_device``'s ``then``: a batch's uint8 images normalized on the device they were
-    copied to (one batched op; on CUDA, on the copy's side stream)."""
-
-    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
-        self.mean, self.std = mean, std
-
-    def __call__(self, batch: Batch) -> Batch:
-        images, labels = batch
-        return normalize_batch(images, self.mean, self.std), labels
+def _normalize_images(mean: tuple[float, ...], std: tuple[float, ...], batch: Batch) -> Batch:
+    """``to_device``'s ``then`` (``mean`` and ``std`` bound): a batch's uint8 images
+    normalized on the device they were copied to (one batched op; on CUDA, on the copy's side
+    stream)."""
+    images, labels = batch
+    return normalize_batch(images, mean, std), labels
 
 
 def _device_type(device: Any) -> str:
@@ -352,7 +349,8 @@ def folder(
         # The GPU stage's budget, for an image neither decoder could make (see _gpu.py).
         batches = batches.with_options(max_failures=max_failures)
     elif on_device:
-        batches = batches.to_device(device, then=_NormalizeImages(tuple(mean), tuple(std)))
+        then = partial(_normalize_images, tuple(mean), tuple(std))
+        batches = batches.to_device(device, then=then)
     elif device is not None:
         batches = batches.to_device(device)
     return cast(ImageFolder, batches)  # each stage method copied ``pipe``, class and all

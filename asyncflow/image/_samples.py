@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 __all__ = ["sample_folder", "sample_photos"]
@@ -46,20 +47,13 @@ def sample_folder(root: str | os.PathLike[str], images: int = 256, *, seed: int 
     jobs = []
     for i in range(images):
         k = i % len(classes)
-        photo = photos[k] if photos else None
-        jobs.append((root / classes[k] / f"{i:05d}.jpg", classes[k], photo,
-                     int(rng.integers(2**31))))
+        path, seed = root / classes[k] / f"{i:05d}.jpg", int(rng.integers(2**31))
+        jobs.append(partial(_write_crop, path, photos[k], seed) if photos else
+                    partial(_write_picture, path, classes[k], seed))
     # PIL releases the GIL while it decodes, resizes and encodes.
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        list(pool.map(lambda job: _write_sample(*job), jobs))
+        list(pool.map(lambda job: job(), jobs))
     return root
-
-
-def _write_sample(path: Path, cls: str, photo: Path | None, seed: int) -> None:
-    if photo is None:
-        _write_picture(path, cls, seed)
-    else:
-        _write_crop(path, photo, seed)
 
 
 def _write_crop(path: Path, photo: Path, seed: int) -> None:
