@@ -6,6 +6,7 @@ import pickle
 import threading
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -31,18 +32,14 @@ class Indexed(NamedTuple):
         return repr(self.indices)
 
 
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """A dataset's ``state_dict()`` taken just after a batch, in the worker that fetched it
     (``wid``: its id, ``None`` in this process). Not a container: stages that move tensors
     (``to_device``) leave it alone."""
 
-    __slots__ = ("state", "wid")
-
-    def __init__(self, wid: int | None, state: Any) -> None:
-        self.wid, self.state = wid, state
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Snapshot, (self.wid, self.state))
+    wid: int | None
+    state: Any
 
 
 class Positioned(NamedTuple):

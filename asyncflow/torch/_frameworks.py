@@ -30,7 +30,7 @@ def record_for_rebuild(loader: Any, arguments: dict[str, Any]) -> Callable[[], N
         A function to call at the end of ``__init__``.
     """
     if "__old__init__" not in vars(TorchDataLoader) or hasattr(loader, "__pl_saved_args"):
-        return _nothing
+        return lambda: None
     object.__setattr__(loader, "__pl_saved_args", ())
     object.__setattr__(loader, "__pl_saved_kwargs", arguments)
     object.__setattr__(loader, "__pl_saved_arg_names", ())
@@ -42,7 +42,3 @@ def record_for_rebuild(loader: Any, arguments: dict[str, Any]) -> Callable[[], N
         object.__setattr__(loader, "__pl_inside_init", False)
 
     return finish
-
-
-def _nothing() -> None:
-    return None

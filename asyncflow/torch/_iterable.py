@@ -44,7 +44,7 @@ class IterableEpochs:
     def __init__(self, loader: Loader, saved: dict[str, Any] | None) -> None:
         self.loader = loader
         lanes, note = self._plan(loader)
-        resume = _resume_plan(saved, lanes, loader._state.next_epoch)
+        resume = _resume_plan(saved, lanes)
         self.count = lanes
         self.yielded = [n for n, _, _ in resume]
         self.ended = [e for _, e, _ in resume]
@@ -167,8 +167,7 @@ def _tasks(epoch: int, start: int) -> Iterator[tuple[int, int]]:
     return ((epoch, position) for position in itertools.count(start))
 
 
-def _resume_plan(saved: dict[str, Any] | None, lanes: int, epoch: int
-                 ) -> list[tuple[int, bool, Any]]:
+def _resume_plan(saved: dict[str, Any] | None, lanes: int) -> list[tuple[int, bool, Any]]:
     """Per lane: (batches delivered, ended, dataset state) from a saved state."""
     if not saved:
         return [(0, False, None)] * lanes

@@ -94,14 +94,13 @@ def default_workers(loader: Loader) -> int:
 
 
 def needs_processes(loader: Loader) -> str | None:
-    """Why only worker processes give torch's meaning to this loader, if they do.
+    """Why only worker processes give torch's meaning to this loader (one with workers), if
+    they do.
 
     Threads cannot: torch's ``get_worker_info()`` is one global, ``None`` in this process,
     so ``worker_init_fn`` would have no worker to run in, and a dataset that asks which
     worker it is (an ``IterableDataset`` taking its share, say) would read everything.
     """
-    if loader.num_workers == 0:
-        return None
     if loader.worker_init_fn is not None:
         return "worker_init_fn runs in each worker process, as torch's"
     if loader._dataset_kind == _DatasetKind.Iterable and loader.num_workers > 1:
@@ -151,7 +150,7 @@ def choose(loader: Loader, fn: Any, spec: Processes, stage: str
         except ConfigError as exc:
             chosen, note = None, f"threads (workers='auto'): {exc}"
     if chosen is None:
-        if needed is not None and _delivers_by_worker(loader):
+        if _delivers_by_worker(loader):  # then needs_processes said why
             raise ConfigError(
                 f"{needed}, but worker processes cannot run it ({note}); on threads this "
                 "loader would not deliver the items torch's does. Make the dataset picklable, "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from types import TracebackType
 from typing import Any
 
 from .._errors import ConfigError, LoaderTimeout, PipelineError
@@ -251,19 +250,13 @@ class EpochIterator:
     def __enter__(self) -> EpochIterator:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     async def __aenter__(self) -> EpochIterator:
         return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     def stats(self) -> PipelineStats:
