@@ -1,4 +1,5 @@
-"""The worker side of ``image.folder`` on processes: what a decode worker receives and runs.
+"""The decoders' side of ``image.folder``: what a decode worker process (or thread) receives
+and runs.
 
 Torch-free on purpose (NumPy, PIL and the decode kernel only): a decode worker never imports
 torch, which keeps each worker process small (see ``_shared.py`` for the parent's side).
