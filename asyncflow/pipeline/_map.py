@@ -20,6 +20,7 @@ import inspect
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ProcessPoolExecutor
+from types import CoroutineType
 from typing import Any
 
 from .._errors import ConfigError
@@ -299,7 +300,7 @@ class MapNode:
             for index, item in enumerate(items):
                 try:
                     value = fn(item)
-                    if inspect.iscoroutine(value):
+                    if isinstance(value, CoroutineType):  # inspect.iscoroutine, less a call
                         try:
                             signal = value.send(None)
                         except StopIteration as done:

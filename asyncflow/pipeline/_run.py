@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable, Sized
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, cast
+from typing import TYPE_CHECKING, Any, Generic, Protocol, Self
 
 from .._errors import StallError
 from ._bridge import Handoff
@@ -235,7 +235,8 @@ class Run(Generic[T_co]):
 
     def __next__(self) -> T_co:
         try:  # no lock: with hooks to call one item at a time, this chunk is always empty
-            return cast(T_co, self._cursor.free.popleft())
+            item: T_co = self._cursor.free.popleft()  # no cast(): a call per item
+            return item
         except IndexError:
             pass
         while (item := self._cursor.claim_sync()) is REFILL:
@@ -244,7 +245,7 @@ class Run(Generic[T_co]):
                 chunk = self._fetch_sync()
             finally:
                 self._refilled_with(chunk)
-        return cast(T_co, item)
+        return item
 
     def _refilled_with(self, chunk: list[Any] | None) -> None:
         """End a refill: hand the chunk to every consumer, wake the waiting ones."""
@@ -296,7 +297,8 @@ class Run(Generic[T_co]):
 
     async def __anext__(self) -> T_co:
         try:
-            return cast(T_co, self._cursor.free.popleft())
+            item: T_co = self._cursor.free.popleft()  # no cast(): a call per item
+            return item
         except IndexError:
             pass
         while (item := await self._cursor.claim_async()) is REFILL:
@@ -308,7 +310,7 @@ class Run(Generic[T_co]):
                 self._refilled_with(chunk)
             if not chunk:
                 raise StopAsyncIteration
-        return cast(T_co, item)
+        return item
 
     async def _refill_async(self, handoff: Handoff) -> list[Any]:
         try:
