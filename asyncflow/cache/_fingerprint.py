@@ -29,14 +29,8 @@ import numpy as np
 from .._redact import redact
 from ._schema import as_array
 
-__all__ = [
-    "canonical",
-    "describe_change",
-    "describe_value",
-    "file_stat",
-    "summarize",
-    "upstream_fingerprint",
-]
+__all__ = ["canonical", "describe_change", "describe_value", "file_stat", "summarize",
+           "upstream_fingerprint"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _SUMMARY_LIMIT = 256  # characters of JSON a value may take in the manifest before it is hashed

@@ -28,25 +28,10 @@ import numpy as np
 from .._errors import ConfigError
 from ._schema import Field
 
-__all__ = [
-    "BLOCK_BYTES",
-    "FORMAT",
-    "HEADER_BYTES",
-    "LAYOUTS",
-    "MANIFEST",
-    "VERSION",
-    "CacheInvalid",
-    "block_rows",
-    "leftovers",
-    "manifest_digest",
-    "npy_header",
-    "read_manifest",
-    "remove_cache",
-    "remove_path",
-    "table_name",
-    "write_file",
-    "write_manifest",
-]
+__all__ = ["BLOCK_BYTES", "FORMAT", "HEADER_BYTES", "LAYOUTS", "MANIFEST", "VERSION",
+           "CacheInvalid", "block_rows", "leftovers", "manifest_digest", "npy_header",
+           "read_manifest", "remove_cache", "remove_path", "table_name", "write_file",
+           "write_manifest"]
 
 FORMAT = "asyncflow-cache"
 VERSION = 2  # 2: block checksums, a checksummed manifest

@@ -34,11 +34,6 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _wants_simd() -> bool:
-    """Pillow-SIMD is the build this platform should have (see pyproject's markers)."""
-    return sys.platform == "linux" and platform.machine() == "x86_64"
-
-
 def pil_status() -> dict[str, Any]:
     """Which PIL build is installed and active (``image.backend_info()``'s keys).
 
@@ -50,16 +45,16 @@ def pil_status() -> dict[str, Any]:
 
         return dict(backend_info())
     except Exception as exc:
-        status: dict[str, Any] = {
+        return {
             "pil_version": None,
             "pillow_simd": _version("pillow-simd"),
             "pillow": _version("pillow"),
-            "simd_expected": _wants_simd(),
+            # the build this platform should have (see pyproject's markers)
+            "simd_expected": sys.platform == "linux" and platform.machine() == "x86_64",
             "libjpeg_turbo": None,
             "problems": [f"the image backend cannot be loaded: {describe_exception(exc)}"],
+            "ok": False,
         }
-        status["ok"] = False
-        return status
 
 
 def check_pil(status: dict[str, Any]) -> str | None:
@@ -203,12 +198,8 @@ def _bench_dir(explicit: str | None) -> Path | None:
 
 def bench_scripts(directory: Path) -> dict[str, Path]:
     """Benchmark scripts by short name: ``bench_images.py`` is ``images``."""
-    scripts = {}
-    for path in sorted(directory.glob("*.py")):
-        if path.name.startswith("_"):
-            continue
-        scripts[path.stem.removeprefix("bench_")] = path
-    return scripts
+    return {path.stem.removeprefix("bench_"): path
+            for path in sorted(directory.glob("*.py")) if not path.name.startswith("_")}
 
 
 # Benchmarks that measure a GPU: skipped by a plain `asyncflow bench` on a machine without one.

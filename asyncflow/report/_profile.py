@@ -180,14 +180,11 @@ class _Tap:
         self.outputs: list[Any] = []
         self.last: float | None = None
 
-    def function(self) -> Any:
-        async def profile_tap(item: Any) -> Any:
-            self.last = time.perf_counter()
-            if self.keep:
-                self.outputs.append(item)
-            return item
-
-        return profile_tap
+    async def __call__(self, item: Any) -> Any:
+        self.last = time.perf_counter()
+        if self.keep:
+            self.outputs.append(item)
+        return item
 
 
 def _skipping(spec: Any) -> Any:
@@ -197,9 +194,7 @@ def _skipping(spec: Any) -> Any:
     return spec
 
 
-def _sub_pipeline(
-    pipe: Any, items: list[Any], spec: Any, after: Sequence[Any], tap: _Tap
-) -> Any:
+def _sub_pipeline(pipe: Any, items: list[Any], spec: Any, after: Sequence[Any], tap: _Tap) -> Any:
     """``pipe``'s options and type, with ``items`` as the source, then ``spec``, the tap,
     and the stages ``after`` it."""
     new = (
@@ -207,7 +202,7 @@ def _sub_pipeline(
         .without_hooks()
         .with_options(max_failures=1.0, report_every=None)
         .with_stages((_skipping(spec),))
-        .map(tap.function(), name="profile-tap", buffer=_UNBOUNDED)
+        .map(tap, name="profile-tap", buffer=_UNBOUNDED)
     )
     return new.with_stages((*new.stages, *(_skipping(s) for s in after)))
 
@@ -302,9 +297,7 @@ def _quiet_skips() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _profile(
-    pipe: Any, sample: int, settings: tuple[int, ...], tolerance: float
-) -> ProfileReport:
+def _profile(pipe: Any, sample: int, settings: tuple[int, ...], tolerance: float) -> ProfileReport:
     items, source_rate = _take(pipe, sample)
     results = []
     for index, spec in enumerate(pipe.stages):

@@ -14,16 +14,8 @@ from typing import Any
 
 from .._redact import redact
 
-__all__ = [
-    "pipeline_html",
-    "pipeline_text",
-    "stages_html",
-    "stages_text",
-    "stats_html",
-    "stats_text",
-    "table_html",
-    "table_text",
-]
+__all__ = ["pipeline_html", "pipeline_text", "stages_html", "stages_text", "stats_html",
+           "stats_text", "table_html", "table_text"]
 
 _MAX_FAILURES_SHOWN = 5
 
@@ -41,9 +33,8 @@ _CSS = (
 # -- generic tables -------------------------------------------------------------------------
 
 
-def table_text(
-    headers: Sequence[str], rows: Iterable[Sequence[str]], *, align: str | None = None
-) -> str:
+def table_text(headers: Sequence[str], rows: Iterable[Sequence[str]], *,
+               align: str | None = None) -> str:
     """Align ``rows`` under ``headers``.
 
     ``align`` holds one letter per column, ``l`` or ``r``; by default the first column is
@@ -75,14 +66,9 @@ def _alignment(align: str | None, columns: int) -> str:
     return align
 
 
-def table_html(
-    headers: Sequence[str],
-    rows: Iterable[Sequence[str]],
-    *,
-    highlight: Iterable[int] = (),
-    caption: str = "",
-    align: str | None = None,
-) -> str:
+def table_html(headers: Sequence[str], rows: Iterable[Sequence[str]], *,
+               highlight: Iterable[int] = (), caption: str = "", align: str | None = None
+               ) -> str:
     """An HTML table; cells are escaped unless they are :class:`_Raw`.
 
     ``highlight`` lists row indexes to mark (the bottleneck); ``align`` is as
@@ -160,17 +146,13 @@ _STATS_HEADERS = (
 _STATS_ALIGN = "llrrrrrrrr"
 
 
-def _shown(stats: Any, internal: bool) -> list[Any]:
-    return [s for s in stats.stages if internal or not getattr(s, "internal", False)]
-
-
-def _stats_rows(
-    stats: Any, *, html_bars: bool, internal: bool = False
-) -> tuple[list[list[str]], list[int]]:
+def _stats_rows(stats: Any, *, html_bars: bool, internal: bool = False
+                ) -> tuple[list[list[str]], list[int]]:
     rows: list[list[str]] = []
     marked: list[int] = []
     elapsed = max(float(stats.elapsed), 1e-9)
-    for i, stage in enumerate(_shown(stats, internal)):
+    shown = [s for s in stats.stages if internal or not getattr(s, "internal", False)]
+    for i, stage in enumerate(shown):
         name = stage.name
         if name == stats.bottleneck:
             marked.append(i)
