@@ -70,13 +70,11 @@ def start_method(context: Any) -> str:
     consumer's thread, and only if no other Python thread runs then (else iterating raises
     :class:`ConfigError` naming them; see :class:`asyncflow.Processes`).
     """
-    if context is None:
-        return "forkserver"
     name = context if isinstance(context, str) else getattr(
         context, "get_start_method", lambda: None)()
     if name in ("spawn", "forkserver", "fork"):
         return str(name)
-    return "forkserver"  # not a context, or an unknown name: torch's own check says so
+    return "forkserver"  # None, or an unknown name or context: torch's own check says so
 
 
 def check_fork(context: Any, dataset: Any, workers: Any, num_workers: Any) -> None:

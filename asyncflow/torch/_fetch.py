@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
+from torch.utils.data._utils.fetch import _MapDatasetFetcher as MapFetcher
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 
 from .._redact import redact
@@ -147,13 +148,9 @@ class Fetch:
         try:
             if (failure := init_failure()) is not None:
                 raise failure
-            dataset = self.dataset
-            if not self.auto:
-                out = self.collate(dataset[indices])
-            elif (getitems := getattr(dataset, "__getitems__", None)) is not None:
-                out = self.collate(getitems(list(indices)))
-            else:
-                out = self.collate([dataset[i] for i in indices])
+            # torch's own fetch: __getitems__ where the dataset has it, else __getitem__
+            fetcher = MapFetcher(self.dataset, self.auto, self.collate, False)
+            out = fetcher.fetch(indices)  # type: ignore[no-untyped-call]
             return pin(out, self.pin_device) if self.pin else out
         except Exception as exc:
             if not self.catch:
