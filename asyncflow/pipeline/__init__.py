@@ -5,6 +5,7 @@ through the public seams exported here; see ``EXTENDING.md``.
 """
 
 from .._scope import current_epoch
+from ._assemble import AssembleSpec
 from ._auto import choose_workers, usable_cpus
 from ._boot import check_picklable
 from ._checksum import short_digest, state_checksum
@@ -21,7 +22,7 @@ from ._pipeline import Pipeline
 from ._protocols import Assembler
 from ._run import ConsumerHook, Run
 from ._span import Span
-from ._spec import AssembleSpec, StageSpec
+from ._spec import StageSpec
 from ._stats import FailureRecord, ItemGroup, PipelineStats, StageStats, label_stage
 from ._thread_pool import run_thread
 from ._traits import StageTraits

@@ -22,19 +22,72 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from .._errors import ConfigError
 from ._ledger import Ledger
 from ._node import NodeContext, Receiver, Sender, node_for
 from ._protocols import Assembler
 from ._span import Span
-from ._spec import AssembleSpec
+from ._spec import StageSpec, check_budget, check_positive
 from ._stats import ItemGroup
+from ._traits import StageTraits
 
-__all__ = ["AssembleLedger", "AssembleNode"]
+__all__ = ["AssembleLedger", "AssembleNode", "AssembleSpec"]
 
 _DRAIN = 4096
+
+
+@dataclass(frozen=True, kw_only=True)
+class AssembleSpec(StageSpec):
+    """Tell ``assembler`` of each arriving row; put out the whole batches it completes, in
+    batch order (see the module).
+
+    ``batch_size`` and ``drop_last`` declare what comes out (batches of ``batch_size`` rows,
+    less any failed ones; a shorter last one unless ``drop_last``): ``describe()`` shows them,
+    and tools reading a description (``.cache()``) rely on them. The assembler keeps to them.
+    """
+
+    kind: ClassVar[str] = "assemble"
+    assembler: Assembler[Any]
+    batch_size: int
+    drop_last: bool = False
+    max_failures: int | float | None = None
+    buffer: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("batch_size", self.batch_size)
+        check_positive("buffer", self.buffer, allow_none=True)
+        check_budget(self.max_failures, allow_none=True)
+        if not isinstance(self.drop_last, bool):
+            raise ConfigError(f"drop_last must be True or False, got {self.drop_last!r}")
+        missing = [m for m in ("failure", "arrived")
+                   if not callable(getattr(self.assembler, m, None))]
+        if missing:
+            raise ConfigError(
+                f"assemble() needs an assembler with failure(row) and arrived(row, ok=...) "
+                f"methods; {type(self.assembler).__name__} lacks {', '.join(missing)}"
+            )
+
+    @property
+    def traits(self) -> StageTraits:
+        positioned = all(callable(getattr(self.assembler, m, None))  # PositionedAssembler:
+                         for m in ("position", "release", "resume"))  # state of its own
+        return StageTraits(grouping="batches", stateful=positioned, worker="loop")
+
+    def check_state(self, extras: dict[str, Any], what: str) -> None:
+        if set(extras) != {"rows"}:  # its ledger's settled rows
+            raise ConfigError(f"{what} must hold rows only, got {sorted(extras)}")
+        Span.from_json(extras["rows"], f"{what}['rows']")
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "assembler": type(self.assembler).__name__, "batch_size": self.batch_size,
+            "drop_last": self.drop_last, "max_failures": self.max_failures,
+            "buffer": self.buffer,
+        }
 
 
 class AssembleLedger(Ledger):

@@ -253,7 +253,7 @@ class PipelineCore(Generic[T_co]):
             ConfigError: The state is from another pipeline (other stages, another source,
                 a changed listing: the message says what differs), or it was cut or edited.
         """
-        epoch, plan = load_state(self._source.source, self.describe(), state)
+        epoch, plan = load_state(self._source.source, self.describe(), state, self._stages)
         if epoch is not None:
             self._source.runs = self._source.first = epoch
         self._source.resume_plan = plan

@@ -12,6 +12,7 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, overload
 
 from .._errors import ConfigError
+from ._assemble import AssembleSpec
 from ._core import HookFactory, PipelineCore
 from ._features import feature
 from ._options import RunOptions
@@ -19,7 +20,6 @@ from ._pool_holder import PoolHolder
 from ._run import T_co
 from ._shared_source import SharedSource, Source, check_source
 from ._spec import (
-    AssembleSpec,
     BatchSpec,
     FlatMapSpec,
     MapSpec,

@@ -26,7 +26,8 @@ from ._identity import describe_difference, sequence_identity
 from ._lineage import SourcePlan, received
 from ._merge import Merge
 from ._protocols import ListedSource, ResumableSource, SplitShare
-from ._span import Span
+from ._span import Span, is_count
+from ._spec import StageSpec, stage_names
 
 __all__ = ["VERSION", "fingerprint", "load_state", "state_of"]
 
@@ -185,11 +186,12 @@ def _listing_differs(saved: Any, here: Any, source: Any) -> str | None:
 
 
 def load_state(
-    source: Any, describe: Sequence[dict[str, Any]], state: Any
+    source: Any, describe: Sequence[dict[str, Any]], state: Any, stages: Sequence[StageSpec]
 ) -> tuple[int | None, SourcePlan]:
-    """Check ``state`` against this pipeline; returns the epoch to resume (``None``: the
-    pipeline's own) and where the next run's source starts. A sampler source has its own
-    state loaded.
+    """Check ``state`` against this pipeline (``describe``: its description, ``stages``: the
+    specs after its source, each of which checks its own extras); returns the epoch to
+    resume (``None``: the pipeline's own) and where the next run's source starts. A sampler
+    source has its own state loaded.
 
     Raises:
         ConfigError: The state is not a dict from :func:`state_of`, it was edited or cut, or
@@ -216,7 +218,7 @@ def load_state(
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
         raise ConfigError(f"the state's epoch must be an int >= 0, got {epoch!r}")
     positions = Span.from_json(state["positions"], "the state's positions", _length(source))
-    _check_body(state, describe, positions, isinstance(source, ResumableSource))
+    _check_body(state, stages, positions, isinstance(source, ResumableSource))
     nodes = state["nodes"]
     first = 0
     if isinstance(source, ResumableSource):
@@ -225,7 +227,7 @@ def load_state(
     return epoch, SourcePlan(first=first, skip=positions, nodes=nodes)
 
 
-def _check_body(state: dict[str, Any], describe: Sequence[dict[str, Any]],
+def _check_body(state: dict[str, Any], stages: Sequence[StageSpec],
                 positions: Span, sampler: bool) -> None:
     """The state's fields have the structure :func:`state_of` gives them: a state whose
     checksum was made again after an edit must fail here, naming the field, not mid-run.
@@ -236,57 +238,17 @@ def _check_body(state: dict[str, Any], describe: Sequence[dict[str, Any]],
     nodes = state["nodes"]
     if not isinstance(nodes, dict) or not all(isinstance(v, dict) for v in nodes.values()):
         raise ConfigError("the state's nodes must map stage names to dicts")
-    kinds = {str(d.get("name")): str(d.get("kind")) for d in describe[1:]}
-    for name, extras in nodes.items():
-        check = _EXTRAS.get(kinds.get(name, ""))
-        if check is not None:
-            check(extras, f"the state's nodes[{name!r}]")
+    for name, spec in zip(stage_names(stages)[1:], stages, strict=True):
+        if name in nodes:
+            spec.check_state(nodes[name], f"the state's nodes[{name!r}]")
     failed = state.get("failed", {})
-    if not isinstance(failed, dict) or not all(
-            _count(v) for v in failed.values()):
+    if not isinstance(failed, dict) or not all(map(is_count, failed.values())):
         raise ConfigError("the state's failed must map stage names to counts (ints >= 0)")
     if state["offset"] != positions.mark:
         raise ConfigError(f"the state's offset must be its positions' mark "
                           f"({positions.mark}), got {state['offset']!r}")
     if sampler and not isinstance(state.get("sampler"), dict):
         raise ConfigError("the state's sampler must be the sampler's state (a dict)")
-
-
-def _count(value: Any) -> bool:
-    return type(value) is int and value >= 0
-
-
-def _check_partial(extras: dict[str, Any], what: str) -> None:
-    """A ``flat_map`` / ``unbatch`` stage's extras: ``{"partial": [{"input": [[a, b],
-    ...], "done": span}, ...]}`` (``_expansion.py``)."""
-    if set(extras) - {"partial"}:
-        raise ConfigError(f"{what} has unknown fields {sorted(set(extras) - {'partial'})}")
-    partial = extras.get("partial", [])
-    if not isinstance(partial, list):
-        raise ConfigError(f"{what}['partial'] must be a list, got {type(partial).__name__}")
-    for index, entry in enumerate(partial):
-        where = f"{what}['partial'][{index}]"
-        if not isinstance(entry, dict) or set(entry) != {"input", "done"}:
-            raise ConfigError(f"{where} must be a dict of input and done")
-        pairs = entry["input"]
-        if not isinstance(pairs, list) or not pairs or not all(
-                isinstance(p, list) and len(p) == 2 and _count(p[0]) and _count(p[1])
-                and p[0] <= p[1] for p in pairs):
-            raise ConfigError(f"{where}['input'] must be a list of [start, stop] source "
-                              f"positions, got {pairs!r:.80}")
-        Span.from_json(entry["done"], f"{where}['done']")
-
-
-def _check_rows(extras: dict[str, Any], what: str) -> None:
-    """An ``assemble`` stage's extras: ``{"rows": span}`` (``_assemble.py``)."""
-    if set(extras) != {"rows"}:
-        raise ConfigError(f"{what} must hold rows only, got {sorted(extras)}")
-    Span.from_json(extras["rows"], f"{what}['rows']")
-
-
-#: The extras of the engine's own stages, by kind, and how to check them.
-_EXTRAS: dict[str, Any] = {"flat_map": _check_partial, "unbatch": _check_partial,
-                           "assemble": _check_rows}
 
 
 def _load_legacy(source: Any, state: dict[str, Any]) -> tuple[int | None, SourcePlan]:

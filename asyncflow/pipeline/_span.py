@@ -13,7 +13,7 @@ from typing import Any
 
 from .._errors import ConfigError
 
-__all__ = ["GrowingSpan", "Span", "runs", "span_json"]
+__all__ = ["GrowingSpan", "Span", "is_count", "runs", "span_json"]
 
 
 class Span:
@@ -168,12 +168,12 @@ class Span:
                 f"{what}: expected {{'mark': int, 'ranges': [...]}}, got {data!r:.80}"
             )
         mark, ranges = data["mark"], data["ranges"]
-        if not _is_count(mark) or not isinstance(ranges, list):
+        if not is_count(mark) or not isinstance(ranges, list):
             raise ConfigError(f"{what}: bad mark or ranges: {data!r:.80}")
         last = mark
         pairs: list[tuple[int, int]] = []
         for pair in ranges:
-            if (not isinstance(pair, list) or len(pair) != 2 or not all(map(_is_count, pair))
+            if (not isinstance(pair, list) or len(pair) != 2 or not all(map(is_count, pair))
                     or not last < pair[0] < pair[1]):
                 raise ConfigError(
                     f"{what}: ranges must be sorted [start, end] pairs above the mark "
@@ -264,7 +264,8 @@ def runs(ordinals: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _is_count(value: Any) -> bool:
+def is_count(value: Any) -> bool:
+    """Whether ``value`` is an int >= 0 (not a bool): a position or a count in a state."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._errors import ConfigError
+from ._expansion import check_partial
 from ._traits import StageTraits, Worker
 
 if TYPE_CHECKING:
-    from ._protocols import Assembler
     from ._worker_options import Processes
 
 __all__ = [
-    "AssembleSpec", "BatchSpec", "FlatMapSpec", "MapSpec", "PrefetchSpec", "ShuffleSpec",
+    "BatchSpec", "FlatMapSpec", "MapSpec", "PrefetchSpec", "ShuffleSpec",
     "StageSpec", "UnbatchSpec", "check_budget", "check_positive", "check_seconds", "fn_name",
     "is_async_callable", "stage_names",
 ]
@@ -130,6 +130,16 @@ class StageSpec:
     @property
     def concurrency_(self) -> int:
         return 1
+
+    def check_state(self, extras: dict[str, Any], what: str) -> None:
+        """Check the extras a loaded state holds for this stage (what its node saved), so
+        that a forged or damaged state fails on load, naming the field, not mid-run. The
+        default takes any dict: the node's ``set_state`` reads what it saved.
+
+        Raises:
+            ConfigError: They are not what this stage saves (``what`` names them).
+        """
+        return None
 
     @property
     def traits(self) -> StageTraits:
@@ -275,6 +285,9 @@ class FlatMapSpec(MapSpec):
 
     mode: str = "flat_map"
 
+    def check_state(self, extras: dict[str, Any], what: str) -> None:
+        check_partial(extras, what)  # its ledger's partial expansions (``_expansion.py``)
+
 
 @dataclass(frozen=True, kw_only=True)
 class BatchSpec(StageSpec):
@@ -299,52 +312,6 @@ class BatchSpec(StageSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AssembleSpec(StageSpec):
-    """Tell ``assembler`` of each arriving row; put out the whole batches it completes, in
-    batch order (see ``_assemble.py``).
-
-    ``batch_size`` and ``drop_last`` declare what comes out (batches of ``batch_size`` rows,
-    less any failed ones; a shorter last one unless ``drop_last``): ``describe()`` shows them,
-    and tools reading a description (``.cache()``) rely on them. The assembler keeps to them.
-    """
-
-    kind: ClassVar[str] = "assemble"
-    assembler: Assembler[Any]
-    batch_size: int
-    drop_last: bool = False
-    max_failures: int | float | None = None
-    buffer: int | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_positive("batch_size", self.batch_size)
-        check_positive("buffer", self.buffer, allow_none=True)
-        check_budget(self.max_failures, allow_none=True)
-        if not isinstance(self.drop_last, bool):
-            raise ConfigError(f"drop_last must be True or False, got {self.drop_last!r}")
-        missing = [m for m in ("failure", "arrived")
-                   if not callable(getattr(self.assembler, m, None))]
-        if missing:
-            raise ConfigError(
-                f"assemble() needs an assembler with failure(row) and arrived(row, ok=...) "
-                f"methods; {type(self.assembler).__name__} lacks {', '.join(missing)}"
-            )
-
-    @property
-    def traits(self) -> StageTraits:
-        positioned = all(callable(getattr(self.assembler, m, None))  # PositionedAssembler:
-                         for m in ("position", "release", "resume"))  # state of its own
-        return StageTraits(grouping="batches", stateful=positioned, worker="loop")
-
-    def settings(self) -> dict[str, Any]:
-        return {
-            "assembler": type(self.assembler).__name__, "batch_size": self.batch_size,
-            "drop_last": self.drop_last, "max_failures": self.max_failures,
-            "buffer": self.buffer,
-        }
-
-
-@dataclass(frozen=True, kw_only=True)
 class UnbatchSpec(StageSpec):
     """Emit the elements of each (iterable) item."""
 
@@ -352,6 +319,9 @@ class UnbatchSpec(StageSpec):
     TRAITS: ClassVar[StageTraits] = StageTraits(
         ordered=True, per_item=True, grouping="elements", stateful=True, worker="loop"
     )
+
+    def check_state(self, extras: dict[str, Any], what: str) -> None:
+        check_partial(extras, what)  # its ledger's partial expansions (``_expansion.py``)
 
 
 @dataclass(frozen=True, kw_only=True)

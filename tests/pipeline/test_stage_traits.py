@@ -27,6 +27,7 @@ from asyncflow.pipeline import (
     StageSpec,
     StageTraits,
     node_for,
+    state_checksum,
 )
 from asyncflow.pipeline._build import thread_count
 from asyncflow.pipeline._spec import FlatMapSpec, MapSpec
@@ -77,6 +78,11 @@ class Tag(StageSpec):
 
     kind: ClassVar[str] = "tag"
     TRAITS: ClassVar[StageTraits] = StageTraits(ordered=True, stateful=True, worker="loop")
+
+    def check_state(self, extras: dict[str, Any], what: str) -> None:
+        session = extras.get("session")
+        if type(session) is not int or session < 0:
+            raise ConfigError(f"{what}['session'] must be an int >= 0, got {session!r}")
 
 
 @node_for(Tag)
@@ -137,6 +143,21 @@ def test_a_stage_that_declares_state_resumes_with_it(leak_check: None) -> None:
     assert state["nodes"]["tag"] == {"session": 0}
     again = Pipeline(range(10)).with_stage(Tag())
     again.load_state_dict(state)
+    assert list(again) == [(i, 1) for i in range(3, 10)]
+
+
+def test_a_stage_checks_its_own_extras_when_a_state_is_loaded(leak_check: None) -> None:
+    pipe = Pipeline(range(10)).with_stage(Tag())
+    with pipe.open() as run:
+        [next(run) for _ in range(3)]
+        state = pipe.state_dict()
+    body = {k: v for k, v in state.items() if k != "check"}
+    body["nodes"] = {"tag": {"session": "garbage"}}  # the checksum made again, as a forger
+    forged = {**body, "check": state_checksum(body)}
+    with pytest.raises(ConfigError, match=r"nodes\['tag'\]\['session'\] must be an int"):
+        Pipeline(range(10)).with_stage(Tag()).load_state_dict(forged)
+    again = Pipeline(range(10)).with_stage(Tag())
+    again.load_state_dict(state)  # what it saved passes its check
     assert list(again) == [(i, 1) for i in range(3, 10)]
 
 
