@@ -13,6 +13,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ._offload import FAILED, ChunkResult
+from ._thread_pool import settle_soon
 from ._worker_process import send
 
 __all__ = ["Job", "Slot", "blame", "exit_reason", "merge", "settle", "stop_workers", "unpack"]
@@ -115,16 +116,8 @@ def merge(job: Job, values: list[Any], failures: list[tuple[int, BaseException]]
 
 
 def settle(job: Job, result: Any, error: BaseException | None) -> None:
-    def settle() -> None:
-        if job.fut.done():
-            return
-        if error is not None:
-            job.fut.set_exception(error)
-        else:
-            job.fut.set_result(result)
-
-    with contextlib.suppress(RuntimeError):  # the run's loop is closed: nobody waits
-        job.loop.call_soon_threadsafe(settle)
+    """From any thread: settle ``job``'s future with ``result`` or ``error`` (``settle_soon``)."""
+    settle_soon(job.loop, job.fut, result, error)
 
 
 def unpack(message: bytes) -> tuple[str, bytes, list[tuple[str, int]]]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import functools
 import queue
@@ -31,7 +32,7 @@ from typing import Any, TypeVar, cast
 from ._current import current_run
 from ._pool import PoolStats
 
-__all__ = ["HELPER_THREADS", "WorkerPool", "current_pool", "run_thread"]
+__all__ = ["HELPER_THREADS", "WorkerPool", "current_pool", "run_thread", "settle_soon"]
 
 T = TypeVar("T")
 
@@ -40,6 +41,15 @@ HELPER_THREADS = 4
 
 #: The label of a helper's call (what a stop reports, should it still run).
 HELPER = "helper"
+
+def settle_soon(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], result: Any,
+                error: BaseException | None) -> None:
+    """From any thread: settle ``fut`` (of ``loop``) with ``result``, or ``error`` if not
+    ``None``, unless it is done by then (cancelled); nothing when ``loop`` is closed (its run
+    abandoned the call)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(_settle, fut, result, error)
+
 
 def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if fut.done():
@@ -198,11 +208,7 @@ class WorkerPool:
 
 def _settle_on(where: tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]], result: Any,
                error: BaseException | None) -> None:
-    loop, fut = where
-    try:
-        loop.call_soon_threadsafe(_settle, fut, result, error)
-    except RuntimeError:  # the run's loop is closed: the run abandoned this call
-        pass
+    settle_soon(*where, result, error)
 
 
 class _Executor(ThreadPoolExecutor):
