@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 from .._errors import ConfigError
 from ._ledger import Ledger
 from ._node import NodeContext, Receiver, Sender, node_for
-from ._protocols import Assembler
+from ._protocols import Assembler, PositionedAssembler
 from ._span import Span
 from ._spec import StageSpec, check_budget, check_positive
 from ._stats import ItemGroup
@@ -73,8 +73,7 @@ class AssembleSpec(StageSpec):
 
     @property
     def traits(self) -> StageTraits:
-        positioned = all(callable(getattr(self.assembler, m, None))  # PositionedAssembler:
-                         for m in ("position", "release", "resume"))  # state of its own
+        positioned = isinstance(self.assembler, PositionedAssembler)  # state of its own
         return StageTraits(grouping="batches", stateful=positioned, worker="loop")
 
     def check_state(self, extras: dict[str, Any], what: str) -> None:

@@ -240,26 +240,18 @@ class Lineage:
         span = Span.of(0, ordinals)
         return ((0, span.mark), *span.ranges) if span.mark else span.ranges
 
-    def snapshot(self, delivered: int) -> tuple[Span, dict[str, dict[str, Any]]]:
-        """The settled source positions after ``delivered`` items, and each node's extras
-        by stage name; compacts on the way.
-
-        Raises:
-            LookupError: A stage keeps no ledger (:attr:`missing` names it).
-        """
-        return self.snapshot_of(Span(delivered))
-
     def snapshot_texts(
         self, delivered: int
     ) -> tuple[Span, dict[str, dict[str, Any]], dict[str, str]]:
-        """As :meth:`snapshot`, with the canonical JSON text of each stage's extras that its
-        ledger keeps at hand (``Ledger.state_text``), by stage name.
+        """The settled source positions after ``delivered`` items, each node's extras by
+        stage name, and the canonical JSON text of those extras that its ledger keeps at hand
+        (``Ledger.state_text``), by stage name; compacts on the way.
 
         Raises:
             LookupError: A stage keeps no ledger (:attr:`missing` names it).
         """
         with self.lock:
-            positions, extras = self.snapshot(delivered)
+            positions, extras = self.snapshot_of(Span(delivered))
             texts = {}
             for name, ledger in zip(self.names, self.ledgers, strict=True):
                 text = ledger.state_text
@@ -268,8 +260,8 @@ class Lineage:
         return positions, extras, texts
 
     def snapshot_of(self, outputs: Span) -> tuple[Span, dict[str, dict[str, Any]]]:
-        """As :meth:`snapshot`, given the last stage's settled outputs (a merge's branch:
-        those of its items that the merge's consumer has settled).
+        """As :meth:`snapshot_texts` without the texts, given the last stage's settled
+        outputs (a merge's branch: those of its items that the merge's consumer has settled).
 
         Raises:
             LookupError: A stage keeps no ledger (:attr:`missing` names it).

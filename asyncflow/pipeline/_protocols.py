@@ -122,6 +122,7 @@ class Assembler(Protocol[B_co]):
         ...
 
 
+@runtime_checkable
 class PositionedAssembler(Assembler[B_co], Protocol[B_co]):
     """An assembler whose rows have positions (their place in the epoch's order, which fixes
     their batch): what makes an ``assemble`` stage resumable.
