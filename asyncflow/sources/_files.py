@@ -17,7 +17,7 @@ import asyncio
 import os
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
@@ -131,16 +131,14 @@ async def read_file(path: str | os.PathLike[str], *, max_bytes: int | None = Non
     return await run_thread(read_regular, name, name, max_bytes)
 
 
-async def stream_file(path: str, offset: int = 0) -> AsyncGenerator[bytes, None]:
-    """The bytes of ``path`` from ``offset`` on, in chunks.
+async def stream_file(path: str) -> AsyncGenerator[bytes, None]:
+    """The bytes of ``path``, in chunks.
 
     Cancellation:
         As :func:`read_file`: the file is closed, the pending read or open abandoned.
     """
     try:
         async with open_file(path) as fh:
-            if offset:
-                await fh.seek(offset)
             while chunk := await fh.read(_CHUNK):
                 yield chunk
     except OSError as exc:
@@ -182,12 +180,8 @@ class FileTransport:
     async def fetch(self, url: str, *, retry: Retry, timeout: Timeout) -> bytes:
         return await read_file(file_path(url))
 
-    async def stream(
-        self, url: str, *, retry: Retry, timeout: Timeout
-    ) -> AsyncGenerator[bytes, None]:
-        async with aclosing(stream_file(file_path(url))) as local:
-            async for chunk in local:
-                yield chunk
+    def stream(self, url: str, *, retry: Retry, timeout: Timeout) -> AsyncGenerator[bytes, None]:
+        return stream_file(file_path(url))
 
     async def list(
         self, url: str, *, retry: Retry, timeout: Timeout

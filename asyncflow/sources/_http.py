@@ -28,11 +28,12 @@ from ._objects import ObjectInfo
 from ._retry import Retry, Timeout, Transient, with_retries
 from ._retry_stream import retry_stream
 
-__all__ = ["HttpTransport", "fetch", "host_of"]
+__all__ = ["HttpTransport", "host_of"]
 
 
 class _Partial:
-    """What the tries of one :func:`fetch` got so far, and what proves where it came from."""
+    """What the tries of one :meth:`HttpTransport.fetch` got so far, and what proves where
+    it came from."""
 
     __slots__ = ("chunks", "resume", "size")
 
@@ -75,42 +76,64 @@ async def _fetch_once(
     return b"".join(partial.chunks)
 
 
-async def fetch(url: str, *, retry: Retry, timeout: Timeout) -> bytes:
-    """GET ``url`` and return the whole body, retrying as ``retry`` says.
+class HttpTransport:
+    """``http://`` and ``https://`` URLs, on the run's shared aiohttp session."""
 
-    Each try goes through the host's adaptive window (:mod:`._limiter`), and the first may be
-    hedged (:mod:`._hedge`): the hedge is a whole request of its own, checked as any other.
-    A try that breaks mid-body resumes where it stopped, with ``Range`` and ``If-Range``; a
-    server that answers with the whole object instead (it changed, or ignores ranges), or an
-    object with no strong validator, starts the body again from zero.
+    async def fetch(self, url: str, *, retry: Retry, timeout: Timeout) -> bytes:
+        """GET ``url`` and return the whole body, retrying as ``retry`` says.
 
-    Raises:
-        SourceNotFound: HTTP 404 or 410.
-        SourcePermissionError: HTTP 401 or 403, or a redirect to another scheme.
-        SourceTimeout: The last try timed out.
-        SourceError: Any other failure, including a Content-Length or Content-Range that is
-            malformed or does not match the request; the message names the redacted URL,
-            the status and the number of attempts.
-    """
-    what = Operation("GET", url)
-    partial = _Partial()
-    host = host_of(url)
+        Each try goes through the host's adaptive window (:mod:`._limiter`), and the first
+        may be hedged (:mod:`._hedge`): the hedge is a whole request of its own, checked as
+        any other. A try that breaks mid-body resumes where it stopped, with ``Range`` and
+        ``If-Range``; a server that answers with the whole object instead (it changed, or
+        ignores ranges), or an object with no strong validator, starts the body again from
+        zero.
 
-    async def retrying(session: aiohttp.ClientSession) -> bytes:
-        gate = await limiter_for(host, host, session_limit(session))
+        Raises:
+            SourceNotFound: HTTP 404 or 410.
+            SourcePermissionError: HTTP 401 or 403, or a redirect to another scheme.
+            SourceTimeout: The last try timed out.
+            SourceError: Any other failure, including a Content-Length or Content-Range that
+                is malformed or does not match the request; the message names the redacted
+                URL, the status and the number of attempts.
+        """
+        what = Operation("GET", url)
+        partial = _Partial()
+        host = host_of(url)
 
-        def attempt() -> Awaitable[bytes]:
-            return _fetch_once(session, url, what, retry, timeout, partial)
+        async def retrying(session: aiohttp.ClientSession) -> bytes:
+            gate = await limiter_for(host, host, session_limit(session))
 
-        def hedge() -> Awaitable[bytes]:
-            # A whole request with its own record: it never shares (or splices) the bytes of
-            # the try it races.
-            return _fetch_once(session, url, what, retry, timeout, _Partial())
+            def attempt() -> Awaitable[bytes]:
+                return _fetch_once(session, url, what, retry, timeout, partial)
 
-        return await with_retries(attempt, what=what, retry=retry, timeout=timeout,
-                                  gate=gate, hedge=hedge)
+            def hedge() -> Awaitable[bytes]:
+                # A whole request with its own record: it never shares (or splices) the bytes
+                # of the try it races.
+                return _fetch_once(session, url, what, retry, timeout, _Partial())
 
-    return await with_session(retrying)
+            return await with_retries(attempt, what=what, retry=retry, timeout=timeout,
+                                      gate=gate, hedge=hedge)
+
+        return await with_session(retrying)
+
+    def stream(self, url: str, *, retry: Retry, timeout: Timeout) -> AsyncGenerator[bytes, None]:
+        """The body in chunks; a broken try resumes at the byte where it stopped."""
+        what = f"GET {redact_url(url)}"
+        resume = Resume()  # one per read: every resumed try proves the same object
+
+        def open_at(session: aiohttp.ClientSession, offset: int) -> AsyncGenerator[bytes, None]:
+            return stream(session, url, offset, what=what, retry=retry, timeout=timeout,
+                          resume=resume)
+
+        return retry_stream(http_session(), open_at, what=what, retry=retry, timeout=timeout)
+
+    async def list(
+        self, url: str, *, retry: Retry, timeout: Timeout
+    ) -> AsyncGenerator[ObjectInfo, None]:
+        """The entries of the manifest at ``url``: one URL a line, relative ones resolved."""
+        for entry in remote_entries(await self.fetch(url, retry=retry, timeout=timeout), url):
+            yield entry
 
 
 def host_of(url: str) -> str:
@@ -118,34 +141,3 @@ def host_of(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     netloc = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
     return f"{scheme.lower()}{sep}{netloc.rpartition('@')[2].lower()}"
-
-
-class HttpTransport:
-    """``http://`` and ``https://`` URLs, on the run's shared aiohttp session."""
-
-    async def fetch(self, url: str, *, retry: Retry, timeout: Timeout) -> bytes:
-        return await fetch(url, retry=retry, timeout=timeout)
-
-    async def stream(
-        self, url: str, *, retry: Retry, timeout: Timeout
-    ) -> AsyncGenerator[bytes, None]:
-        """The body in chunks; a broken try resumes at the byte where it stopped."""
-        what = f"GET {redact_url(url)}"
-        resume = Resume()  # one per read: every resumed try proves the same object
-        async with http_session() as session:
-
-            def open_at(offset: int) -> AsyncGenerator[bytes, None]:
-                return stream(session, url, offset, what=what, retry=retry, timeout=timeout,
-                              resume=resume)
-
-            chunks = retry_stream(open_at, what=what, retry=retry, timeout=timeout)
-            async with aclosing(chunks):
-                async for chunk in chunks:
-                    yield chunk
-
-    async def list(
-        self, url: str, *, retry: Retry, timeout: Timeout
-    ) -> AsyncGenerator[ObjectInfo, None]:
-        """The entries of the manifest at ``url``: one URL a line, relative ones resolved."""
-        for entry in remote_entries(await fetch(url, retry=retry, timeout=timeout), url):
-            yield entry

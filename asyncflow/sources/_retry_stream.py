@@ -1,15 +1,21 @@
 """A ranged read retried chunk by chunk: :func:`retry_stream` reopens a stream at the byte
 where a try broke, one :func:`~._retry.with_retries` per chunk, so its budget of tries is per
-stall and its ``total`` deadline spans the whole stream."""
+stall and its ``total`` deadline spans the whole stream. It is every remote transport's
+``stream``: the transport gives it the client its tries share and one try's opener."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncGenerator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import TypeVar
 
 from ._retry import Retry, Timeout, Transient, with_retries
 
 __all__ = ["retry_stream"]
+
+C = TypeVar("C")
 
 
 class _Reopening:
@@ -46,7 +52,8 @@ class _Reopening:
 
 
 async def retry_stream(
-    open_at: Callable[[int], AsyncGenerator[bytes, None]],
+    client: AbstractAsyncContextManager[C],
+    open_at: Callable[[C, int], AsyncGenerator[bytes, None]],
     *,
     what: object,
     retry: Retry,
@@ -55,8 +62,10 @@ async def retry_stream(
     """The bytes of a ranged read, each chunk fetched through :func:`with_retries`.
 
     Args:
-        open_at: One try at the bytes from an offset on; raises :class:`Transient` when it
-            breaks, and is then called again at the byte where it stopped.
+        client: The session or client the tries share, entered for the stream's lifetime.
+        open_at: One try at the bytes from an offset on, on the entered client; raises
+            :class:`Transient` when it breaks, and is then called again at the byte where it
+            stopped.
 
     Raises:
         SourceError: A try failed for good, or ``retry.attempts`` tries in a row delivered
@@ -66,19 +75,20 @@ async def retry_stream(
 
     Cancellation:
         Cancelling the consumer cancels the try or back-off in progress; closing the
-        generator closes the try's connection.
+        generator closes the try's connection, then the client (if it is the stream's own).
     """
-    deadline = None
-    if timeout.total is not None:
-        deadline = asyncio.get_running_loop().time() + timeout.total
-    reader = _Reopening(open_at)
-    try:
-        while True:
-            chunk = await with_retries(
-                reader.next, what=what, retry=retry, timeout=timeout, deadline=deadline
-            )
-            if chunk is None:
-                return
-            yield chunk
-    finally:
-        await reader.aclose()
+    async with client as opened:
+        deadline = None
+        if timeout.total is not None:
+            deadline = asyncio.get_running_loop().time() + timeout.total
+        reader = _Reopening(functools.partial(open_at, opened))
+        try:
+            while True:
+                chunk = await with_retries(
+                    reader.next, what=what, retry=retry, timeout=timeout, deadline=deadline
+                )
+                if chunk is None:
+                    return
+                yield chunk
+        finally:
+            await reader.aclose()

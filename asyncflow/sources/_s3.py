@@ -10,7 +10,7 @@ final error) covers HTTP and S3 alike. :class:`S3Transport` is the ``s3`` scheme
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
-from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -30,7 +30,7 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from .._errors import SourceError, SourceNotFound, SourcePermissionError
-from .._redact import describe_exception, redact_url
+from .._redact import Operation, describe_exception, redact_url
 from .._scope import current_scope
 from ._limiter import limiter_for
 from ._objects import ObjectInfo
@@ -44,7 +44,7 @@ from ._retry import (
 )
 from ._retry_stream import retry_stream
 
-__all__ = ["S3Transport", "fetch", "list_page", "s3_client", "split_s3_url", "stream"]
+__all__ = ["S3Transport", "list_page", "s3_client", "split_s3_url", "stream"]
 
 DEFAULT_CONNECTIONS = 256
 _CHUNK = 256 * 1024
@@ -77,15 +77,21 @@ def split_s3_url(url: str) -> tuple[str, str]:
     unquoted or cut off.
     """
     if not url.lower().startswith("s3://"):
-        raise SourceError(f"not an s3:// URL: {url!r}")
+        raise SourceError(f"not an s3:// URL: {redact_url(url)!r}")
     bucket, _, key = url[5:].partition("/")
     if not bucket:
-        raise SourceError(f"{url}: no bucket in the URL")
+        raise SourceError(f"{redact_url(url)}: no bucket in the URL")
     return bucket, key
 
 
 def _client_key(endpoint_url: str | None, timeout: Timeout) -> str:
     return f"asyncflow.s3|{endpoint_url or ''}|{timeout.connect}|{timeout.read}"
+
+
+def _connections() -> int:
+    scope = current_scope()
+    connections = scope.settings.get("connections") if scope is not None else None
+    return connections or DEFAULT_CONNECTIONS
 
 
 def _new_client(
@@ -106,8 +112,7 @@ async def s3_client(endpoint_url: str | None, timeout: Timeout) -> AsyncIterator
     scope = current_scope()
     if scope is not None:
         key = _client_key(endpoint_url, timeout)
-        connections = scope.settings.get("connections") or DEFAULT_CONNECTIONS
-        yield await scope.get(key, lambda: _new_client(endpoint_url, timeout, connections))
+        yield await scope.get(key, lambda: _new_client(endpoint_url, timeout, _connections()))
         return
     async with _new_client(endpoint_url, timeout) as client:
         yield client
@@ -156,38 +161,6 @@ async def _get_once(client: Any, url: str, what: object, retry: Retry) -> bytes:
     if isinstance(expected, int) and len(data) != expected:
         raise Transient(f"body truncated: got {len(data)} of {expected} bytes")
     return data
-
-
-async def fetch(
-    url: str, *, retry: Retry, timeout: Timeout, endpoint_url: str | None = None
-) -> bytes:
-    """The whole object at ``s3://bucket/key``, retrying as ``retry`` says.
-
-    Raises:
-        SourceNotFound: ``NoSuchKey`` / ``NoSuchBucket``.
-        SourcePermissionError: ``AccessDenied``, bad or missing credentials.
-        SourceTimeout: The last try timed out.
-        SourceError: Any other failure, naming the URL, the error code and the attempts.
-    """
-    what = f"GET {url}"
-    bucket, key = split_s3_url(url)
-    prefix = key.split("/", 1)[0] + "/" if "/" in key else ""
-    host = f"s3://{bucket}/{prefix}"
-    where = f"{endpoint_url or ''}|{host}"
-    async with s3_client(endpoint_url, timeout) as client:
-        gate = await limiter_for(where, host, _connections())
-
-        def attempt() -> Awaitable[bytes]:
-            return _get_once(client, url, what, retry)
-
-        return await with_retries(attempt, what=what, retry=retry, timeout=timeout,
-                                  gate=gate, hedge=attempt)
-
-
-def _connections() -> int:
-    scope = current_scope()
-    connections = scope.settings.get("connections") if scope is not None else None
-    return connections or DEFAULT_CONNECTIONS
 
 
 class S3Resume:
@@ -281,23 +254,37 @@ class S3Transport:
         self.endpoint_url = endpoint_url
 
     async def fetch(self, url: str, *, retry: Retry, timeout: Timeout) -> bytes:
-        return await fetch(url, retry=retry, timeout=timeout, endpoint_url=self.endpoint_url)
+        """The whole object at ``s3://bucket/key``, retrying as ``retry`` says.
 
-    async def stream(
-        self, url: str, *, retry: Retry, timeout: Timeout
-    ) -> AsyncGenerator[bytes, None]:
+        Raises:
+            SourceNotFound: ``NoSuchKey`` / ``NoSuchBucket``.
+            SourcePermissionError: ``AccessDenied``, bad or missing credentials.
+            SourceTimeout: The last try timed out.
+            SourceError: Any other failure, naming the URL, the error code and the attempts.
+        """
+        what = Operation("GET", url)
+        bucket, key = split_s3_url(url)
+        prefix = key.split("/", 1)[0] + "/" if "/" in key else ""
+        host = f"s3://{bucket}/{prefix}"
+        async with s3_client(self.endpoint_url, timeout) as client:
+            gate = await limiter_for(f"{self.endpoint_url or ''}|{host}", host, _connections())
+
+            def attempt() -> Awaitable[bytes]:
+                return _get_once(client, url, what, retry)
+
+            return await with_retries(attempt, what=what, retry=retry, timeout=timeout,
+                                      gate=gate, hedge=attempt)
+
+    def stream(self, url: str, *, retry: Retry, timeout: Timeout) -> AsyncGenerator[bytes, None]:
         """The object in chunks; a broken try resumes (``Range``, ``IfMatch``) where it stopped."""
         what = f"GET {redact_url(url)}"
         resume = S3Resume()  # one per read: every resumed try proves the same object
-        async with s3_client(self.endpoint_url, timeout) as client:
 
-            def open_at(offset: int) -> AsyncGenerator[bytes, None]:
-                return stream(client, url, offset, what=what, retry=retry, resume=resume)
+        def open_at(client: Any, offset: int) -> AsyncGenerator[bytes, None]:
+            return stream(client, url, offset, what=what, retry=retry, resume=resume)
 
-            chunks = retry_stream(open_at, what=what, retry=retry, timeout=timeout)
-            async with aclosing(chunks):
-                async for chunk in chunks:
-                    yield chunk
+        client = s3_client(self.endpoint_url, timeout)
+        return retry_stream(client, open_at, what=what, retry=retry, timeout=timeout)
 
     async def list(
         self, url: str, *, retry: Retry, timeout: Timeout

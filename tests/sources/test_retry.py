@@ -7,6 +7,7 @@ import asyncio
 import email.utils
 import time
 from collections.abc import AsyncGenerator, Callable
+from contextlib import nullcontext
 
 import pytest
 
@@ -214,10 +215,10 @@ async def test_cancelling_a_back_off_leaves_nothing_running(async_leak_check: No
 
 def broken_stream(
     data: bytes, breaks: list[int | None], opened: list[int]
-) -> Callable[[int], AsyncGenerator[bytes, None]]:
+) -> Callable[[None, int], AsyncGenerator[bytes, None]]:
     """Tries at ``data``: the n-th delivers up to ``breaks[n]`` bytes in all, then breaks."""
 
-    async def open_at(offset: int) -> AsyncGenerator[bytes, None]:
+    async def open_at(client: None, offset: int) -> AsyncGenerator[bytes, None]:
         stop = breaks[len(opened)] if len(opened) < len(breaks) else None
         opened.append(offset)
         for at in range(offset, len(data), 10):
@@ -232,8 +233,8 @@ def broken_stream(
 
 async def test_a_stream_resumes_where_each_try_broke() -> None:
     data, opened = bytes(range(100)), []
-    chunks = retry_stream(broken_stream(data, [30, 30, 70], opened), what="GET x",
-                          retry=Retry(attempts=3, backoff=0), timeout=Timeout())
+    chunks = retry_stream(nullcontext(), broken_stream(data, [30, 30, 70], opened),
+                          what="GET x", retry=Retry(attempts=3, backoff=0), timeout=Timeout())
     assert b"".join([c async for c in chunks]) == data
     # Two failures in a row at byte 30, then one at 70: each stall within 3 attempts.
     assert opened == [0, 30, 30, 70]
@@ -241,8 +242,8 @@ async def test_a_stream_resumes_where_each_try_broke() -> None:
 
 async def test_a_streams_budget_is_per_stall_and_names_the_byte() -> None:
     data, opened = bytes(range(100)), []
-    chunks = retry_stream(broken_stream(data, [20, 20, 20], opened), what="GET x",
-                          retry=Retry(attempts=3, backoff=0), timeout=Timeout())
+    chunks = retry_stream(nullcontext(), broken_stream(data, [20, 20, 20], opened),
+                          what="GET x", retry=Retry(attempts=3, backoff=0), timeout=Timeout())
     got = bytearray()
     with pytest.raises(SourceError) as info:
         async for chunk in chunks:
@@ -255,12 +256,13 @@ async def test_a_streams_budget_is_per_stall_and_names_the_byte() -> None:
 
 
 async def test_a_streams_total_deadline_spans_its_chunks() -> None:
-    async def slow(offset: int) -> AsyncGenerator[bytes, None]:
+    async def slow(client: None, offset: int) -> AsyncGenerator[bytes, None]:
         for _ in range(100):
             await asyncio.sleep(0.05)
             yield b"x"
 
-    chunks = retry_stream(slow, what="GET x", retry=Retry(), timeout=Timeout(total=0.3))
+    chunks = retry_stream(nullcontext(), slow, what="GET x", retry=Retry(),
+                          timeout=Timeout(total=0.3))
     got = 0
     with pytest.raises(SourceTimeout, match=r"total=0\.3s"):
         async with asyncio.timeout(5):
