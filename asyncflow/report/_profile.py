@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -221,13 +222,9 @@ def _timed_run(pipe: Any, tap: _Tap) -> tuple[float, Any]:
 def _take(pipe: Any, sample: int) -> tuple[list[Any], float]:
     from ..pipeline import Pipeline
 
-    items: list[Any] = []
     start = time.perf_counter()
     with Pipeline(pipe.source).open() as run:
-        for item in run:
-            items.append(item)
-            if len(items) >= sample:
-                break
+        items = list(itertools.islice(run, sample))  # stops at the sample: reads no further
     return items, len(items) / max(time.perf_counter() - start, 1e-9)
 
 
