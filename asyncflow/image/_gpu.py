@@ -59,10 +59,8 @@ _NO_TICKET = Ticket(-1, -1, -1, -1)  # a row that failed after its batch was ass
 class Pending(NamedTuple):
     """A released batch, not yet decoded: its rows' payloads and labels, in row order."""
 
-    key: tuple[int, int]  # (listing run, batch number)
     rows: list[Payload]
     labels: torch.Tensor
-    paths: list[str]
     rows_at: list[int]  # each payload's row in its batch
 
 
@@ -80,7 +78,7 @@ class PendingAssembler(BatchAssembler):
     def __init__(self, batch_size: int, count: int, *, drop_last: bool, ahead: int) -> None:
         super().__init__(batch_size, 1, 1, count, torch.uint8, drop_last=drop_last,
                          ahead=ahead, pool=max(4, ahead + 2))
-        self._payloads: dict[tuple[int, int], dict[int, tuple[Payload, str]]] = {}
+        self._payloads: dict[tuple[int, int], dict[int, Payload]] = {}
 
     @staticmethod
     def failure(row: Any) -> Exception | None:
@@ -90,13 +88,12 @@ class PendingAssembler(BatchAssembler):
         if isinstance(row, Planned | Failed):
             ticket = row.ticket
             payload = row.payload if isinstance(row, Planned) else row
-            name = payload.name if isinstance(payload, Encoded) else ""
             with self._lock:
                 state = self._runs.get(ticket.run)
                 entry = None if state is None else state.open.get(ticket.number)
                 if entry is not None and ticket.row not in entry.absent:
                     rows = self._payloads.setdefault((ticket.run, ticket.number), {})
-                    rows[ticket.row] = (payload, name)
+                    rows[ticket.row] = payload
             return super().release(ticket, ok=ok)
         raise TypeError(f"not a row of the GPU path: {row!r:.80}")
 
@@ -106,8 +103,7 @@ class PendingAssembler(BatchAssembler):
         gone = set(entry.failed) | set(entry.absent)
         keep = [r for r in range(entry.rows) if r not in gone and r in payloads]
         labels = torch.from_numpy(entry.labels[keep].copy())
-        pending = Pending(entry.key, [payloads[r][0] for r in keep], labels,
-                          [payloads[r][1] for r in keep], keep)
+        pending = Pending([payloads[r] for r in keep], labels, keep)
         return self._logged(entry, (pending, labels))  # type: ignore[arg-type]
 
     def relog(self, before: torch.Tensor, after: torch.Tensor, failed: list[tuple[int, str]],
@@ -130,7 +126,6 @@ class GpuBatch:
 
     batch: tuple[torch.Tensor, torch.Tensor]
     event: Any  # torch.cuda.Event, or None on the CPU
-    decoder: str  # which decoder made its JPEG rows ("" if none was a GPU row)
     failures: list[tuple[int, Failed, Exception]]  # rows that failed (index, record, error)
 
 
@@ -153,7 +148,6 @@ class GpuDecodeNode:
         cuda = device.type == "cuda"
         self.stream = _side_stream(device) if cuda else None
         self.held: list[torch.Tensor] = []  # the last batch's pictures (see make)
-        self.cpu_fallbacks = 0
         self._taken = 0  # batches read
         self._lock = threading.Lock()
         self._dropped: list[int] = []  # batches (input ordinals) every row of which failed
@@ -223,8 +217,7 @@ class GpuDecodeNode:
             if self.stream is not None:
                 event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 event.record(self.stream)
-        used = any(isinstance(row, Encoded) for row in pending.rows)
-        return GpuBatch(batch, event, self.decoder.name if used else "", failures)
+        return GpuBatch(batch, event, failures)
 
     def receive(self, item: Any) -> Any:
         """Consumer's thread: its stream waits for the batch; the batch is then handed over."""
@@ -305,7 +298,6 @@ class GpuDecodeNode:
 
     def _on_cpu(self, row: Encoded) -> np.ndarray | Failed:
         """A row the GPU decoder did not make, from the CPU kernel (or its named error)."""
-        self.cpu_fallbacks += 1
         try:
             made = plan(bytes(row.data), seed=self.seed, epoch=row.epoch, index=row.item,
                         gpu=False, name=row.name, **self.options)

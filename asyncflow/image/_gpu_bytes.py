@@ -33,7 +33,7 @@ from ._config import decode_path
 from ._decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS
 from ._geometry import target_size
 from ._gpu import Pending, gpu_stage
-from ._gpu_plan import Encoded, plan
+from ._gpu_plan import plan
 
 __all__ = ["decode_batches"]
 
@@ -58,8 +58,7 @@ class _PlanItem:
 def _pending(rows: list[tuple[Any, int]]) -> tuple[Pending, torch.Tensor]:
     labels = torch.tensor([label for _, label in rows], dtype=torch.int64)
     payloads = [payload for payload, _ in rows]
-    names = [p.name if isinstance(p, Encoded) else "" for p in payloads]
-    return Pending((0, 0), payloads, labels, names, list(range(len(rows)))), labels
+    return Pending(payloads, labels, list(range(len(rows)))), labels
 
 
 class _NoDecoder:
