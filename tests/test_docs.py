@@ -92,9 +92,9 @@ def test_readme_first_example_yields_a_tensor_batch(tmp_path: Path) -> None:
     paths, and ``train_step`` receives float32 NCHW tensor batches a model can take."""
     import torch
 
-    from asyncflow.cli._demo import make_sample_folder
+    from asyncflow.image import sample_folder
 
-    root = make_sample_folder(tmp_path / "images", images=70)
+    root = sample_folder(tmp_path / "images", images=70)
     urls = sorted(str(p) for p in root.rglob("*.jpg"))
     batches: list[object] = []
     example = _python_blocks((ROOT / "README.md").read_text())[0]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncflow.cli._demo import make_sample_folder
+from asyncflow.image import sample_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -61,7 +61,7 @@ def test_train_image_folder_generated() -> None:
 
 
 def test_cached_epochs_decode_once_then_replay(tmp_path: Path) -> None:
-    root = make_sample_folder(tmp_path / "data", 16)
+    root = sample_folder(tmp_path / "data", 16)
     args = ("--data", str(root), "--cache", str(tmp_path / "cache"), "--epochs", "2",
             "--batch-size", "4", "--size", "32")
     first = _example("cached_epochs.py", *args)
@@ -74,7 +74,7 @@ def test_cached_epochs_decode_once_then_replay(tmp_path: Path) -> None:
 
 
 def test_train_image_folder_given_data(tmp_path: Path) -> None:
-    root = make_sample_folder(tmp_path / "data", 16)
+    root = sample_folder(tmp_path / "data", 16)
     out = _example(
         "train_image_folder.py", "--data", str(root), "--epochs", "1", "--batch-size", "4",
         "--size", "32", "--max-steps", "2",
@@ -152,7 +152,7 @@ def test_readme_example_runs(tmp_path: Path) -> None:
     readme = (ROOT / "README.md").read_text()
     block = re.search(r"## Example\n+```python\n(.*?)```", readme, flags=re.S)
     assert block, "README has an example"
-    root = make_sample_folder(tmp_path / "imgs", 10)
+    root = sample_folder(tmp_path / "imgs", 10)
     urls = [str(p) for p in sorted(root.rglob("*.jpg"))]
     script = tmp_path / "readme_example.py"
     script.write_text(

@@ -8,14 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["make_sample_folder", "run_demo"]
-
-
-def make_sample_folder(root: Path, images: int = 256, *, seed: int = 0) -> Path:
-    """:func:`asyncflow.image.sample_folder` (imported when called: PIL loads then)."""
-    from ..image._samples import sample_folder
-
-    return sample_folder(root, images, seed=seed)
+__all__ = ["run_demo"]
 
 
 def _shape(batch: Any) -> str:
@@ -44,7 +37,7 @@ def run_demo(
     with tempfile.TemporaryDirectory(prefix="asyncflow-demo-") as tmp:
         if data is None:
             start = time.perf_counter()
-            root = make_sample_folder(Path(tmp) / "images", images)
+            root = image.sample_folder(Path(tmp) / "images", images)
             from ..image._samples import sample_photos
 
             source = "the sample photos" if sample_photos() else "generated pictures"

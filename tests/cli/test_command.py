@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from asyncflow.cli._command import check_pil, run
-from asyncflow.cli._demo import make_sample_folder
+from asyncflow.image import sample_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,7 +107,7 @@ def test_demo_on_generated_data() -> None:
 
 @pytest.mark.slow
 def test_demo_on_a_given_folder(tmp_path: Path) -> None:
-    root = make_sample_folder(tmp_path / "data", 12)
+    root = sample_folder(tmp_path / "data", 12)
     result = _cli("demo", "--data", str(root), "--batch-size", "4", "--size", "32",
                   "--no-progress")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -127,7 +127,7 @@ def test_demo_cuda_without_cuda_is_a_clear_error(
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    root = make_sample_folder(tmp_path / "data", 4)
+    root = sample_folder(tmp_path / "data", 4)
     assert run(["demo", "--data", str(root), "--device", "cuda", "--no-progress"]) == 2
     assert "cuda" in capsys.readouterr().err.lower()
 
@@ -135,7 +135,7 @@ def test_demo_cuda_without_cuda_is_a_clear_error(
 def test_sample_folder_layout(tmp_path: Path) -> None:
     from PIL import Image
 
-    root = make_sample_folder(tmp_path / "x", 8)
+    root = sample_folder(tmp_path / "x", 8)
     classes = sorted(p.name for p in root.iterdir())
     assert classes == ["astronaut", "chelsea", "coffee"]
     files = sorted(root.rglob("*.jpg"))
