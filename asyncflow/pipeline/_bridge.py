@@ -18,18 +18,9 @@ import threading
 from typing import Any
 
 from ._channel import ALL, ChannelBase
+from ._loop import wake
 
-__all__ = ["Handoff", "wake"]
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def wake(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> None:
-    """Resolve ``fut`` on ``loop`` from any thread (nothing if that loop is closed)."""
-    _notify(loop, _resolve, fut)
+__all__ = ["Handoff"]
 
 
 def _resolve_all(futs: list[asyncio.Future[None]]) -> None:
@@ -83,7 +74,10 @@ class Handoff(ChannelBase):
 
     def _resolve_writers(self, waiters: list[asyncio.Future[None]]) -> None:
         if waiters:  # one call into the run's loop for all of them
-            _notify(self._loop, _resolve_all, waiters)
+            try:
+                self._loop.call_soon_threadsafe(_resolve_all, waiters)
+            except RuntimeError:  # that loop is closed: nobody is waiting any more
+                pass
 
     # -- reader side (the consumer) -----------------------------------------------------
 
@@ -147,10 +141,3 @@ class Handoff(ChannelBase):
                 with self._lock:
                     if self._reader is not None and self._reader[1] is fut:
                         self._reader = None
-
-
-def _notify(loop: asyncio.AbstractEventLoop, callback: Any, arg: Any) -> None:
-    try:
-        loop.call_soon_threadsafe(callback, arg)
-    except RuntimeError:  # that loop is closed: nobody is waiting any more
-        pass

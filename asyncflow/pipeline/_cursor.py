@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._bridge import wake
+from ._loop import wake
 
 __all__ = ["EMPTY", "REFILL", "Cursor"]
 

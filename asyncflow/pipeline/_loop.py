@@ -11,7 +11,7 @@ import time
 import weakref
 from typing import Any
 
-__all__ = ["cancel_pending", "new_loop", "resolve", "track"]
+__all__ = ["cancel_pending", "new_loop", "resolve", "track", "wake"]
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
@@ -39,6 +39,15 @@ def cancel_pending(loop: asyncio.AbstractEventLoop) -> None:
 def resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def wake(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> None:
+    """Resolve ``fut`` on ``loop`` from any thread (nothing if that loop is closed: nobody
+    waits on it any more)."""
+    try:
+        loop.call_soon_threadsafe(resolve, fut)
+    except RuntimeError:
+        pass
 
 
 #: Runs started and not yet garbage-collected (``Runtime`` objects).

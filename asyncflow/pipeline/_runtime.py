@@ -23,7 +23,7 @@ from ._bridge import Handoff
 from ._channel import ChannelAborted
 from ._current import RunLocal, enter_run
 from ._graph import Graph, RunResources
-from ._loop import cancel_pending, resolve, track
+from ._loop import cancel_pending, track, wake
 from ._monitor import Monitor, snapshot
 from ._node import NodeContext, ReceiveHook
 from ._outcome import final_error, flatten, mark_abandoned, note_stage, release_frames
@@ -222,10 +222,7 @@ class Runtime:
                 self._done.set()
                 waiters, self._done_waiters = self._done_waiters, []
             for waiter_loop, fut in waiters:
-                try:
-                    waiter_loop.call_soon_threadsafe(resolve, fut)
-                except RuntimeError:
-                    pass
+                wake(waiter_loop, fut)
 
     def _close_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         try:

@@ -11,9 +11,10 @@ the source to end its stream.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from typing import Any
+
+from ._loop import wake
 
 __all__ = ["Window"]
 
@@ -67,7 +68,8 @@ class Window:
         with self._lock:
             self._free += count
             waiters, self._waiters = self._waiters, []
-        _wake(waiters)
+        for loop, fut in waiters:
+            wake(loop, fut)
 
     def received(self, item: Any) -> Any:
         """A receive hook: the consumer has the item; its credit is free again."""
@@ -80,15 +82,5 @@ class Window:
         with self._lock:
             self._closed = True
             waiters, self._waiters = self._waiters, []
-        _wake(waiters)
-
-
-def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
-    for loop, fut in waiters:
-        with contextlib.suppress(RuntimeError):  # the run's loop is closed: it is over
-            loop.call_soon_threadsafe(_resolve, fut)
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
+        for loop, fut in waiters:
+            wake(loop, fut)
