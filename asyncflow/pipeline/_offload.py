@@ -13,13 +13,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from typing import Any
 
-from .._redact import redact
-from ._portable import FAILED, portable
+from ._portable import FAILED, noted, portable
 from ._thread_pool import WorkerPool
 
 __all__ = [
@@ -63,10 +61,7 @@ def run_chunk_remote(fn: Callable[[Any], Any], items: list[Any]) -> ChunkResult:
     """:func:`run_chunk` for process pools: tracebacks travel as notes, since a returned
     exception loses its traceback when pickled."""
     results, failures, elapsed = run_chunk(fn, items, None)
-    for _, exc in failures:
-        exc.add_note(redact("".join(traceback.format_exception(exc)).rstrip()))
-        exc.__traceback__ = None
-    return results, [(i, portable(exc)) for i, exc in failures], elapsed
+    return results, [(i, portable(noted(exc))) for i, exc in failures], elapsed
 
 
 def next_chunk(

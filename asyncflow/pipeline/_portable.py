@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .._errors import WorkerError
-from .._redact import redact
+from .._redact import format_exception, redact
 
-__all__ = ["FAILED", "portable", "rebuild_exception"]
+__all__ = ["FAILED", "noted", "portable", "rebuild_exception"]
 
 
 class _Failed:
@@ -34,6 +34,14 @@ class _Failed:
 
 #: Marks a failed item's place in a chunk's results.
 FAILED: Any = _Failed()
+
+
+def noted(exc: BaseException) -> BaseException:
+    """``exc`` with its traceback (redacted) as a note and none attached: a pickled exception
+    loses its traceback, a note travels with it."""
+    exc.add_note(format_exception(exc))
+    exc.__traceback__ = None
+    return exc
 
 
 def rebuild_exception(

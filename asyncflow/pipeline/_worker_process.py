@@ -23,9 +23,9 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .._redact import redact
+from .._redact import format_exception, redact
 from . import _segments
-from ._portable import portable
+from ._portable import noted, portable
 from ._worker_options import WorkerInfo, run_worker_setups, set_worker_info
 from .seeding import item_seed, seed_everything
 
@@ -37,13 +37,6 @@ STATUS = struct.Struct("<qq")
 
 def send(conn: Connection, kind: str, payload: bytes, segments: list[tuple[str, int]]) -> None:
     conn.send_bytes(pickle.dumps((kind, payload, segments), protocol=5))
-
-
-def _describe_failure(exc: BaseException) -> BaseException:
-    """The exception with its traceback as a note (a pickled exception loses its traceback)."""
-    exc.add_note(redact("".join(traceback.format_exception(exc)).rstrip()))
-    exc.__traceback__ = None
-    return exc
 
 
 def _picklable(exc: BaseException) -> Any:
@@ -110,7 +103,7 @@ class _Worker:
                 values.append(self.fn(item))
             except BaseException as exc:  # returned to the parent, which decides
                 values.append(None)
-                failures.append((index, _describe_failure(exc)))
+                failures.append((index, noted(exc)))
         STATUS.pack_into(self.status, self.offset, jid, -1)
         self.reply(jid, values, failures, time.perf_counter() - start)
 
@@ -134,11 +127,12 @@ class _Worker:
     def _salvage(
         values: list[Any], failures: list[tuple[int, BaseException]]
     ) -> tuple[list[Any], list[tuple[int, BaseException]]]:
-        """Turn each value that cannot be pickled into a failure of its item."""
+        """Turn each value that cannot be pickled into a failure of its item (``failures``
+        are made portable already: made so again, one sent by state would be lost)."""
         from .._errors import WorkerError
 
         failed = {i for i, _ in failures}
-        out = [(i, _picklable(e)) for i, e in failures]
+        out = list(failures)
         for i, value in enumerate(values):
             if i in failed:
                 continue
@@ -194,5 +188,4 @@ def serve(conn: Connection, setup: dict[str, Any], status_path: str, wid: int) -
 
 
 def _boot_error(conn: Connection, exc: BaseException) -> None:
-    text = redact("".join(traceback.format_exception(exc)).rstrip())
-    send(conn, "boot_error", text.encode(), [])
+    send(conn, "boot_error", format_exception(exc).encode(), [])
