@@ -28,7 +28,7 @@ from ._node import NodeContext, Receiver, Sender, apply_hooks
 from ._options import RunOptions, RunPlan
 from ._pool_holder import PoolHolder
 from ._protocols import BranchEnd, MergeChooser, MergePolicy
-from ._spec import StageSpec
+from ._spec import StageSpec, unique_names
 from ._stats import count_items
 
 __all__ = [
@@ -121,16 +121,8 @@ class Merge(Generic[T]):
         )
         if len(labels) != len(inputs):
             raise ConfigError(f"{self.name}: {len(inputs)} inputs need {len(inputs)} labels")
-        seen: set[str] = set()
-        unique = []
-        for label in labels:
-            name, n = label, 2
-            while name in seen:
-                name, n = f"{label}#{n}", n + 1
-            seen.add(name)
-            unique.append(name)
         object.__setattr__(self, "inputs", inputs)
-        object.__setattr__(self, "labels", tuple(unique))
+        object.__setattr__(self, "labels", tuple(unique_names(labels)))
 
     def describe(self) -> dict[str, Any]:
         """``{"type": "Merge", "name": ..., "inputs": [labels]}`` for ``describe()``."""

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BatchSpec", "FlatMapSpec", "MapSpec", "PrefetchSpec", "ShuffleSpec",
     "StageSpec", "UnbatchSpec", "check_budget", "check_positive", "check_seconds", "fn_name",
-    "is_async_callable", "stage_names",
+    "is_async_callable", "stage_names", "unique_names",
 ]
 
 
@@ -94,9 +94,15 @@ def stage_names(specs: Sequence[StageSpec]) -> list[str]:
     ``#3``, ...: two unnamed ``map`` stages are ``map`` and ``map#2``. ``stats()``,
     ``describe()`` and error notes all name stages so.
     """
+    return unique_names(["source", *(spec.name or spec.default_name() for spec in specs)])
+
+
+def unique_names(bases: Sequence[str]) -> list[str]:
+    """``bases`` in order, each name already taken by an earlier one followed by ``#2``,
+    ``#3``, ...: ``["map", "map"]`` gives ``["map", "map#2"]``."""
     names: list[str] = []
     taken: set[str] = set()
-    for base in ("source", *(spec.name or spec.default_name() for spec in specs)):
+    for base in bases:
         name, n = base, 2
         while name in taken:
             name, n = f"{base}#{n}", n + 1
