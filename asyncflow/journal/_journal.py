@@ -304,11 +304,10 @@ def rebuild(pipe: Any, record: JournalRecord) -> Any:
         raise ConfigError(f"cannot rebuild: the source ({type(source).__name__}) is not a "
                           "sequence to take the recorded positions from")
     positions = list(record.positions)
-    contiguous = positions == list(range(positions[0], positions[0] + len(positions))) \
-        if positions else True
+    start = positions[0] if positions else 0
+    contiguous = positions == list(range(start, start + len(positions)))
     again = pipe.without_hooks().with_source(
-        [source[p] for p in positions], epoch=record.epoch,
-        start=positions[0] if positions and contiguous else 0)
+        [source[p] for p in positions], epoch=record.epoch, start=start if contiguous else 0)
     with again.open() as run:  # an interrupt leaves the block: the run is stopped
         outputs = list(run)
     if len(outputs) != 1:

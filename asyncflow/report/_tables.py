@@ -42,16 +42,11 @@ def table_text(headers: Sequence[str], rows: Iterable[Sequence[str]], *,
     """
     body = [list(map(str, row)) for row in rows]
     align = _alignment(align, len(headers))
-    widths = [len(h) for h in headers]
-    for row in body:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], len(cell))
+    widths = [max(map(len, column)) for column in zip(headers, *body, strict=True)]
 
     def line(cells: Sequence[str]) -> str:
-        out = [
-            c.ljust(w) if a == "l" else c.rjust(w)
-            for c, w, a in zip(cells, widths, align, strict=True)
-        ]
+        out = [c.ljust(w) if a == "l" else c.rjust(w)
+               for c, w, a in zip(cells, widths, align, strict=True)]
         return "  ".join(out).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
