@@ -1,9 +1,10 @@
 """Block checksums of a cache's fields: computed as they are written, checked as they are read.
 
 Each field's data is cut into blocks of whole rows (samples): one row per block where a row
-takes at least :data:`BLOCK_BYTES`, else as many rows as fit in that many bytes (a label of
+takes at least ``BLOCK_BYTES``, else as many rows as fit in that many bytes (a label of
 8 bytes: 512 rows a block). Each block's CRC-32 (``zlib.crc32``, which releases the GIL and
-runs at several GB/s) is stored in the field's table, ``field<i>.crc32``.
+runs at several GB/s) is stored in the field's table, ``field<i>.crc32``. The block size and
+``block_rows`` belong to the on-disk format (``_format.py``).
 
 A replay checks each block the first time it reads a row of it (:class:`Checks`), before the
 item holding the row is handed out; a record of the blocks found intact is kept with the
