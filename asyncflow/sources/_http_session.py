@@ -20,10 +20,10 @@ from typing import TypeVar
 import aiohttp
 from yarl import URL
 
-from .._errors import SourceError, SourceNotFound, SourcePermissionError
+from .._errors import SourceError, SourcePermissionError
 from .._redact import describe_exception, redact_url
 from .._scope import RunScope, current_scope
-from ._retry import THROTTLE_STATUSES, Retry, Timeout, Transient, parse_retry_after
+from ._retry import Retry, Timeout, Transient, failed_answer
 
 __all__ = [
     "HTTP_KEY",
@@ -126,18 +126,9 @@ def translate(exc: BaseException, what: object, timeout: Timeout) -> Exception:
 
 def _check_status(resp: aiohttp.ClientResponse, what: object, retry: Retry) -> None:
     status = resp.status
-    if 200 <= status < 300:
-        return
-    text = f"{what}: HTTP {status} {resp.reason or ''}".rstrip()
-    if status in (404, 410):
-        raise SourceNotFound(text)
-    if status in (401, 403):
-        raise SourcePermissionError(text)
-    if status in retry.statuses:
-        retry_after = parse_retry_after(resp.headers.get("Retry-After"))
-        raise Transient(f"HTTP {status} {resp.reason or ''}".rstrip(), status=status,
-                        retry_after=retry_after, throttled=status in THROTTLE_STATUSES)
-    raise SourceError(text)
+    if not 200 <= status < 300:
+        raise failed_answer(what, f"HTTP {status} {resp.reason or ''}".rstrip(), status, retry,
+                            resp.headers.get("Retry-After"), gone=status == 410)
 
 
 def _next_hop(current: URL, resp: aiohttp.ClientResponse, scheme: str, what: object) -> URL:

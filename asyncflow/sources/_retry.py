@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from .._errors import ConfigError, SourceError, SourceTimeout
+from .._errors import ConfigError, SourceError, SourceNotFound, SourcePermissionError, SourceTimeout
 from .._scope import current_scope
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "Retry",
     "Timeout",
     "Transient",
+    "failed_answer",
     "http_date",
     "parse_retry_after",
     "resolve_policy",
@@ -227,6 +228,30 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     except ValueError:
         when = http_date(value)
     return None if when is None else max(0.0, when - (time.time() if now is None else now))
+
+
+def failed_answer(
+    what: object, label: str, status: int | None, retry: Retry, retry_after: str | None, *,
+    gone: bool = False, denied: bool = False, retried: bool = False, throttled: bool = False,
+) -> Exception:
+    """The error for an answer that failed: final (naming ``what``) or :class:`Transient`.
+
+    The one place a status decides: 404 is not found, 401 and 403 are refused, and
+    ``retry.statuses`` are tried again (:data:`THROTTLE_STATUSES` as throttling). A store's
+    own error code may say so too (``gone``, ``denied``, ``retried``, ``throttled``).
+
+    Args:
+        label: What the answer said, free of secrets (``"HTTP 503 Service Unavailable"``).
+        retry_after: The answer's ``Retry-After`` header, if any.
+    """
+    if gone or status == 404:
+        return SourceNotFound(f"{what}: {label}")
+    if denied or status in (401, 403):
+        return SourcePermissionError(f"{what}: {label}")
+    if retried or status in retry.statuses:
+        return Transient(label, status=status, retry_after=parse_retry_after(retry_after),
+                         throttled=throttled or status in THROTTLE_STATUSES)
+    return SourceError(f"{what}: {label}")
 
 
 _DEFAULT_RETRY = Retry()

@@ -29,19 +29,12 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from .._errors import SourceError, SourceNotFound, SourcePermissionError
+from .._errors import SourceError, SourcePermissionError
 from .._redact import Operation, describe_exception, redact_url
 from .._scope import current_scope
 from ._limiter import limiter_for
 from ._objects import ObjectInfo
-from ._retry import (
-    THROTTLE_STATUSES,
-    Retry,
-    Timeout,
-    Transient,
-    parse_retry_after,
-    with_retries,
-)
+from ._retry import Retry, Timeout, Transient, failed_answer, with_retries
 from ._retry_stream import retry_stream
 
 __all__ = ["S3Transport", "list_page", "s3_client", "split_s3_url", "stream"]
@@ -130,16 +123,10 @@ def _translate(exc: BaseException, what: object, retry: Retry) -> Exception:
     if isinstance(exc, ClientError):
         code, status = _error_code(exc)
         label = f"{code} (HTTP {status})" if status else code or "error"
-        if code in _NOT_FOUND or status == 404:
-            return SourceNotFound(f"{what}: {label}")
-        if code in _DENIED or status in (401, 403):
-            return SourcePermissionError(f"{what}: {label}")
-        if code in _RETRIED or (status is not None and status in retry.statuses):
-            headers = (exc.response or {}).get("ResponseMetadata", {}).get("HTTPHeaders", {})
-            throttled = code in _THROTTLED or status in THROTTLE_STATUSES
-            return Transient(label, status=status, throttled=throttled,
-                             retry_after=parse_retry_after(headers.get("retry-after")))
-        return SourceError(f"{what}: {label}")
+        headers = (exc.response or {}).get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        return failed_answer(what, label, status, retry, headers.get("retry-after"),
+                             gone=code in _NOT_FOUND, denied=code in _DENIED,
+                             retried=code in _RETRIED, throttled=code in _THROTTLED)
     if isinstance(exc, NoCredentialsError | PartialCredentialsError):
         return SourcePermissionError(f"{what}: no usable AWS credentials ({type(exc).__name__})")
     if isinstance(exc, ReadTimeoutError | ConnectTimeoutError | TimeoutError):
