@@ -29,7 +29,7 @@ import numpy as np
 import PIL
 from PIL import Image
 
-from .._errors import DecodeError
+from ._jpeg import _damaged
 
 __all__ = ["available", "decode", "version"]
 
@@ -106,9 +106,7 @@ def decode(
         )
     except ValueError as exc:
         if any(text in str(exc) for text in _RAN_OUT):
-            raise DecodeError(
-                f"cannot decode {label}: damaged JPEG: the scan data ends early ({exc})"
-            ) from exc
+            raise _damaged(label, f"the scan data ends early ({exc})") from exc
         return None
     if arr.shape[0] != height or arr.shape[1] != width:
         return None
