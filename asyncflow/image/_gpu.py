@@ -185,13 +185,9 @@ class GpuDecodeNode:
         def made(output: int) -> int:  # the input ordinal of an output ordinal
             return output + bisect.bisect_right(before, output)
 
-        mark = made(outputs.mark) if outputs.mark else 0
-        gone = set(dropped)
-        while mark in gone:
-            mark += 1
         ranges = [(made(a), made(b - 1) + 1) for a, b in outputs.ranges]
-        ranges.extend((d, d + 1) for d in dropped if d >= mark)
-        return Span(mark, ranges)
+        # the dropped inputs are settled too (the span absorbs those that reach its mark)
+        return Span.of(made(outputs.mark) if outputs.mark else 0, dropped, ranges)
 
     def make(self, item: tuple[Pending, torch.Tensor]) -> GpuBatch:
         """Decode one pending batch (a worker thread's job)."""

@@ -8,9 +8,12 @@ decoder installed (marked ``gpu``; skipped without one).
 from __future__ import annotations
 
 import io
+import random
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -19,7 +22,8 @@ import torch
 from PIL import Image
 
 from asyncflow import ConfigError, DecodeError, PipelineError, image
-from asyncflow.image import _folder, _gpu_decoders, _jpeg
+from asyncflow.image import _folder, _gpu, _gpu_decoders, _jpeg
+from asyncflow.pipeline import Span
 
 from . import _pictures as P
 
@@ -349,3 +353,17 @@ def test_the_journal_names_the_decoder_and_rebuild_says_it_is_within_tolerance(
         assert torch.equal(again_labels, labels)
         assert _levels(again_images, images).max() <= 4.0
     assert sorted(Path(p).name for p in failed) == ["empty.jpg", "text.jpg", "truncated.jpg"]
+
+
+def test_the_gpu_stage_settles_the_batches_it_dropped_with_the_outputs_around_them() -> None:
+    """Batch ``n`` in is batch ``n`` out less the dropped ones (every row failed): the settled
+    inputs are the dropped ones and those that made the settled outputs."""
+    rng = random.Random(3)
+    for _ in range(2000):
+        count = rng.randint(1, 20)
+        dropped = sorted(rng.sample(range(count), rng.randint(0, min(count, 6))))
+        made = [i for i in range(count) if i not in dropped]  # output ordinal -> input
+        settled = [o for o in range(len(made)) if rng.random() < 0.5]
+        node = SimpleNamespace(_lock=threading.Lock(), _dropped=dropped)
+        got = _gpu.GpuDecodeNode.settled_inputs(node, Span.of(0, settled))  # type: ignore[arg-type]
+        assert got == Span.of(0, [*dropped, *(made[o] for o in settled)])
