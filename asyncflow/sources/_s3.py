@@ -74,6 +74,11 @@ def split_s3_url(url: str) -> tuple[str, str]:
     bucket, _, key = url[5:].partition("/")
     if not bucket:
         raise SourceError(f"{redact_url(url)}: no bucket in the URL")
+    if "@" in bucket:
+        # s3://KEY:SECRET@bucket (as Hadoop's s3n took): botocore would refuse the bucket
+        # name and print it, secret and all.
+        raise SourceError(f"{redact_url(url)}: an s3:// URL carries no credentials; give "
+                          "them through the environment or the AWS config, as boto does")
     return bucket, key
 
 

@@ -316,3 +316,15 @@ async def test_a_resumed_stream_proves_it_reads_the_same_object(s3: Any, bucket:
         await s3.put_object(Bucket=bucket, Key="shard.tar", Body=b"c" * 2000)
         with pytest.raises(asyncflow.SourceError, match="changed"):
             await _collect(_s3.stream(client, url, 1500, what=url, retry=retry, resume=resume))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("url", ["s3://AKIAEXAMPLE:hunter2-secret@bucket/k.bin",
+                                 "s3://hunter2-secret@bucket/k.bin"])
+async def test_credentials_in_an_s3_url_are_refused_without_showing_them(url: str) -> None:
+    # botocore refused the bucket "AKIAEXAMPLE:hunter2-secret@bucket" and printed it whole.
+    for read in (lambda: asyncflow.read_bytes(url, retry=FAST),
+                 lambda: anext(sources.list_objects(url))):
+        with pytest.raises(SourceError, match=r"s3://\*\*\*@bucket/k.bin: .*no credentials") as got:
+            await read()
+        assert "hunter2" not in "".join(traceback.format_exception(got.value))
