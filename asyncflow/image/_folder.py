@@ -32,7 +32,7 @@ from typing import Any, cast
 import torch
 
 from .._blob import check_max_bytes
-from ..pipeline import ItemGroup, Pipeline, Processes
+from ..pipeline import ItemGroup, Pipeline, Processes, label_stage
 from ..pipeline.seeding import fresh_seed
 from ..ranks import Part, Split
 from . import _explain
@@ -44,9 +44,8 @@ from ._geometry import target_size
 from ._gpu import PendingAssembler, gpu_stage
 from ._gpu_plan import PlanClaimed
 from ._listing import Listing, Sample
-from ._rows import Claimed, DecodeIntoSharedRow, Failed
+from ._rows import Claimed, DecodeIntoSharedRow, Failed, SharedSlabs
 from ._scan import IMG_EXTENSIONS, scan
-from ._shared import ClaimRows, SharedSlabs
 from ._slots import Batch, BatchAssembler
 
 #: Readers of the GPU path by default. Each reads, parses and proves a JPEG whole (its scan
@@ -81,6 +80,26 @@ class _ClaimThen:
         claim = self.assembler.claim
         return self.work(Claimed(item.path, item.epoch, item.sample,
                                  *claim(item.run, item.pos, item.label)) for item in items)
+
+
+class _ClaimRows:
+    """The claim stage of worker processes (one thread, in listing order): give each item of
+    a group its row's address (the slab and the row).
+
+    An internal stage (see ``stats().table(internal=True)``): its time counts for ``decode``.
+    """
+
+    def __init__(self, assembler: BatchAssembler) -> None:
+        self.assembler = assembler
+        self.__name__ = "claim"
+        label_stage(self, internal=True)
+
+    def __call__(self, items: list[Sample]) -> ItemGroup:
+        out = ItemGroup()
+        for item in items:
+            ticket, slab = self.assembler.claim_shared(item.run, item.pos, item.label)
+            out.append(Claimed(item.path, item.epoch, item.sample, ticket, slab))
+        return out
 
 
 def _normalize_images(mean: tuple[float, ...], std: tuple[float, ...], batch: Batch) -> Batch:
@@ -334,7 +353,7 @@ def folder(
             # Rows claimed and not yet released are bounded by these queues: the claim stage's
             # two groups, four per worker process in flight, two per worker decoded and
             # waiting, and the rows queue; about as many batches as `ahead` allows threads.
-            groups.map(ClaimRows(assembler), name="claim", buffer=2)
+            groups.map(_ClaimRows(assembler), name="claim", buffer=2)
             .map(work, concurrency=threads, ordered=False, name="decode", workers=processes,
                  buffer=2 * threads)
         )

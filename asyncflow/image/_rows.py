@@ -1,14 +1,31 @@
 """The decoders' side of ``image.folder``: what a decode worker process (or thread) receives
-and runs.
+and runs; and, for worker processes, the batch buffers in shared memory.
+
+With threads, a decode thread claims its batch row from the ``BatchAssembler`` itself.
+Worker processes cannot share the assembler's state, so the parent claims rows in listing order
+(a cheap stage on one thread, ahead of the decoders: ``_folder.py``), and each item travels to
+a worker with its row's address: the name of a shared-memory slab (one batch buffer) and the
+row number. The worker maps the slab once (it keeps the newest mappings) and decodes straight
+into the row; only tickets and small failure records come back. Pixels never cross a pipe, and
+the batch the consumer receives is a tensor over the slab, as in thread mode: the output is bit
+for bit the same, with the same seeded crops.
+
+Slabs are named ``asyncflow-<pid>-<token>-slab<n>`` files in ``/dev/shm``. Those the
+assembler keeps for reuse live as long as it does (a finalizer unlinks them, at exit too); one
+made beyond the pool (the consumer holds many batches) is unlinked as soon as its batch is
+complete, when no worker will need to map it again.
 
 Torch-free on purpose (NumPy, PIL and the decode kernel only): a decode worker never imports
-torch, which keeps each worker process small (see ``_shared.py`` for the parent's side).
+torch, which keeps each worker process small.
 """
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
+import secrets
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -16,10 +33,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..pipeline import ItemGroup
-from ..pipeline.shm import SHM_DIR
+from ..pipeline.shm import SHM_DIR, segment_prefix, sweep
 from ._decode import decode
 
-__all__ = ["Claimed", "DecodeIntoSharedRow", "Failed", "Ticket", "map_slab"]
+__all__ = ["Claimed", "DecodeIntoSharedRow", "Failed", "SharedSlabs", "Ticket", "map_slab"]
 
 # Slabs a worker keeps mapped: the assembler's pool, and a few made beyond it (whose names
 # are gone once their batch is complete, so a mapping kept longer would only hold memory).
@@ -117,3 +134,29 @@ def map_slab(name: str, size: int | None = None) -> mmap.mmap:
         return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
     finally:
         os.close(fd)
+
+
+class SharedSlabs:
+    """Allocates batch buffers as named shared-memory files (the parent's side)."""
+
+    def __init__(self) -> None:
+        self.prefix = f"{segment_prefix(secrets.token_hex(4))}slab"
+        self._numbers = itertools.count()
+        weakref.finalize(self, sweep, self.prefix)
+
+    def allocate(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[np.ndarray, str]:
+        """A new zeroed buffer of ``shape`` and ``dtype``, and its slab's name."""
+        name = f"{self.prefix}{next(self._numbers)}"
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        mapping = map_slab(name, size)
+        # np.ndarray over the mapping, not frombuffer().reshape(): the pool tells a free buffer
+        # by its reference count, so the views handed out must have this array as their base.
+        return np.ndarray(shape, dtype, buffer=mapping), name
+
+    @staticmethod
+    def release(name: str) -> None:
+        """Unlink a slab's name (its memory lives on while mapped)."""
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+        except FileNotFoundError:
+            pass

@@ -10,7 +10,7 @@ import weakref
 
 import torch
 
-from asyncflow.image._shared import SharedSlabs
+from asyncflow.image._rows import SharedSlabs
 from asyncflow.image._slots import BatchAssembler, Ticket
 from asyncflow.pipeline.shm import SHM_DIR
 
