@@ -253,14 +253,16 @@ class MapSpec(StageSpec):
 
     @property
     def traits(self) -> StageTraits:
-        worker: Worker = (
-            "loop" if self.is_async else "executor" if self.executor is not None
-            else "processes" if self.processes is not None else "threads"
-        )
         splits = self.mode == "flat_map"  # its ledger saves partial expansions
-        return StageTraits(ordered=self.ordered, per_item=True, worker=worker, tunable=True,
+        return StageTraits(ordered=self.ordered, per_item=True, worker=self._worker(), tunable=True,
                            grouping="elements" if splits else None, stateful=splits,
                            keeps_items=self.mode == "filter")
+
+    def _worker(self) -> Worker:
+        """What its calls run on (``traits.worker``; :meth:`settings` reads it on every
+        ``state_dict()``, without building the traits)."""
+        return ("loop" if self.is_async else "executor" if self.executor is not None
+                else "processes" if self.processes is not None else "threads")
 
     @property
     def items_per_output(self) -> int | None:
@@ -279,7 +281,7 @@ class MapSpec(StageSpec):
         return self.mode if name == "<lambda>" else name
 
     def settings(self) -> dict[str, Any]:
-        runs_on = type(self.executor).__name__ if self.executor else self.traits.worker
+        runs_on = type(self.executor).__name__ if self.executor else self._worker()
         return {"fn": fn_name(self.fn), "concurrency": self.concurrency, "ordered": self.ordered,
                 "runs_on": runs_on, "max_failures": self.max_failures, "buffer": self.buffer,
                 "buffer_bytes": self.buffer_bytes}
