@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 from .._errors import DecodeError
 from .._lazy import lazy_getattr
-from ._backend import backend_info
 from ._batch import IMAGENET_MEAN, IMAGENET_STD, collate, normalize
 from ._decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, augmentation, decode
+from ._turbo import backend_info
 
 _LAZY = {
     "IMG_EXTENSIONS": "asyncflow.image._scan",

@@ -17,13 +17,19 @@ it), which PIL drops; those raise :class:`DecodeError` here. Any other warning o
 between segments, a bad Huffman code, a 12-bit or arithmetic-coded file) hands the picture to
 PIL's path, which decides exactly as without simplejpeg. What no decoder warns of, a
 progressive file missing its last scans, ``_jpeg.inspect`` refuses before either runs.
+
+:func:`backend_info` says which imaging backend the kernel runs on: pillow-simd or Pillow,
+libjpeg-turbo or not, and this decoder's simplejpeg.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import platform
+import sys
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import PIL
@@ -31,13 +37,20 @@ from PIL import Image
 
 from ._jpeg import _damaged
 
-__all__ = ["available", "decode", "version"]
+__all__ = ["available", "backend_info", "decode", "version"]
 
 
 def _load() -> ModuleType | None:
     try:
         return importlib.import_module("simplejpeg")
     except ImportError:  # a speed-up only: PIL decodes every JPEG without it
+        return None
+
+
+def _installed(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
         return None
 
 
@@ -48,10 +61,7 @@ def _maps_rgbx() -> bool:
     picture here); stock Pillow resizes the three bands of an "RGB" image 10-25% faster than
     four, which pays for the copy (0.16 ms a picture).
     """
-    try:
-        return importlib.metadata.version("pillow-simd") == PIL.__version__
-    except importlib.metadata.PackageNotFoundError:
-        return False
+    return _installed("pillow-simd") == PIL.__version__
 
 
 _simplejpeg = _load()
@@ -113,3 +123,55 @@ def decode(
     if mode == "RGB" and not _MAP_RGBX:
         return Image.frombytes("RGB", size, arr, "raw", "RGBX")
     return Image.frombuffer(mode, size, arr, "raw", "L" if mode == "L" else "RGBX", 0, 1)
+
+
+def backend_info() -> dict[str, Any]:
+    """Describe the imaging backend that :func:`~asyncflow.image.decode` uses.
+
+    Returns:
+        A JSON-able dict: ``pil_version``; ``pillow_simd`` and ``pillow`` (the installed
+        version of each distribution, or ``None``); ``simd_expected`` (pillow-simd is what
+        this platform should have: Linux x86_64); ``libjpeg_turbo`` (bool) and its
+        ``libjpeg_turbo_version``; ``jpeg_version``, ``zlib_version``; ``problems`` (a list
+        of sentences, empty when the set-up is as intended) and ``ok``; ``simplejpeg``: its
+        version, when the decode kernel decodes JPEGs with it (``None``: PIL decodes them).
+    """
+    import PIL
+    from PIL import features
+
+    simd = _installed("pillow-simd")
+    plain = _installed("pillow")
+    expected = sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
+    turbo = bool(features.check_feature("libjpeg_turbo"))
+    problems = []
+    if simd and plain:
+        problems.append(
+            f"both pillow-simd {simd} and pillow {plain} are installed; they share the PIL "
+            "package, so whichever was installed last is in use: uninstall both, then "
+            "reinstall the one for this platform"
+        )
+    if expected and not simd:
+        problems.append(
+            "pillow-simd is not installed (expected on Linux x86_64): decoding is slower"
+        )
+    if not available():
+        problems.append(
+            "simplejpeg is not installed: JPEGs are decoded by PIL, about 0.1 ms slower each"
+        )
+    if not turbo:
+        problems.append(
+            "PIL is not built with libjpeg-turbo: JPEG decoding is several times slower"
+        )
+    return {
+        "pil_version": PIL.__version__,
+        "pillow_simd": simd,
+        "pillow": plain,
+        "simd_expected": expected,
+        "libjpeg_turbo": turbo,
+        "libjpeg_turbo_version": features.version_feature("libjpeg_turbo") if turbo else None,
+        "jpeg_version": features.version_codec("jpg"),
+        "zlib_version": features.version_codec("zlib"),
+        "simplejpeg": version(),
+        "problems": problems,
+        "ok": not problems,
+    }
