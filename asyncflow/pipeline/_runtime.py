@@ -205,12 +205,7 @@ class Runtime:
                     describe_exception(exc),
                 )
         except BaseException as exc:  # reported; the hand-off is closed below all the same
-            logger.warning(
-                "asyncflow run %r: clean-up failed: %s", self.options.name,
-                format_exception(exc),
-            )
-            if not isinstance(exc, Exception):
-                self._crashed(exc)
+            self._cleanup_failed("clean-up", exc)
         finally:
             # Whatever failed above, the consumer's loop must end.
             self.finished_at = time.monotonic()
@@ -230,12 +225,7 @@ class Runtime:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.run_until_complete(loop.shutdown_default_executor())
         except BaseException as exc:  # clean-up goes on; the error is reported, not raised
-            logger.warning(
-                "asyncflow run %r: clean-up of the run's loop failed: %s",
-                self.options.name, format_exception(exc),
-            )
-            if not isinstance(exc, Exception):
-                self._crashed(exc)
+            self._cleanup_failed("clean-up of the run's loop", exc)
         try:
             stuck = self.pool.shutdown(self.options.stop_timeout)
         finally:
@@ -244,6 +234,14 @@ class Runtime:
             asyncio.set_event_loop(None)
             loop.close()
         self.notes.extend(mark_abandoned(stuck, self.contexts, self.options.stop_timeout))
+
+    def _cleanup_failed(self, what: str, exc: BaseException) -> None:
+        """Report a failed step of the clean-up; a ``BaseException`` (``KeyboardInterrupt``)
+        also reaches the consumer, as a crash does."""
+        logger.warning("asyncflow run %r: %s failed: %s", self.options.name, what,
+                       format_exception(exc))
+        if not isinstance(exc, Exception):
+            self._crashed(exc)
 
     def report_undelivered(self) -> None:
         """The consumer has left: a failure it was never given is noted and logged, not lost.
