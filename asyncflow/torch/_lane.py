@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
+
+from torch.utils.data._utils.fetch import _IterableDatasetFetcher as IterableFetcher
 
 from ..pipeline import worker_info
 from ._fetch import Failed, Positioned, Snapshot, init_failure, is_stateful, pin
@@ -46,19 +48,19 @@ class LaneFetch:
         self.batch_size, self.drop_last = batch_size, drop_last
         self.resume = resume
         self.pin = False
-        self._it: Iterator[Any] | None = None
+        self._fetcher: Any = None  # torch's fetcher over this epoch's iterator
         self._epoch = -1
         self._ended = False
         self.__name__ = "fetch"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_it": None}  # a worker's copy starts its own iterator
+        return {**self.__dict__, "_fetcher": None}  # a worker's copy starts its own iterator
 
     def __call__(self, task: tuple[int, int]) -> Positioned:
         epoch, position = task
         if epoch != self._epoch:
             self.begin(epoch)
-        if self._ended:
+        if self._ended or self._fetcher.ended:
             return Positioned(position, END)
         try:
             if (failure := init_failure()) is not None:
@@ -77,9 +79,10 @@ class LaneFetch:
 
     def snapshot(self) -> Snapshot | None:
         """The dataset's and the iterator's states, if they have any."""
+        it = self._fetcher.dataset_iter
         state = {
             "dataset": self.dataset.state_dict() if is_stateful(self.dataset) else None,
-            "iterator": self._it.state_dict() if is_stateful(self._it) else None,  # type: ignore[union-attr]
+            "iterator": it.state_dict() if is_stateful(it) else None,
         }
         return Snapshot(_worker_id(), state) if any(state.values()) else None
 
@@ -91,10 +94,10 @@ class LaneFetch:
         saved = (resume[2] or {}) if resume is not None else {}
         if saved.get("dataset") is not None:
             self.dataset.load_state_dict(saved["dataset"])
-        self._it = iter(self.dataset)
+        self._fetcher = IterableFetcher(
+            self.dataset, self.batch_size is not None, self.collate, self.drop_last)
         if saved.get("iterator") is not None:
-            iterator: Any = self._it
-            iterator.load_state_dict(saved["iterator"])
+            self._fetcher.dataset_iter.load_state_dict(saved["iterator"])
         elif resume is not None and saved.get("dataset") is None:
             for _ in range(resume[1]):  # replay the batches delivered before the save
                 try:
@@ -106,20 +109,8 @@ class LaneFetch:
                     continue
 
     def _next_batch(self) -> Any:
-        it = self._it
-        assert it is not None
-        if self.batch_size is None:
-            return self.collate(next(it))
-        data = []
-        for _ in range(self.batch_size):
-            try:
-                data.append(next(it))
-            except StopIteration:
-                self._ended = True
-                break
-        if not data or (self.drop_last and len(data) < self.batch_size):
-            raise StopIteration
-        return self.collate(data)
+        # torch's own: batch_size items (fewer at the end, unless drop_last), or one item
+        return self._fetcher.fetch(range(self.batch_size or 0))
 
     def __repr__(self) -> str:
         collate = getattr(self.collate, "__qualname__", type(self.collate).__qualname__)
