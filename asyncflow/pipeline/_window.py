@@ -28,16 +28,10 @@ class Window:
     """
 
     def __init__(self, size: int) -> None:
-        self.size = size
         self._free = size
         self._closed = False
         self._lock = threading.Lock()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-
-    @property
-    def in_flight(self) -> int:
-        """Items let in and not yet received nor dropped."""
-        return self.size - self._free
 
     async def take(self, most: int) -> int:
         """Take up to ``most`` credits (on the run's loop), waiting for one if none is free.
