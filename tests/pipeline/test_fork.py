@@ -65,6 +65,18 @@ def test_workers_see_the_parents_data_as_it_was_when_the_run_was_built() -> None
     assert list(it) == ["before"] * 3
 
 
+def _frozen(_: int) -> int:
+    return gc.get_freeze_count()
+
+
+def test_forked_workers_inherit_the_parents_objects_frozen_and_the_parent_does_not() -> None:
+    """A worker's collections leave the parent's objects (and so their pages) alone."""
+    assert gc.get_freeze_count() == 0
+    [frozen] = set(Pipeline(range(4)).map(_frozen, concurrency=2, workers=FORK))
+    assert frozen > len(gc.get_objects()) // 2  # all the parent had when the run was built
+    assert gc.get_freeze_count() == 0  # the parent's own collector: as it was
+
+
 def test_another_python_thread_refuses_fork_naming_it() -> None:
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, name="user-monitor")
