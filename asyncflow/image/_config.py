@@ -36,9 +36,17 @@ def check_arguments(
     return decode_concurrency
 
 
+#: How ``"auto"`` and ``"processes"`` start the decoders: forked from this process where that
+#: is safe, as ``asyncflow.DataLoader``'s workers, so that they share its imported modules
+#: (NumPy, PIL, the kernel, torch) copy-on-write instead of holding their own from the
+#: forkserver; else from the forkserver, and ``stats().notes`` says why (docs/performance.md).
+FORK_OR_FORKSERVER = Processes(persistent=True, start_method="fork", fallback="forkserver")
+
+
 def decode_workers(workers: Any, count: int) -> tuple[Processes | None, str | None]:
-    """Processes (persistent: they belong to the pipeline) or threads (``None``) for
-    ``count`` decoders, and why, when ``workers="auto"`` chose.
+    """Processes (persistent: they belong to the pipeline; :data:`FORK_OR_FORKSERVER` unless
+    ``workers`` is a :class:`~asyncflow.Processes`) or threads (``None``) for ``count``
+    decoders, and why, when ``workers="auto"`` chose.
 
     Raises:
         ConfigError: ``workers`` is not ``"auto"``, ``"threads"``, ``"processes"`` or a
@@ -51,9 +59,10 @@ def decode_workers(workers: Any, count: int) -> tuple[Processes | None, str | No
                                       stage="decode")
         if chosen is None:
             return None, note
-        return replace(chosen, persistent=True), note
+        return replace(chosen, persistent=True, start_method=FORK_OR_FORKSERVER.start_method,
+                       fallback=FORK_OR_FORKSERVER.fallback), note
     if workers == "processes":
-        workers = Processes(persistent=True)
+        workers = FORK_OR_FORKSERVER
     if not isinstance(workers, Processes):
         raise ConfigError(
             f"workers must be 'auto', 'threads', 'processes' or an asyncflow.Processes, got "

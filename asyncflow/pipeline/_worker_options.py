@@ -78,7 +78,8 @@ class Processes:
             that child forks the workers, and replaces a dead one. On the issue-23 images job,
             fork held 1.04x torch's memory, the forkserver 1.68x (docs/performance.md). Not
             this class's default: a pipeline built beside a running thread (Jupyter's, another
-            run's) would be refused. ``asyncflow.DataLoader`` asks for fork with a fallback.
+            run's) would be refused. ``asyncflow.DataLoader`` and ``image.folder`` ask for fork
+            with a fallback.
             As with torch's DataLoader, a worker does not import the main script again (unlike
             a plain multiprocessing child): a script needs no ``if __name__ == "__main__":``
             guard, and its top-level code runs once.
