@@ -15,7 +15,8 @@ memory went. Shared-memory files nobody maps are in no process's PSS: the ``shm`
 this run's files in ``/dev/shm`` at the peak. The last column is each row's median time for
 its 2 epochs, start-up included: a memory saving that costs speed shows there. Kinds
 ``asyncflow`` (the default start: fork where safe, else the forkserver; the lines under the
-table say which it got), ``asyncflow-fork``, ``asyncflow-forkserver``, ``torch``, ``folder``.
+table say which it got), ``asyncflow-fork``, ``asyncflow-forkserver``, ``torch``, ``folder``
+(decoders forked where safe, else from the forkserver, as the default), ``folder-forkserver``.
 
 Jobs, both with 4 workers, ``persistent_workers=True``, 2 epochs:
 
@@ -23,6 +24,12 @@ Jobs, both with 4 workers, ``persistent_workers=True``, 2 epochs:
   Dataset (``_loaders._Folder``: resize 224, centre crop), batches of 32, normalized float32;
 * ``images`` also for ``image.folder(train=True)`` with its defaults (a random-resized crop);
 * ``array``: an in-memory Dataset, one ``--array-mib`` MiB uint8 array, rows as float32.
+
+``--worker-gc`` gives the DataLoaders a ``worker_init_fn`` that runs a full garbage collection
+in each worker as it starts: what a long run's workers do sooner or later (a full collection
+comes once enough objects have outlived the younger ones), brought into two epochs. A forked
+worker's collection touches every object it inherited, and so copies their pages, unless they
+were frozen (``gc.freeze()``: asyncflow's fork template does it).
 """
 
 from __future__ import annotations
@@ -45,7 +52,8 @@ KINDS = {"torch": "torch DataLoader",
          "asyncflow-fork": 'the same, multiprocessing_context="fork"',
          "asyncflow-forkserver": 'the same, multiprocessing_context="forkserver"',
          "folder": "image.folder(train=True), defaults",
-         "folder-kernel": "the same, normalized in the decoders (float32 rows, before)"}
+         "folder-kernel": "the same, normalized in the decoders (float32 rows, before)",
+         "folder-forkserver": "image.folder(train=True), decoders from the forkserver (before)"}
 
 
 def _descendants(pid: int) -> list[int]:
@@ -72,6 +80,21 @@ def _pss_mib(pid: int) -> float:
     except OSError:
         pass
     return 0.0
+
+
+def _split_mib(pid: int) -> list[float]:
+    """``pid``'s PSS in anonymous memory, files and shared memory (``smaps_rollup``)."""
+    fields = {"Pss_Anon:": 0, "Pss_File:": 1, "Pss_Shmem:": 2}
+    out = [0.0, 0.0, 0.0]
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                key, _, value = line.partition(" ")
+                if key in fields:
+                    out[fields[key]] = int(value.split()[0]) / 1024
+    except OSError:
+        pass
+    return out
 
 
 def _role(pid: int, me: int) -> str:
@@ -148,7 +171,14 @@ def _unmapped_mib(pids: list[int]) -> float:
     return sum(size for ino, size in held.items() if ino not in mapped) / 2**20
 
 
-def _loader(kind: str, job: str, array_mib: int) -> Any:
+def _collect_garbage(worker_id: int) -> None:
+    """``--worker-gc``'s ``worker_init_fn``."""
+    import gc
+
+    gc.collect()
+
+
+def _loader(kind: str, job: str, array_mib: int, worker_gc: bool = False) -> Any:
     import torch
 
     if job == "images":
@@ -162,14 +192,21 @@ def _loader(kind: str, job: str, array_mib: int) -> Any:
 
         dataset, args = ArrayRows(array_mib), {"batch_size": 32}
     args.update(num_workers=4, persistent_workers=True)
+    if worker_gc:
+        args["worker_init_fn"] = _collect_garbage
     if kind.startswith("folder"):  # its defaults: as many decoders as cores, processes from 2
+        import asyncflow
         from asyncflow import image
         from asyncflow.image import _folder
 
         # "folder-kernel": float32 rows normalized by the decoders, as before uint8 rows
         _folder._NORMALIZE_IN_KERNEL = kind == "folder-kernel"
 
-        return image.folder(str(build_dataset(1024)), batch_size=32, size=224, train=True)
+        # "folder-forkserver": the decoders start from the forkserver, as before they forked
+        workers: Any = (asyncflow.Processes(persistent=True) if kind == "folder-forkserver"
+                        else "auto")
+        return image.folder(str(build_dataset(1024)), batch_size=32, size=224, train=True,
+                            workers=workers)
     if kind == "torch":
         return torch.utils.data.DataLoader(dataset, **args)
     import asyncflow
@@ -197,23 +234,25 @@ def sample(me: int) -> None:
             for pid, pss in tree.items():
                 role = _role(pid, me)
                 roles[role] = roles.get(role, 0.0) + pss
-            peak.update(total=sum(tree.values()), roles=roles, shm=_shm_mib())
+            peak.update(total=sum(tree.values()), roles=roles, shm=_shm_mib(),
+                        split=sorted([_role(pid, me), *_split_mib(pid)] for pid in tree))
         peak["held"] = max(peak.get("held", 0.0), sum(tree.values()) + unmapped)
     print(json.dumps(peak), flush=True)
 
 
-def child(kind: str, job: str, array_mib: int) -> dict[str, Any]:
+def child(kind: str, job: str, array_mib: int, worker_gc: bool = False) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
     me = os.getpid()
-    make = _loader(kind, job, array_mib) if job == "array" else None  # the data before base
+    # the array job's data is made before the base is taken
+    make = _loader(kind, job, array_mib, worker_gc) if job == "array" else None
     sampler = subprocess.Popen([sys.executable, __file__, "--sample", str(me)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert sampler.stdout is not None and sampler.stdin is not None
     sampler.stdout.readline()
-    base = _pss_mib(me)
-    loader = make if make is not None else _loader(kind, job, array_mib)
+    base, base_split = _pss_mib(me), _split_mib(me)
+    loader = make if make is not None else _loader(kind, job, array_mib, worker_gc)
     start = time.perf_counter()
     for _ in range(2):
         for _batch in loader:
@@ -228,10 +267,11 @@ def child(kind: str, job: str, array_mib: int) -> dict[str, Any]:
     roles["parent"] = roles.get("parent", base) - base
     # how the default started its workers (fork, or the forkserver and why): its run's notes
     start = ([n for n in loader.stats().notes if "worker processes" in n]
-             if kind == "asyncflow" else [])
+             if kind in ("asyncflow", "folder") else [])
     return {"kind": kind, "job": job, "above": peak["total"] - base, "roles": roles,
             "shm": peak.get("shm", 0.0), "seconds": seconds,
-            "held": peak.get("held", base) - base, "start": start}
+            "held": peak.get("held", base) - base, "start": start,
+            "split": peak.get("split", []), "base_split": base_split}
 
 
 def main() -> None:
@@ -242,6 +282,8 @@ def main() -> None:
                         help="a subset of " + ",".join(KINDS))
     parser.add_argument("--array-mib", type=int, default=256)
     parser.add_argument("--quick", action="store_true", help="one run, a 32 MiB array")
+    parser.add_argument("--worker-gc", action="store_true",
+                        help="a full garbage collection in each DataLoader worker as it starts")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "JOB"))
     parser.add_argument("--sample", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -251,7 +293,7 @@ def main() -> None:
     if args.quick:
         args.runs, args.array_mib = 1, 32
     if args.child:
-        print(json.dumps(child(*args.child, args.array_mib)))
+        print(json.dumps(child(*args.child, args.array_mib, args.worker_gc)))
         return
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for job in args.jobs.split(","):
@@ -261,7 +303,7 @@ def main() -> None:
                     continue
                 out = subprocess.run(
                     [sys.executable, "-W", "ignore", __file__, "--child", kind, job,
-                     "--array-mib", str(args.array_mib)],
+                     "--array-mib", str(args.array_mib), *["--worker-gc"] * args.worker_gc],
                     capture_output=True, text=True, check=True, timeout=600,
                 )
                 results.setdefault((job, kind), []).append(json.loads(out.stdout))
@@ -283,6 +325,13 @@ def main() -> None:
               f"| {statistics.median(above) / torch_median:.2f}x | {mid['shm']:.0f} MiB "
               f"| {where} | {held:.0f} MiB, {held / torch_held:.2f}x "
               f"| {statistics.median(r['seconds'] for r in runs):.1f} |")
+    print("\nAt the peak of each row's median run, each process's PSS (MiB): anonymous, files, "
+          "shared memory (the parent's before the loader: its first line)")
+    for (job, kind), runs in results.items():
+        mid = sorted(runs, key=lambda r: r["above"])[len(runs) // 2]
+        procs = [["parent before", *mid["base_split"]], *mid["split"]]
+        print(f"- {job}, {kind}: " + "; ".join(
+            f"{role} {anon:.0f}/{files:.0f}/{shm:.0f}" for role, anon, files, shm in procs))
     for (job, kind), runs in results.items():
         for note in sorted({n for r in runs for n in r.get("start", [])}):
             print(f"- {job}, {kind}: {note}")
