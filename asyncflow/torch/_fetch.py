@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pickle
 import threading
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -13,7 +12,7 @@ import torch
 from torch.utils.data._utils.fetch import _MapDatasetFetcher as MapFetcher
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 
-from .._redact import redact
+from .._redact import format_exception, redact
 from ..pipeline import WorkerInfo, worker_info
 
 __all__ = [
@@ -83,7 +82,7 @@ class Failed:
 
     def __reduce__(self) -> tuple[Any, ...]:
         error = self.error
-        remote = redact("".join(traceback.format_exception(error)))
+        remote = format_exception(error)
         try:
             pickle.loads(pickle.dumps(error))
         except Exception:
