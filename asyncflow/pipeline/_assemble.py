@@ -32,7 +32,7 @@ from ._protocols import Assembler, PositionedAssembler
 from ._span import Span
 from ._spec import StageSpec, check_budget, check_positive
 from ._stats import ItemGroup
-from ._traits import StageTraits
+from ._traits import StageTraits, check_flags
 
 __all__ = ["AssembleLedger", "AssembleNode", "AssembleSpec"]
 
@@ -61,8 +61,7 @@ class AssembleSpec(StageSpec):
         check_positive("batch_size", self.batch_size)
         check_positive("buffer", self.buffer, allow_none=True)
         check_budget(self.max_failures, allow_none=True)
-        if not isinstance(self.drop_last, bool):
-            raise ConfigError(f"drop_last must be True or False, got {self.drop_last!r}")
+        check_flags(self, "drop_last")
         missing = [m for m in ("failure", "arrived")
                    if not callable(getattr(self.assembler, m, None))]
         if missing:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._errors import ConfigError
 from ._expansion import check_partial
-from ._traits import StageTraits, Worker
+from ._traits import StageTraits, Worker, check_flags
 
 if TYPE_CHECKING:
     from ._worker_options import Processes
@@ -217,8 +217,7 @@ class MapSpec(StageSpec):
         check_positive("buffer", self.buffer, allow_none=True)
         check_positive("buffer_bytes", self.buffer_bytes, allow_none=True)
         check_budget(self.max_failures, allow_none=True)
-        if not isinstance(self.ordered, bool):
-            raise ConfigError(f"ordered must be True or False, got {self.ordered!r}")
+        check_flags(self, "ordered")
         if self.executor is not None:
             if not isinstance(self.executor, Executor):
                 raise ConfigError(
@@ -310,6 +309,7 @@ class BatchSpec(StageSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive("batch size", self.size)
+        check_flags(self, "drop_last")
 
     @property
     def items_per_output(self) -> int | None:

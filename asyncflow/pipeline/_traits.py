@@ -18,12 +18,24 @@ from typing import Literal
 
 from .._errors import ConfigError
 
-__all__ = ["Grouping", "StageTraits", "Worker"]
+__all__ = ["Grouping", "StageTraits", "Worker", "check_flags"]
 
 #: How a stage regroups items (``None``: item for item, or dropping some).
 Grouping = Literal["lists", "batches", "elements"] | None
 #: What a stage's calls run on.
 Worker = Literal["loop", "threads", "processes", "executor"]
+
+def check_flags(owner: object, *names: str) -> None:
+    """Refuse any of ``owner``'s attributes ``names`` that is not a ``bool``.
+
+    Raises:
+        ConfigError: Names the first one that is not (``"yes"`` or ``1`` would read as true).
+    """
+    for name in names:
+        value = getattr(owner, name)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be True or False, got {value!r:.80}")
+
 
 _GROUPINGS = (None, "lists", "batches", "elements")
 _WORKERS = ("loop", "threads", "processes", "executor")
@@ -68,9 +80,7 @@ class StageTraits:
     tunable: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("ordered", "per_item", "keeps_items", "stateful", "tunable"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        check_flags(self, "ordered", "per_item", "keeps_items", "stateful", "tunable")
         if self.grouping not in _GROUPINGS:
             raise ConfigError(f"grouping must be one of {_GROUPINGS}, got {self.grouping!r}")
         if self.worker not in _WORKERS:

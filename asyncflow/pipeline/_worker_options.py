@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._errors import ConfigError
+from ._traits import check_flags
 from .seeding import fresh_seed
 
 __all__ = [
@@ -123,9 +124,7 @@ class Processes:
         if self.fallback is not None and self.start_method != "fork":
             raise ConfigError(f"fallback= is the start method used where fork is refused; "
                               f"start_method={self.start_method!r} is never refused")
-        for name in ("persistent", "reseed"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        check_flags(self, "persistent", "reseed")
         if self.init is not None and not callable(self.init):
             raise ConfigError(f"init must be callable, got {self.init!r:.80}")
         if self.seed is not None and (

@@ -266,3 +266,14 @@ def test_traits_are_checked() -> None:
         StageTraits(ordered=1)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="traits must be a StageTraits"):
         CustomSpec(label="x", factory=ScaleNode, traits={"ordered": True})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Pipeline(range(4)).batch(2, drop_last="no"),
+    lambda: Pipeline(range(4)).map(str, ordered=1),
+    lambda: af.Processes(persistent="yes"),
+])
+def test_a_flag_that_is_not_a_bool_is_refused_by_name(make: Any) -> None:
+    # batch(drop_last="no") read as true and dropped the short last batch
+    with pytest.raises(ConfigError, match=r"(drop_last|ordered|persistent) must be True or False"):
+        make()
