@@ -12,7 +12,7 @@ import torch
 from torch.utils.data._utils.fetch import _MapDatasetFetcher as MapFetcher
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 
-from .._redact import format_exception, redact
+from .._redact import describe_item, format_exception, redact
 from ..pipeline import WorkerInfo, worker_info
 
 __all__ = [
@@ -76,9 +76,10 @@ class Failed:
     ``RuntimeError`` naming its type; the worker's traceback comes along as a note.
     """
 
-    def __init__(self, error: BaseException, where: str) -> None:
+    def __init__(self, error: BaseException, where: str, item: str = "") -> None:
         self.error = error
         self.where = where
+        self.item = item  # what the failure record names: the batch's indices
 
     def __reduce__(self) -> tuple[Any, ...]:
         error = self.error
@@ -87,7 +88,7 @@ class Failed:
             pickle.loads(pickle.dumps(error))
         except Exception:
             error = RuntimeError(f"{type(error).__qualname__}: {redact(str(error))}")
-        return (_rebuild_failed, (error, self.where, remote))
+        return (_rebuild_failed, (error, self.where, remote, self.item))
 
     def raise_it(self) -> None:
         """Raise the batch's own exception, noting where it happened."""
@@ -95,9 +96,9 @@ class Failed:
         raise self.error
 
 
-def _rebuild_failed(error: BaseException, where: str, remote: str) -> Failed:
+def _rebuild_failed(error: BaseException, where: str, remote: str, item: str) -> Failed:
     error.add_note(f"Traceback in the worker process:\n{remote}")
-    return Failed(error, where)
+    return Failed(error, where, item)
 
 
 def pin(batch: Any, device: str | None = None) -> Any:
@@ -156,7 +157,8 @@ class Fetch:
                 raise
             what = "index" if not self.auto else "indices"
             return Failed(exc, f"asyncflow.DataLoader: batch {position} ({what} "
-                               f"{_shown(indices)}) failed in stage 'fetch'")
+                               f"{_shown(indices)}) failed in stage 'fetch'",
+                          describe_item(indices))
 
     def _snapshot(self) -> Snapshot | None:
         if not self.keep_state:

@@ -23,9 +23,24 @@ from .._redact import redact
 from ..pipeline import PipelineStats, Run, StageStats
 from ._fetch import Failed
 
-__all__ = ["EpochLanes"]
+__all__ = ["MAX_RECORDS", "EpochLanes", "record_of", "with_failed"]
 
-_MAX_RECORDS = 10_000  # failed batches kept per lane, as a stage keeps its records
+MAX_RECORDS = 10_000  # failed batches kept per lane, as a stage keeps its records
+
+
+def record_of(batch: Failed, stage: str, item: str) -> FailureRecord:
+    """The failure record of a failed batch the consumer received (its message redacted)."""
+    error = batch.error
+    return FailureRecord(stage, item, type(error).__name__, redact(str(error)))
+
+
+def with_failed(stage: StageStats, count: int, records: list[FailureRecord]) -> StageStats:
+    """``stage`` with ``count`` more failures, raised at the consumer (``records``: theirs,
+    the first :data:`MAX_RECORDS`), which its run did not see."""
+    if not count:
+        return stage
+    return replace(stage, failures=stage.failures + count,
+                   failed_items=stage.failed_items + tuple(records))
 
 
 class EpochLanes:
@@ -58,12 +73,9 @@ class EpochLanes:
         self.received[lane] += 1
         if isinstance(batch, Failed):
             self.failures[lane] += 1
-            if len(self.failed[lane]) < _MAX_RECORDS:
-                error = batch.error
-                self.failed[lane].append(FailureRecord(
-                    self._name(lane, "fetch"), f"batch {position}", type(error).__name__,
-                    redact(str(error)),
-                ))
+            if len(self.failed[lane]) < MAX_RECORDS:
+                self.failed[lane].append(
+                    record_of(batch, self._name(lane, "fetch"), f"batch {position}"))
 
     def close(self) -> None:
         for run in self.runs:
@@ -102,9 +114,8 @@ class EpochLanes:
         for stage in one.stages:
             if batches is not None:
                 stage = _before_end(stage, batches)
-            if stage.name == "fetch" and self.failures[lane]:
-                stage = replace(stage, failures=stage.failures + self.failures[lane],
-                                failed_items=stage.failed_items + tuple(self.failed[lane]))
+            if stage.name == "fetch":
+                stage = with_failed(stage, self.failures[lane], self.failed[lane])
             stages.append(replace(
                 stage, name=self._name(lane, stage.name),
                 failed_items=tuple(replace(r, stage=self._name(lane, stage.name))

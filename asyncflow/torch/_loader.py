@@ -105,7 +105,8 @@ class DataLoader(TorchDataLoader[T_co]):
             ``None``: the shuffle draws from torch's global generator, as torch's does.
         max_failures: *New.* ``0`` (default): a batch whose fetch or collate raises raises
             that exception, the batch's own type (stage and indices in its notes), and
-            iterating on continues with the next batch, as in torch. An int allows that
+            iterating on continues with the next batch, as in torch (:meth:`stats` lists
+            it). An int allows that
             many failed batches, a float in [0, 1] that fraction: they are skipped, logged
             and listed in :meth:`stats`, and one more fails the epoch (with an
             ``IterableDataset``, counted over every worker's batches together).
@@ -290,7 +291,8 @@ class DataLoader(TorchDataLoader[T_co]):
         """
         if self._iterable is not None:
             return self._iterable.stats()
-        return self._pipe.stats() if self._pipe is not None else PipelineStats()
+        return self._state.stats(self._pipe.stats() if self._pipe is not None
+                                 else PipelineStats())
 
     def _samplers(self) -> tuple[Any, Any]:
         return self.sampler, self.batch_sampler

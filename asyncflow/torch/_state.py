@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import replace
 from typing import Any
 
-from .._errors import ConfigError, LoaderTimeout, PipelineError
+from .._errors import ConfigError, FailureRecord, LoaderTimeout, PipelineError
 from ..pipeline import PipelineStats, Run
 from ._args import check_int
 from ._fetch import Failed, Positioned
+from ._lane_stats import MAX_RECORDS, record_of, with_failed
 
 __all__ = ["EpochIterator", "LoaderState"]
 
@@ -33,6 +35,9 @@ class LoaderState:
         # the dataset's own state as of the latest delivered batch: by worker process id,
         # or under None for the copy in this process
         self.dataset_states: dict[int | None, Any] = {}
+        # failed batches raised at the consumer (max_failures=0): the run saw them delivered
+        self.failures = 0
+        self.failed: list[FailureRecord] = []
 
     def begin(self) -> tuple[int, int, set[int]]:
         """Start the next epoch; returns ``(epoch, batches to skip, later positions to skip
@@ -43,6 +48,7 @@ class LoaderState:
         self.next_epoch = epoch + 1
         self.in_epoch = True
         self.serial += 1
+        self.failures, self.failed = 0, []
         return epoch, skip, ahead
 
     def moved_on(self, epoch: int) -> None:
@@ -60,6 +66,21 @@ class LoaderState:
         while self.delivered in self.ahead:
             self.ahead.discard(self.delivered)
             self.delivered += 1
+
+    def raised(self, batch: Failed) -> None:
+        """A failed batch is raised at the consumer: count it as its ``fetch`` failed."""
+        self.failures += 1
+        if len(self.failed) < MAX_RECORDS:
+            self.failed.append(record_of(batch, "fetch", batch.item))
+
+    def stats(self, stats: PipelineStats) -> PipelineStats:
+        """The epoch's run's ``stats``, its ``fetch`` stage counting the failures raised at
+        the consumer (:meth:`raised`), as an iterable dataset's lanes count theirs."""
+        if not self.failures:
+            return stats
+        stages = tuple(with_failed(s, self.failures, self.failed) if s.name == "fetch" else s
+                       for s in stats.stages)
+        return replace(stats, stages=stages)
 
     def set_next_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch``: a saved position within another epoch
@@ -191,6 +212,8 @@ class EpochIterator:
                 self._state.dataset_states[item.snapshot.wid] = item.snapshot.state
         batch = item.batch
         if isinstance(batch, Failed):
+            if self._current():
+                self._state.raised(batch)
             batch.raise_it()  # the batch's own exception; the next batch may follow
         return batch
 
@@ -261,4 +284,4 @@ class EpochIterator:
 
     def stats(self) -> PipelineStats:
         """Statistics of this epoch's pipeline so far."""
-        return self._run.stats() if self._run is not None else PipelineStats()
+        return self._state.stats(self._run.stats() if self._run is not None else PipelineStats())

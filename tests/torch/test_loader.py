@@ -214,10 +214,14 @@ def test_max_failures_skips_batches_that_fail() -> None:
     got = [b["sq"].tolist() for b in loader]
     assert got == [[0, 1, 4, 9], [64, 81, 100, 121], [144, 169, 196, 225]]
     assert [f.item for f in loader.stats().failures] == ["[4, 5, 6, 7]", "[16, 17, 18, 19]"]
-    strict = iter(DataLoader(Flaky(20), batch_size=4))
+    strict_loader = DataLoader(Flaky(20), batch_size=4)
+    strict = iter(strict_loader)
     assert next(strict)["sq"].tolist() == [0, 1, 4, 9]
     with pytest.raises(KeyError) as info:  # the batch's own exception, as torch raises it
         next(strict)
+    # raised in place, it is in stats() as a skipped one is (it was missing)
+    assert [f.item for f in strict_loader.stats().failures] == ["[4, 5, 6, 7]"]
+    assert [f.item for f in strict.stats().failures] == ["[4, 5, 6, 7]"]
     assert "batch 1 (indices [4, 5, 6, 7]) failed in stage 'fetch'" in info.value.__notes__[-1]
     assert next(strict)["sq"].tolist() == [64, 81, 100, 121]  # and iterating goes on
 

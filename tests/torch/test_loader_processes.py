@@ -621,6 +621,10 @@ def test_a_failing_getitem_keeps_its_type_and_the_workers_traceback(leak_check: 
     assert "in __getitem__" in notes and "Traceback" in notes  # the worker's traceback
     assert "batch 2 (indices [4, 5]) failed in stage 'fetch'" in notes
     assert [y.tolist() for _, y in it] == [[42, 49], [56, 63], [70, 77]]  # the epoch goes on
+    # raised in place, and counted as the budget's skips are (it was not before)
+    (failure,) = loader.stats().failures
+    assert (failure.stage, failure.item, failure.error_type) == ("fetch", "[4, 5]", "KeyError")
+    assert "sample 5 is missing" in failure.message
 
 
 def test_max_failures_skips_the_batch_that_failed_in_a_worker(leak_check: None) -> None:
