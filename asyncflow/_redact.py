@@ -3,11 +3,14 @@
 The one redactor of the package. What it masks:
 
 * URLs: user info (``user:password@``) and every query *value* (names stay, so a presigned
-  URL still reads as one); the fragment is dropped. ``s3://bucket/key`` is left alone (a
-  key may hold a literal ``?``), except for user info.
-* ``name=value`` / ``name: value`` pairs (quoted or not) whose name says secret:
-  ``aws_secret_access_key``, ``aws_session_token``, ``X-Amz-Signature``,
-  ``X-Amz-Credential``, ``X-Amz-Security-Token``, ``password``, ``token``, ``secret`` ...
+  URL still reads as one); the fragment is dropped. An ``s3://bucket/key`` keeps its key (a
+  key may hold a literal ``?``) but for the values of secret-named pairs in it (below): a
+  presigned query pasted after ``s3://`` reads ``s3://b/k?X-Amz-Signature=***``.
+* ``name=value`` / ``name: value`` pairs (quoted or not) whose name says secret, and their
+  percent-encoded form (``X-Amz-Signature%3D...%26``, as botocore prints a key in a URL
+  path): ``aws_secret_access_key``, ``aws_session_token``, ``X-Amz-Signature``,
+  ``X-Amz-Credential``, ``X-Amz-Security-Token``, ``AWSAccessKeyId``, ``Signature``,
+  ``sig``, ``password``, ``token``, ``secret`` ...
 * ``Authorization`` headers (the whole value) and ``Bearer`` tokens.
 * AWS access key ids (``AKIA...``, ``ASIA...``), and, appearing raw, anything shaped like a
   secret access key (40 base64 characters mixing cases and digits; a hex digest of the same
@@ -45,11 +48,21 @@ _SECRET_NAMES = (
     r"aws_secret_access_key|aws_session_token|aws_security_token|secret_access_key"
     r"|x-amz-signature|x-amz-security-token|x-amz-credential|session_token|sessiontoken"
     r"|client_secret|api_key|apikey|access_token|refresh_token|password|passwd|secret"
-    r"|signature|credential|token"
+    r"|signature|credential|token|accesskeyid|access_key_id|sig"
 )
+#: A word in every one of those names: text holding none of them has no pair to mask (a
+#: test holds this), and skips the pair patterns, the costliest of all.
+_NAME_HINTS = ("sig", "token", "secret", "credential", "passw", "api_key", "apikey",
+               "accesskeyid", "access_key_id")
 _PAIRS = re.compile(
-    rf"(?i)(?P<key>\b[\w-]*(?:{_SECRET_NAMES}))(?P<sep>['\"]?\s*[=:]\s*['\"]?)"
+    rf"(?i)(?P<key>{_SECRET_NAMES})(?P<sep>['\"]?\s*[=:]\s*['\"]?)"
     r"(?!\*\*\*)[^\s&,;'\"})\]]*[^\s&,;:.'\"})\]]"  # a trailing ':' or '.' is prose
+)
+# The same pair percent-encoded once or more ("%3D", "%253D"), as a key is in a URL's path;
+# its value ends at an encoded "&" ("%26"), as a query's would.
+_ENCODED_PAIRS = re.compile(
+    rf"(?i)(?P<key>{_SECRET_NAMES})(?P<sep>%(?:25)*3D)"
+    r"(?!\*\*\*)(?:(?!%(?:25)*26)[^\s&,;'\"})\]])+"
 )
 _AUTHORIZATION = re.compile(
     r"(?i)(?P<key>\b(?:proxy-)?authorization['\"]?\s*[=:]\s*['\"]?)[^'\"\r\n]+"
@@ -68,8 +81,9 @@ def redact_url(url: object) -> str:
     if "://" not in text:
         return text  # a local path: no credentials ride in it
     if text[:5].lower() == "s3://":
-        # An S3 key may hold a literal "?" that is part of its name, not a query.
-        return _USERINFO.sub(rf"\g<scheme>{MASK}@", text)
+        # An S3 key may hold a literal "?" that is part of its name, not a query: only the
+        # values of secret-named pairs in it are masked.
+        return _mask_pairs(_USERINFO.sub(rf"\g<scheme>{MASK}@", text))
     try:
         parts = urlsplit(text)
         netloc = parts.netloc
@@ -79,7 +93,8 @@ def redact_url(url: object) -> str:
         if parts.query:
             names = [name for name, _ in parse_qsl(parts.query, keep_blank_values=True)]
             query = "&".join(f"{name}={MASK}" for name in names) if names else MASK
-        return SplitResult(parts.scheme, netloc, parts.path, query, "").geturl()
+        path = _mask_pairs(parts.path)  # a key botocore put in the path, "k%3Fsig%3D..."
+        return SplitResult(parts.scheme, netloc, path, query, "").geturl()
     except ValueError:
         # Unparseable (a bad port, stray brackets): keep only what precedes any secret.
         head = text.split("?", 1)[0].split("#", 1)[0]
@@ -91,7 +106,7 @@ def redact(text: str) -> str:
     """``text`` with every secret this module knows the shape of masked (see above)."""
     text = _AUTHORIZATION.sub(rf"\g<key>{MASK}", text)
     text = _BEARER.sub(_mask_token, text)
-    text = _PAIRS.sub(rf"\g<key>\g<sep>{MASK}", text)
+    text = _mask_pairs(text)
     text = _URL.sub(lambda m: redact_url(m.group(0)), text)
     for name in _ENV_SECRETS:
         secret = os.environ.get(name)
@@ -103,6 +118,14 @@ def redact(text: str) -> str:
 
 #: The same function, under the name the sources have used.
 redact_text = redact
+
+
+def _mask_pairs(text: str) -> str:
+    lowered = text.lower()
+    if not any(hint in lowered for hint in _NAME_HINTS):
+        return text
+    text = _PAIRS.sub(rf"\g<key>\g<sep>{MASK}", text)
+    return _ENCODED_PAIRS.sub(rf"\g<key>\g<sep>{MASK}", text) if "%" in text else text
 
 
 def _mask_token(match: re.Match[str]) -> str:
@@ -135,7 +158,31 @@ def describe_exception(exc: BaseException) -> str:
     return f"{name}: {message}" if message else name
 
 
-_item_repr = reprlib.Repr()
+_SPAN = 1 << 16  # characters of a long string redacted (its two ends) before it is shortened
+
+
+class _ItemRepr(reprlib.Repr):
+    """``reprlib``'s short repr, each string and object redacted *before* its middle is cut:
+    cut first, a presigned URL's signature would show in its tail, its name cut away."""
+
+    def repr_str(self, x: str, level: int) -> str:
+        if len(x) > _SPAN:
+            x = x[: _SPAN // 2] + x[-_SPAN // 2:]
+        return super().repr_str(redact(x), level)
+
+    def repr_instance(self, x: object, level: int) -> str:
+        try:
+            text = redact(repr(x))
+        except Exception:  # a broken __repr__ must not hide the real error
+            return f"<{type(x).__name__} with a failing repr>"
+        if len(text) <= self.maxother:
+            return text
+        head = max(0, (self.maxother - 3) // 2)
+        tail = max(0, self.maxother - 3 - head)
+        return text[:head] + self.fillvalue + text[len(text) - tail:]
+
+
+_item_repr = _ItemRepr()
 _item_repr.maxstring = _item_repr.maxother = 120
 _item_repr.maxlist = _item_repr.maxtuple = _item_repr.maxdict = 4
 _item_repr.maxlevel = 2

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+from urllib.parse import quote
 
 import pytest
 
-from asyncflow import Pipeline, PipelineError
-from asyncflow._redact import MASK, describe_exception, format_exception, redact, redact_url
+from asyncflow import ConfigError, Pipeline, PipelineError, _redact
+from asyncflow._redact import (
+    MASK,
+    describe_exception,
+    describe_item,
+    format_exception,
+    redact,
+    redact_url,
+)
 
 pytestmark = pytest.mark.usefixtures("leak_check")
 
@@ -43,7 +53,12 @@ LEAKY_MESSAGES = [
     "headers={'Authorization': 'Basic dXNlcjpodW50ZXIy'} rejected",
     "cannot connect to https://alice:hunter2@example.com:8443/data?sig=1",
     "password=hunter2 for user alice",
+    # botocore, of a presigned query pasted after s3://: the key percent-encoded in a path
+    'Could not connect to the endpoint URL: "http://127.0.0.1:9000/bucket/0001.jpg%3F'
+    f'{quote(PRESIGNED.partition("?")[2])}"',
 ]
+#: Tails of secrets: what a repr cut in its middle would show of them.
+FRAGMENTS = (SIGNATURE[-16:], SESSION_TOKEN[-16:], KEY_ID[-12:])
 
 
 def _clean(text: str) -> bool:
@@ -154,3 +169,54 @@ def test_stats_failure_records_hold_no_secret() -> None:
 )
 def test_prose_that_names_a_secret_is_left_alone(prose: str) -> None:
     assert redact(prose) == prose
+
+
+def test_every_secret_name_holds_a_hint_the_fast_path_looks_for() -> None:
+    # Text with no hint skips the pair patterns: a name without one would never be masked.
+    for name in _redact._SECRET_NAMES.split("|"):
+        assert any(hint in name for hint in _redact._NAME_HINTS), name
+
+
+@dataclasses.dataclass
+class _Sample:
+    label: int
+    url: str
+
+
+@pytest.mark.parametrize("item", [
+    PRESIGNED, ("x" * 50 + PRESIGNED, 7), {"url": PRESIGNED}, _Sample(3, PRESIGNED),
+    f"https://alice:hunter2@{'h' * 100}.com/a.jpg",
+])
+def test_a_shortened_item_shows_no_tail_of_a_secret(item: object) -> None:
+    # reprlib keeps a long text's head and tail: cut before it was redacted, the tail held
+    # the signature without the name that marks it as one.
+    shown = describe_item(item)
+    assert len(shown) < 400 and _clean(shown), shown
+    assert not any(fragment in shown for fragment in FRAGMENTS), shown
+
+
+def test_a_state_names_no_secret_of_its_listing() -> None:
+    items = [f"https://alice:hunter2@example.com/{i}.jpg?X-Amz-Signature={SIGNATURE}"
+             for i in range(3)]
+    state = Pipeline(items).state_dict()
+    text = json.dumps(state)
+    assert _clean(text) and "example.com/0.jpg" in text, text
+    other = Pipeline([f"https://alice:hunter2@example.com/9.jpg?sig={SIGNATURE}", *items[1:]])
+    with pytest.raises(ConfigError, match="differs from item 0") as info:
+        other.load_state_dict(state)
+    assert _clean(str(info.value)), info.value
+
+
+def _raise_encoded(x: object) -> object:
+    raise _Leaky(LEAKY_MESSAGES[-1])
+
+
+def test_a_worker_process_traceback_is_redacted() -> None:
+    pipe = Pipeline([PRESIGNED]).map(_raise_encoded, workers="processes")
+    with pytest.raises(PipelineError) as info:
+        list(pipe)
+    [error] = info.value.exceptions
+    notes = "\n".join(error.__notes__)
+    assert "Traceback" in notes and "_raise_encoded" in notes  # the worker's own traceback
+    for text in (notes, str(info.value), repr(info.value), str(pipe.stats())):
+        assert _clean(text) and not any(f in text for f in FRAGMENTS), text

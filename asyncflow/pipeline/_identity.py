@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._errors import ConfigError
+from .._redact import redact
 
 __all__ = ["PARTS", "describe_difference", "item_token", "listing_identity",
            "sequence_identity"]
@@ -68,7 +69,9 @@ def listing_identity(names: Sequence[str], contents: Sequence[str] | None = None
     parts = []
     for start in range(0, n, size):
         stop = min(n, start + size)
-        parts.append([start, _clip(names[start]), _digest(names[start:stop]),
+        # The name is shown (and saved with a state): redacted, then cut, so that a cut
+        # never leaves a signature's tail without the name that says it is one.
+        parts.append([start, _clip(redact(names[start])), _digest(names[start:stop]),
                       "" if contents is None else _digest(contents[start:stop])])
     whole = hashlib.sha256(repr((n, parts)).encode("utf-8", "surrogatepass")).hexdigest()[:16]
     return {"items": n, "digest": whole, "parts": parts}

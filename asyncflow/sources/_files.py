@@ -26,6 +26,7 @@ import aiofiles.threadpool
 
 from .._blob import read_regular
 from .._errors import SourceError, SourceNotFound, SourcePermissionError
+from .._redact import redact_url
 from ..pipeline import run_thread
 from ._manifest import MANIFEST_SUFFIXES, local_entries
 from ._objects import ObjectInfo
@@ -42,10 +43,10 @@ def file_path(url: str) -> str:
         return url
     parts = urlsplit(url)
     if parts.netloc not in ("", "localhost"):
-        raise SourceError(f"{url}: file:// URLs on another host are not supported")
+        raise SourceError(f"{redact_url(url)}: file:// URLs on another host are not supported")
     path = unquote(parts.path)
     if not path:
-        raise SourceError(f"{url}: no path in the URL")
+        raise SourceError(f"{redact_url(url)}: no path in the URL")
     return path
 
 

@@ -259,7 +259,8 @@ class S3Transport:
         prefix = key.split("/", 1)[0] + "/" if "/" in key else ""
         host = f"s3://{bucket}/{prefix}"
         async with s3_client(self.endpoint_url, timeout) as client:
-            gate = await limiter_for(f"{self.endpoint_url or ''}|{host}", host, _connections())
+            gate = await limiter_for(f"{self.endpoint_url or ''}|{host}", redact_url(host),
+                                     _connections())
 
             def attempt() -> Awaitable[bytes]:
                 return _get_once(client, url, what, retry)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+import asyncflow
+from asyncflow import SourceError
 from asyncflow._redact import Operation, describe_exception, redact_text, redact_url
 
 
@@ -17,6 +19,17 @@ from asyncflow._redact import Operation, describe_exception, redact_text, redact
         ("http://host/a?token", "http://host/a?token=***"),
         ("http://host/a#frag-secret", "http://host/a"),
         ("s3://bucket/key?with=odd-chars", "s3://bucket/key?with=odd-chars"),
+        ("s3://bucket/odd?key#with%chars", "s3://bucket/odd?key#with%chars"),
+        # a presigned query pasted after s3://: the key stays, its credentials do not
+        ("s3://bucket/k.jpg?X-Amz-Signature=abc&X-Amz-Credential=AKIA/x&X-Amz-Expires=60",
+         "s3://bucket/k.jpg?X-Amz-Signature=***&X-Amz-Credential=***&X-Amz-Expires=60"),
+        ("s3://b/k?AWSAccessKeyId=AKIAX&Expires=1&Signature=a%2Bb",
+         "s3://b/k?AWSAccessKeyId=***&Expires=1&Signature=***"),
+        ("s3://b/sas?sv=2020-08-04&sig=abc%2Bdef", "s3://b/sas?sv=2020-08-04&sig=***"),
+        # the same key as botocore puts it in the endpoint's path: percent-encoded
+        ("http://h:9/b/k%3FX-Amz-Signature%3Dabc%26v%3D1",
+         "http://h:9/b/k%3FX-Amz-Signature%3D***%26v%3D1"),
+        ("http://h/b/k%253Fsig%253Dabc%2526v", "http://h/b/k%253Fsig%253D***%2526v"),
         ("/data/train/0001.jpg", "/data/train/0001.jpg"),
         ("http://u:p@[::1/x?sig=1", "http://[::1/x"),
     ],
@@ -55,3 +68,12 @@ def test_operation_redacts_lazily_once() -> None:
     assert op._text is None  # nothing parsed until a message needs it
     assert f"{op}: failed" == "GET https://h/x?sig=***: failed"
     assert "s3cr3t" not in repr(op)
+
+
+@pytest.mark.parametrize("url", ["file://alice:hunter2@nas/data/x.jpg?sig=s3cr3t",
+                                 "file://alice:hunter2@?sig=s3cr3t"])
+async def test_a_file_url_it_refuses_is_named_redacted(url: str) -> None:
+    with pytest.raises(SourceError) as info:
+        await asyncflow.read_bytes(url)
+    assert str(info.value).startswith("file://***@")
+    assert "hunter2" not in str(info.value) and "s3cr3t" not in str(info.value)
