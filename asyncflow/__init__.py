@@ -6,7 +6,8 @@ needs them is first used.
 Layout, bottom first: a module imports only those above it in its own layer or the layers
 below (``tests/structure.py`` holds it; docs/concepts.md draws it)::
 
-    base      _errors.py   every error, the tree drawn in its docstring, and FailureRecord
+    base      _errors.py   every error, the tree drawn in its docstring, FailureRecord, and
+                           the one int and bool argument checks
               _redact.py   the one redactor of secrets in messages and URLs
               _scope.py    RunScope: resources that live as long as one run (HTTP, S3)
               _lazy.py     module attributes imported when first used
@@ -86,9 +87,13 @@ __getattr__ = lazy_getattr(__name__, _LAZY)
 # The engine imports none of its features: the methods and options that need one
 # (``pipe.to_device``, ``pipe.cache``, ``pipe.progress``, the HTML and text reprs, ``retry=`` /
 # ``timeout=``) look it up by name, and it is imported when first used. Likewise the journal
-# reads an ``image.folder`` record's crops through ``"journal_crops:image.folder"``.
+# reads an ``image.folder`` record's crops through ``"journal_crops:image.folder"``, and
+# ``asyncflow.image`` parses a device with asyncflow.torch's ``"parse_device"`` and
+# ``"resolve_device"``.
 for _name, _target in {
     "to_device": "asyncflow.torch._transfer:to_device",
+    "parse_device": "asyncflow.torch._transfer:parse_device",
+    "resolve_device": "asyncflow.torch._transfer:resolve_device",
     "cache": "asyncflow.cache._cached:cache",
     "progress_hook": "asyncflow.report._progress:progress_hook",
     "journal": "asyncflow.journal:journal",

@@ -17,7 +17,7 @@ import os
 import stat
 from typing import Any
 
-from ._errors import ConfigError, SourceError, SourceNotFound, SourcePermissionError
+from ._errors import SourceError, SourceNotFound, SourcePermissionError, check_int
 from ._redact import redact_url
 
 __all__ = ["Blob", "check_max_bytes", "describe_size", "read_regular"]
@@ -55,10 +55,7 @@ class Blob(bytes):
 
 def check_max_bytes(max_bytes: object) -> None:
     """Refuse a ``max_bytes`` that is not an int >= 0 or ``None`` (``ConfigError``)."""
-    if max_bytes is not None and (
-        isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0
-    ):
-        raise ConfigError(f"max_bytes must be an int >= 0 or None, got {max_bytes!r}")
+    check_int("max_bytes", max_bytes, 0, allow_none=True)
 
 
 def describe_size(size: int) -> str:

@@ -24,15 +24,20 @@ Exception hierarchy::
 Every class mixes in the built-in exception a caller would naturally catch, so
 ``except ValueError`` still catches a :class:`ConfigError`. ``asyncio.CancelledError`` is
 never wrapped. Messages and reprs are redacted (no credentials, signatures or keys).
+
+Beside the tree, the one check of each kind of argument every layer takes: :func:`check_int`
+(an int, not a bool, maybe with a floor) and :func:`check_bool`. Their errors name the argument.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ._redact import redact
+
+_T = TypeVar("_T")
 
 __all__ = [
     "AsyncflowError",
@@ -153,6 +158,36 @@ class PipelineError(AsyncflowError, ExceptionGroup):  # type: ignore[type-arg,un
 
     def derive(self, excs: Sequence[Any]) -> PipelineError:  # type: ignore[override]
         return PipelineError(self.message, excs)
+
+
+def check_int(name: str, value: _T, low: int | None = 1, *, allow_none: bool = False) -> _T:
+    """``value``, once it is an int (not a bool) of at least ``low`` (any int for ``None``),
+    or ``None`` where ``allow_none``.
+
+    Raises:
+        ConfigTypeError: ``value`` is not an int (``True``, ``1.5``, ``"3"``).
+        ConfigError: ``value`` is below ``low``. Both messages name the argument ``name``.
+    """
+    if value is None and allow_none:
+        return value
+    want = f"an int{'' if low is None else f' >= {low}'}{' or None' if allow_none else ''}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigTypeError(f"{name} must be {want}, got {value!r:.80}")
+    if low is not None and value < low:
+        raise ConfigError(f"{name} must be {want}, got {value!r:.80}")
+    return value
+
+
+def check_bool(name: str, value: _T, *, allow_none: bool = False) -> _T:
+    """``value``, once it is ``True`` or ``False`` (or ``None`` where ``allow_none``).
+
+    Raises:
+        ConfigTypeError: It is not (``"no"`` or ``1`` would read as true); names ``name``.
+    """
+    if isinstance(value, bool) or (value is None and allow_none):
+        return value
+    want = "True, False or None" if allow_none else "True or False"
+    raise ConfigTypeError(f"{name} must be {want}, got {value!r:.80}")
 
 
 class RebuildWarning(UserWarning):

@@ -30,6 +30,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
+from ._errors import ConfigError, check_int
+
 __all__ = ["Fence", "PoolStats", "Recycler"]
 
 K = TypeVar("K", bound=Hashable)
@@ -92,10 +94,9 @@ class Recycler(Generic[K, B]):
         returned: Literal["release", "unreferenced"] = "release",
         on_drop: Callable[[B], object] | None = None,
     ) -> None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        check_int("limit", limit)
         if returned not in ("release", "unreferenced"):
-            raise ValueError(f"returned must be 'release' or 'unreferenced', got {returned!r}")
+            raise ConfigError(f"returned must be 'release' or 'unreferenced', got {returned!r}")
         self._make, self._nbytes, self.limit = make, nbytes, limit
         self._by_release = returned == "release"
         self._on_drop = on_drop

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_bool
 from ..pipeline import Merge, Pipeline, RunPlan, StageSpec
 from ._epoch import CacheSource
 from ._fill import Gate, cache_stage, hooks_stage, one_shot_guard
@@ -144,9 +144,7 @@ def _layout(pipe: Pipeline[Any], batched: bool | None) -> str:
     collating map) follows it; one that splits items (``unbatch``, ``flat_map``) yields
     ``"samples"``, as does a pipeline with none of these.
     """
-    if batched is not None:
-        if not isinstance(batched, bool):
-            raise ConfigError(f"batched must be True, False or None, got {batched!r}")
+    if check_bool("batched", batched, allow_none=True) is not None:
         return "batches" if batched else "samples"
     stages = pipe.stages
     for i in range(len(stages) - 1, -1, -1):
@@ -222,9 +220,8 @@ def cache(
         where = Path(os.fspath(path)).expanduser()
     except TypeError:
         raise ConfigError(f"path must be a str or os.PathLike, got {path!r}") from None
-    for what, flag in (("wait", wait), ("durable", durable)):
-        if not isinstance(flag, bool):
-            raise ConfigError(f"{what} must be True or False, got {flag!r}")
+    check_bool("wait", wait)
+    check_bool("durable", durable)
     layout = _layout(pipe, batched)
     description = _description(pipe)
     source = CacheSource(

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from .._errors import ConfigError, ConfigTypeError
-from ..pipeline import Processes, choose_workers, usable_cpus
+from .._errors import ConfigError, ConfigTypeError, check_int
+from ..pipeline import Processes, choose_workers, feature, usable_cpus
 from ..ranks import Part, Split
 from ._rows import DecodeIntoSharedRow
 
@@ -24,16 +24,12 @@ def check_arguments(
         ConfigError: ``batch_size`` or ``decode_concurrency`` is not an int >= 1, or ``mean``
             and ``std`` are not 3 values each (``std`` positive).
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    check_int("batch_size", batch_size)
     if len(mean) != 3 or len(std) != 3 or any(s <= 0 for s in std):
         raise ConfigError(f"mean and std need 3 values (std > 0), got {tuple(mean)}, {tuple(std)}")
     if decode_concurrency is None:
         return usable_cpus()
-    if (isinstance(decode_concurrency, bool) or not isinstance(decode_concurrency, int)
-            or decode_concurrency < 1):
-        raise ConfigError(f"decode_concurrency must be an int >= 1, got {decode_concurrency!r}")
-    return decode_concurrency
+    return int(check_int("decode_concurrency", decode_concurrency))
 
 
 #: How ``"auto"`` and ``"processes"`` start the decoders: forked from this process where that
@@ -112,12 +108,7 @@ def decode_path(decode: Any, device: Any) -> tuple[Any, Any, str]:
 
     from ._gpu_decoders import available, choose
 
-    dev = None
-    if device is not None:
-        try:
-            dev = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
-        except (RuntimeError, TypeError) as exc:
-            raise ConfigError(f"not a device: {device!r} ({exc})") from None
+    dev = None if device is None else feature("parse_device")(device)
     cuda = dev is not None and dev.type == "cuda"
     if decode == "auto":
         if not cuda:
@@ -133,9 +124,7 @@ def decode_path(decode: Any, device: Any) -> tuple[Any, Any, str]:
         raise ConfigError("decode='cuda' asked for, but CUDA is not available here (torch "
                           f"{torch.__version__}, built with CUDA {torch.version.cuda}); pass "
                           "decode='cpu'")
-    assert dev is not None
-    if dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+    dev = feature("resolve_device")(dev)  # the current device for a bare "cuda"
     decoder = choose(dev)
     why = "decode='cuda'" if decode == "cuda" else "decode='auto': the device is CUDA"
     return dev, decoder, (f"JPEGs decode on {dev} with {decoder.name} ({why}); stage "

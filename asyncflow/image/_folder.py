@@ -32,7 +32,7 @@ from typing import Any, cast
 import torch
 
 from .._blob import check_max_bytes
-from ..pipeline import ItemGroup, Pipeline, Processes, label_stage
+from ..pipeline import ItemGroup, Pipeline, Processes, feature, label_stage
 from ..pipeline.seeding import fresh_seed
 from ..ranks import Part, Split
 from . import _explain
@@ -108,15 +108,6 @@ def _normalize_images(mean: tuple[float, ...], std: tuple[float, ...], batch: Ba
     stream)."""
     images, labels = batch
     return normalize_batch(images, mean, std), labels
-
-
-def _device_type(device: Any) -> str:
-    """``device``'s type (``"cpu"``, ``"cuda"``, ...); a malformed one is left to
-    ``to_device`` to name."""
-    try:
-        return torch.device(f"cuda:{device}" if isinstance(device, int) else device).type
-    except (RuntimeError, TypeError):
-        return "?"
 
 
 class ImageFolder(Pipeline[Batch]):
@@ -303,7 +294,8 @@ def folder(
     # Rows stay uint8, and each batch is normalized as it is released (see the docstring),
     # or on the device it is copied to: the copy then moves 4x fewer bytes too.
     uint8_rows = normalize and gpu_device is None and not _NORMALIZE_IN_KERNEL
-    on_device = uint8_rows and device is not None and _device_type(device) != "cpu"
+    on_device = (uint8_rows and device is not None
+                 and feature("parse_device")(device).type != "cpu")
     at_release = uint8_rows and not on_device
     # Enough batches open for every decoder to have its groups in hand (4 per process).
     ahead = max(4, -(-(4 if processes else 2) * threads * group // batch_size))

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from PIL import Image
 
-from .._errors import ConfigError
+from .._errors import check_int
 
 __all__ = [
     "Box",
@@ -52,14 +52,14 @@ class Crop(NamedTuple):
 
 
 def target_size(size: int | tuple[int, int]) -> tuple[int, int]:
-    """``size`` as ``(height, width)``: an int means a square."""
-    if isinstance(size, int):
-        h = w = size
-    else:
-        h, w = size
-    if not (isinstance(h, int) and isinstance(w, int)) or h < 1 or w < 1:
-        raise ConfigError(f"size must be a positive int or (height, width), got {size!r}")
-    return h, w
+    """``size`` as ``(height, width)``: an int means a square.
+
+    Raises:
+        ConfigError: ``size`` is not an int >= 1 or a pair of them (``True`` is not one).
+    """
+    if isinstance(size, tuple | list) and len(size) == 2:
+        return check_int("size's height", size[0]), check_int("size's width", size[1])
+    return check_int("size (or a (height, width) pair)", size), size
 
 
 def orientation_op(orientation: int) -> tuple[Image.Transpose | None, bool]:

@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from .._errors import ConfigError
-from ..pipeline import Pipeline
+from .._errors import check_int
+from ..pipeline import Pipeline, feature
 from ._batch import IMAGENET_MEAN, IMAGENET_STD
 from ._config import decode_path
 from ._decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS
@@ -122,13 +122,10 @@ def decode_batches(
         ConfigError: An argument is invalid, or ``decode="cuda"`` cannot be (it says why).
     """
     out_h, out_w = target_size(size)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    check_int("batch_size", batch_size)
     dev, decoder, note = decode_path(decode, device)
     if dev is None:
-        dev = torch.device(device) if device is not None else torch.device("cpu")
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"device {str(dev)!r}, but CUDA is not available here")
+        dev = feature("resolve_device")("cpu" if device is None else device)
     options = {"size": (out_h, out_w), "train": train, "resize": resize,
                "max_pixels": max_pixels, "max_bytes": max_bytes}
     stage_options = {**options, "normalize": normalize, "mean": tuple(mean),

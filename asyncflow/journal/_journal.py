@@ -27,7 +27,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from .._redact import describe_item
 from ..ranks import world
 from ._protocol import Journaled
@@ -54,12 +54,9 @@ class Journal:
     """
 
     def __init__(self, pipe: Any, path: str | os.PathLike[str], *, rank: int | None = None):
-        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)
-                                 or rank < 0):
-            raise ConfigError(f"rank must be an int >= 0, got {rank!r}")
+        self.rank = check_int("rank", rank, 0, allow_none=True)
         self.pipe = pipe
         self.path = Path(path)
-        self.rank = rank
 
     def file(self) -> Path:
         """This rank's journal file."""

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Self, cast
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ._build import build_run
 from ._features import feature
 from ._merge import Branch, Merge
@@ -105,9 +105,8 @@ class PipelineCore(Generic[T_co]):
             ConfigError: ``source`` is not an iterable, an async iterable or a callable, or
                 ``epoch`` is not an int >= 0.
         """
-        for what, value in (("epoch", epoch), ("start", start)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"{what} must be an int >= 0, got {value!r}")
+        check_int("epoch", epoch, 0)
+        check_int("start", start, 0)
         check_source("with_source(source)", source)
         new = copy.copy(self)
         new._source = SharedSource(source)

@@ -14,7 +14,9 @@ the ``retry=`` / ``timeout=`` checks) look them up here. The names the engine as
 * ``"Retry"``, ``"Timeout"``: the option classes ``Pipeline(retry=, timeout=)`` accept
 
 Above the engine, the journal asks for ``"journal_crops:<kind>"``: ``(record line, run
-configuration) -> crops``, how a kind of pipeline (``image.folder``) reads its records' crops.
+configuration) -> crops``, how a kind of pipeline (``image.folder``) reads its records' crops;
+``asyncflow.image`` for ``"parse_device"`` and ``"resolve_device"``, the one parser of a
+device argument (``asyncflow.torch``'s, which ``image`` may not import).
 """
 
 from __future__ import annotations

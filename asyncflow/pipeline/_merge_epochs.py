@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ._protocols import EpochSampler
 from ._source_ledger import SourcePlan
 from ._span import Span
@@ -217,8 +217,7 @@ def _era(entry: Any, what: str) -> Era:
         raise ConfigError(f"{what}: expected epoch, positions, nodes, taken (and sampler)")
     epoch, nodes, sampler = entry["epoch"], entry["nodes"], entry.get("sampler", 0)
     for name, value in (("epoch", epoch), ("sampler epoch", sampler)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"{what}: the {name} must be an int >= 0, got {value!r}")
+        check_int(f"{what}: the {name}", value, 0)
     if not isinstance(nodes, dict) or not all(isinstance(v, dict) for v in nodes.values()):
         raise ConfigError(f"{what}: nodes must map stage names to dicts")
     positions = Span.from_json(entry["positions"], f"{what}'s positions")

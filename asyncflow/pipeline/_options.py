@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._errors import ConfigError
+from .._errors import check_int
 from ._protocols import ReceiveHook
 from ._spec import StageSpec
 
@@ -30,10 +30,7 @@ class RunOptions:
     window: int | None = None
 
     def __post_init__(self) -> None:
-        window = self.window
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int)
-                                   or window < 1):
-            raise ConfigError(f"window must be an int >= 1 or None, got {window!r}")
+        check_int("window", self.window, allow_none=True)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterable, Callable, Coroutine, Iterable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, overload
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ._assemble import AssembleSpec
 from ._core import HookFactory, PipelineCore
 from ._features import feature
@@ -27,7 +27,6 @@ from ._spec import (
     ShuffleSpec,
     UnbatchSpec,
     check_budget,
-    check_positive,
     check_seconds,
 )
 from ._worker_options import Processes, resolve_workers
@@ -110,8 +109,8 @@ class Pipeline(PipelineCore[T_co]):
     ) -> None:
         check_source("Pipeline(source)", source)
         check_budget(max_failures)
-        check_positive("buffer", buffer, allow_none=True)
-        check_positive("buffer_bytes", buffer_bytes, allow_none=True)
+        check_int("buffer", buffer, allow_none=True)
+        check_int("buffer_bytes", buffer_bytes, allow_none=True)
         check_seconds("stall_timeout", stall_timeout)
         check_seconds("report_every", report_every)
         check_seconds("stop_timeout", stop_timeout)

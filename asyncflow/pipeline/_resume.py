@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ._checksum import short_digest, state_checksum
 from ._identity import describe_difference, sequence_identity
 from ._lineage import SourcePlan, received
@@ -214,9 +214,7 @@ def load_state(
     difference = _differs(state["pipeline"], fingerprint(source, describe), source)
     if difference is not None:
         raise ConfigError(f"the state is from another pipeline: {difference}")
-    epoch = state["epoch"]
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise ConfigError(f"the state's epoch must be an int >= 0, got {epoch!r}")
+    epoch = check_int("the state's epoch", state["epoch"], 0)
     positions = Span.from_json(state["positions"], "the state's positions", _length(source))
     _check_body(state, stages, positions, isinstance(source, ResumableSource))
     nodes = state["nodes"]

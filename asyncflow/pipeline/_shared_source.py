@@ -14,7 +14,7 @@ import threading
 from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Any, TypeAlias, TypeVar
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ._merge import Merge
 
 __all__ = ["SharedSource", "Source", "check_source"]
@@ -66,10 +66,8 @@ class SharedSource:
         Raises:
             ConfigError: ``epoch`` is not an int >= 0.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
         with self.lock:
-            self.runs = epoch
+            self.runs = check_int("epoch", epoch, 0)
 
     def take_run(self, *, resume: bool = True, at: int | None = None) -> tuple[int, Any, int]:
         """The next run's epoch, resume plan (``None`` if none, or not ``resume``: a merge

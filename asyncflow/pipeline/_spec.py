@@ -9,7 +9,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ._expansion import check_partial
 from ._traits import StageTraits, Worker, check_flags
 
@@ -18,17 +18,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BatchSpec", "FlatMapSpec", "MapSpec", "PrefetchSpec", "ShuffleSpec",
-    "StageSpec", "UnbatchSpec", "check_budget", "check_positive", "check_seconds", "fn_name",
+    "StageSpec", "UnbatchSpec", "check_budget", "check_seconds", "fn_name",
     "is_async_callable", "stage_names", "unique_names",
 ]
-
-
-def check_positive(what: str, value: Any, *, allow_none: bool = False) -> None:
-    """Raise :class:`ConfigError` unless ``value`` is an int >= 1 (or None when allowed)."""
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{what} must be an int >= 1, got {value!r}")
 
 
 def check_seconds(what: str, value: Any) -> None:
@@ -213,9 +205,9 @@ class MapSpec(StageSpec):
         if self.mode not in (("flat_map",) if isinstance(self, FlatMapSpec) else ("map", "filter")):
             raise ConfigError(f"unknown mode {self.mode!r}")
         _check_callable(self.mode, self.fn)
-        check_positive("concurrency", self.concurrency)
-        check_positive("buffer", self.buffer, allow_none=True)
-        check_positive("buffer_bytes", self.buffer_bytes, allow_none=True)
+        check_int("concurrency", self.concurrency)
+        check_int("buffer", self.buffer, allow_none=True)
+        check_int("buffer_bytes", self.buffer_bytes, allow_none=True)
         check_budget(self.max_failures, allow_none=True)
         check_flags(self, "ordered")
         if self.executor is not None:
@@ -308,7 +300,7 @@ class BatchSpec(StageSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_positive("batch size", self.size)
+        check_int("batch size", self.size)
         check_flags(self, "drop_last")
 
     @property
@@ -344,7 +336,7 @@ class PrefetchSpec(StageSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_positive("prefetch size", self.size)
+        check_int("prefetch size", self.size)
 
     @property
     def buffer(self) -> int | None:
@@ -369,7 +361,7 @@ class ShuffleSpec(StageSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_positive("buffer_size", self.buffer_size)
+        check_int("buffer_size", self.buffer_size)
 
     def settings(self) -> dict[str, Any]:
         return {"buffer_size": self.buffer_size, "seed": self.seed}

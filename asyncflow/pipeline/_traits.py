@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_bool
 
 __all__ = ["Grouping", "StageTraits", "Worker", "check_flags"]
 
@@ -29,12 +29,11 @@ def check_flags(owner: object, *names: str) -> None:
     """Refuse any of ``owner``'s attributes ``names`` that is not a ``bool``.
 
     Raises:
-        ConfigError: Names the first one that is not (``"yes"`` or ``1`` would read as true).
+        ConfigTypeError: Names the first one that is not (``"yes"`` or ``1`` would read as
+            true).
     """
     for name in names:
-        value = getattr(owner, name)
-        if not isinstance(value, bool):
-            raise ConfigError(f"{name} must be True or False, got {value!r:.80}")
+        check_bool(name, getattr(owner, name))
 
 
 _GROUPINGS = (None, "lists", "batches", "elements")

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ._traits import check_flags
 from .seeding import fresh_seed
 
@@ -127,10 +127,7 @@ class Processes:
         check_flags(self, "persistent", "reseed")
         if self.init is not None and not callable(self.init):
             raise ConfigError(f"init must be callable, got {self.init!r:.80}")
-        if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, int)
-        ):
-            raise ConfigError(f"seed must be an int, got {self.seed!r}")
+        check_int("seed", self.seed, None, allow_none=True)
 
 
 def resolve_workers(workers: Any) -> Processes | None:

@@ -3,23 +3,13 @@ resumed (a pure function of the length, the part and the remainder policy)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from .._errors import ConfigError, ConfigTypeError
+from .._errors import ConfigError, check_int
 
-__all__ = ["Remainder", "check_count", "cut", "padding"]
+__all__ = ["Remainder", "cut", "padding"]
 
 Remainder = Literal["pad", "drop"]
-
-
-def check_count(name: str, value: Any, low: int) -> int:
-    """``value``, checked to be an int (not a bool) of at least ``low``; ``name`` names it in
-    the error."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigTypeError(f"{name} must be an int, got {value!r}")
-    if value < low:
-        raise ConfigError(f"{name} must be >= {low}, got {value}")
-    return value
 
 
 def cut(n: int, index: int, count: int, *, remainder: Remainder = "pad") -> list[int]:
@@ -34,9 +24,9 @@ def cut(n: int, index: int, count: int, *, remainder: Remainder = "pad") -> list
         ConfigError: ``n < 0``, ``count < 1``, ``index`` outside ``[0, count)`` or an
             unknown ``remainder``.
     """
-    check_count("n", n, 0)
-    check_count("count", count, 1)
-    check_count("index", index, 0)
+    check_int("n", n, 0)
+    check_int("count", count, 1)
+    check_int("index", index, 0)
     if index >= count:
         raise ConfigError(f"part index {index} is outside [0, {count - 1}] ({count} parts)")
     if remainder not in ("pad", "drop"):

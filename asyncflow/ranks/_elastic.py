@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ..pipeline import Span, sequence_identity, short_digest, state_checksum
 from ._cut import cut
 
@@ -140,9 +140,7 @@ def _split_of(index: int, state: Any) -> dict[str, Any]:
     if missing:
         raise ConfigError(f"state {index}'s split lacks {sorted(missing)}")
     for key in ("index", "count", "n", "epoch", "seed", "rank", "world_size"):
-        value = split[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"state {index}'s split: {key} must be an int >= 0, got {value!r}")
+        check_int(f"state {index}'s split: {key}", split[key], 0)
     if split["count"] < 1 or split["index"] >= split["count"]:
         raise ConfigError(f"state {index}'s split: part {split['index']} of {split['count']}")
     if split["remainder"] not in ("pad", "drop"):

@@ -36,9 +36,9 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, overload
 
-from .._errors import ConfigError, ConfigTypeError
+from .._errors import ConfigError, check_int
 from ..pipeline import Span, sequence_identity
-from ._cut import Remainder, check_count, cut, padding
+from ._cut import Remainder, cut, padding
 from ._dealt import AsyncDealt, Dealt
 from ._elastic import remaining, resumed_ordinals
 from ._world import process_group, world_of_env
@@ -140,17 +140,15 @@ class Split:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.world_size is not None:
-            check_count("world_size", self.world_size, 1)
+        check_int("world_size", self.world_size, 1, allow_none=True)
         if self.rank is not None:
-            check_count("rank", self.rank, 0)
+            check_int("rank", self.rank, 0)
             if self.world_size is not None and self.rank >= self.world_size:
                 raise ConfigError(f"rank {self.rank} is outside [0, {self.world_size - 1}] "
                                   f"(world_size={self.world_size})")
         if self.remainder not in ("pad", "drop"):
             raise ConfigError(f"remainder must be 'pad' or 'drop', got {self.remainder!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ConfigTypeError(f"seed must be an int, got {self.seed!r}")
+        check_int("seed", self.seed, None)
 
     def part(self) -> Part:
         """This process's part, now: its rank, world size and DataLoader worker.
@@ -249,7 +247,7 @@ class Split:
             epoch: The epoch whose order a ``shuffle`` draws (a :class:`Share` takes
                 later ones from ``set_epoch``).
         """
-        check_count("epoch", epoch, 0)
+        check_int("epoch", epoch, 0)
         if isinstance(items, Iterable):
             return Share(self, items, epoch)
         return AsyncDealt(lambda n: self.part().positions(n, epoch), items)
@@ -281,7 +279,7 @@ class Share(Generic[T]):
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the order of ``epoch`` from the next iteration on (with ``shuffle``)."""
-        self.epoch = check_count("epoch", epoch, 0)
+        self.epoch = check_int("epoch", epoch, 0)
 
     def _listed(self) -> Sequence[T]:
         return self.items if isinstance(self.items, Sequence) else list(self.items)

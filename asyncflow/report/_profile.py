@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ._tables import _rate, _Raw, _seconds, table_html, table_text
 
 __all__ = ["ProfileReport", "StageProfile", "profile"]
@@ -229,12 +229,10 @@ def _take(pipe: Any, sample: int) -> tuple[list[Any], float]:
 
 
 def _check(sample: int, concurrencies: Iterable[int], tolerance: float) -> tuple[int, ...]:
-    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
-        raise ConfigError(f"sample must be an int >= 1, got {sample!r}")
-    settings = tuple(sorted(set(concurrencies)))
-    if not settings or any(isinstance(c, bool) or not isinstance(c, int) or c < 1
-                           for c in settings):
-        raise ConfigError(f"concurrencies must be ints >= 1, got {concurrencies!r}")
+    check_int("sample", sample)
+    settings = tuple(sorted({check_int("each of concurrencies", c) for c in concurrencies}))
+    if not settings:
+        raise ConfigError(f"concurrencies must hold an int >= 1, got {concurrencies!r}")
     if not 0 <= tolerance < 1:
         raise ConfigError(f"tolerance must lie in [0, 1), got {tolerance!r}")
     return settings

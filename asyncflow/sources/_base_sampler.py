@@ -11,8 +11,8 @@ import abc
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .._errors import ConfigError
-from ._orders import Block, check_int, check_seed, flatten, skip
+from .._errors import ConfigError, check_int
+from ._orders import Block, check_seed, flatten, skip
 
 __all__ = ["Sampler"]
 

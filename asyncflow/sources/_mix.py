@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ..pipeline import BranchEnd, Merge
 from ..pipeline.seeding import epoch_rng
 
@@ -143,7 +143,6 @@ def mix(
     p_weights = _check_weights(weights, len(sources))
     if stop not in _STOPS:
         raise ConfigError(f"mix: stop must be one of {_STOPS}, got {stop!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"mix: seed must be an int, got {seed!r}")
+    check_int("mix: seed", seed, None)
     policy = WeightedPicks(weights=p_weights, seed=seed, stop=stop)
     return Pipeline(Merge(sources, policy, name="mix"), name="mix")

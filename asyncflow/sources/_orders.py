@@ -19,13 +19,12 @@ from typing import Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from .._errors import ConfigError, ConfigTypeError
+from .._errors import ConfigError, ConfigTypeError, check_int
 from ..pipeline.seeding import epoch_rng, fresh_seed
 from ._randperm import torch_randperm
 
 __all__ = [
     "Block",
-    "check_int",
     "check_num_samples",
     "check_seed",
     "check_source",
@@ -62,15 +61,6 @@ def check_source(source: Sized | int) -> Sized | int:
     return source
 
 
-def check_int(what: str, value: Any, low: int) -> int:
-    """``value``, an int >= ``low`` (:class:`ConfigTypeError` if not an int at all)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigTypeError(f"{what} must be an int, got {value!r}")
-    if value < low:
-        raise ConfigError(f"{what} must be an int >= {low}, got {value!r}")
-    return value
-
-
 def check_num_samples(num_samples: Any) -> int:
     """``num_samples``, a positive int, checked with torch's message."""
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples <= 0:
@@ -82,11 +72,7 @@ def check_num_samples(num_samples: Any) -> int:
 
 def check_seed(seed: int | None) -> int:
     """``seed``, or a fresh random one for ``None``."""
-    if seed is None:
-        return fresh_seed()
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigTypeError(f"seed must be an int or None, got {seed!r}")
-    return seed
+    return fresh_seed() if seed is None else check_int("seed", seed, None, allow_none=True)
 
 
 def probabilities(weights: Any) -> npt.NDArray[np.float64]:

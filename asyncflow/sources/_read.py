@@ -13,7 +13,7 @@ from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 from .._blob import Blob, check_max_bytes, describe_size
-from .._errors import ConfigError, SourceError
+from .._errors import SourceError, check_int
 from .._redact import redact_url
 from .._scope import RunScope, use_scope
 from ._retry import Retry, Timeout, resolve_policy
@@ -128,8 +128,7 @@ async def session(
         schemes: The schemes that may be read inside.
         connections: Most HTTP connections open at once (default 256); more requests wait.
     """
-    if connections is not None and (isinstance(connections, bool) or connections < 1):
-        raise ConfigError(f"connections must be >= 1, got {connections!r}")
+    check_int("connections", connections, allow_none=True)
     settings: dict[str, Any] = {
         "retry": retry, "timeout": timeout, "schemes": schemes, "connections": connections,
     }

@@ -26,7 +26,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from .._errors import ConfigError, SourceError, SourceNotFound, SourcePermissionError, SourceTimeout
+from .._errors import (
+    ConfigError,
+    SourceError,
+    SourceNotFound,
+    SourcePermissionError,
+    SourceTimeout,
+    check_int,
+)
 from .._scope import current_scope
 
 __all__ = [
@@ -138,10 +145,7 @@ class Retry:
     hedge_quantile: float = 0.9
 
     def __post_init__(self) -> None:
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
-            raise ConfigError(f"attempts must be an int, got {self.attempts!r}")
-        if self.attempts < 1:
-            raise ConfigError(f"attempts must be >= 1, got {self.attempts}")
+        check_int("attempts", self.attempts)
         _check_seconds("backoff", self.backoff, allow_zero=True)
         _check_seconds("max_backoff", self.max_backoff, allow_zero=True)
         _check_seconds("max_retry_after", self.max_retry_after, allow_zero=True)

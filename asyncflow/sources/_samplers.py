@@ -30,12 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ConfigError, ConfigTypeError
+from .._errors import ConfigError, ConfigTypeError, check_int
 from ..ranks import world
 from ._base_sampler import Sampler
 from ._orders import (
     Block,
-    check_int,
     check_num_samples,
     check_seed,
     check_source,
@@ -254,8 +253,7 @@ class DistributedSampler(Sampler):
             num_replicas = found_world if num_replicas is None else num_replicas
             rank = found_rank if rank is None else rank
         self.num_replicas = check_int("num_replicas", num_replicas, 1)
-        if isinstance(rank, bool) or not isinstance(rank, int):
-            raise ConfigTypeError(f"rank must be an int, got {rank!r}")
+        check_int("rank", rank, None)
         if not 0 <= rank < num_replicas:
             raise ConfigError(
                 f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]"

@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator, Iterable
 from contextlib import aclosing
 from typing import Any
 
-from .._errors import ConfigError, SourceError
+from .._errors import SourceError, check_int
 from .._redact import redact_url
 from ..pipeline import run_thread
 from ._retry import Retry, Timeout, resolve_policy
@@ -33,13 +33,6 @@ from ._transport import Transport, as_url, transport_for
 __all__ = ["tar_members", "tar_samples"]
 
 DEFAULT_MAX_MEMBER_BYTES = 1 << 31
-
-
-def _check_max(max_member_bytes: int) -> None:
-    if isinstance(max_member_bytes, bool) or not isinstance(max_member_bytes, int):
-        raise ConfigError(f"max_member_bytes must be an int, got {max_member_bytes!r}")
-    if max_member_bytes < 0:
-        raise ConfigError(f"max_member_bytes must be >= 0, got {max_member_bytes}")
 
 
 def _events(
@@ -53,7 +46,7 @@ def _events(
     """Check the arguments now; the shard's events (see ``_tarstream.Event``) on iteration."""
     text = as_url(url)
     transport = transport_for(text, schemes, endpoint_url)
-    _check_max(max_member_bytes)
+    check_int("max_member_bytes", max_member_bytes, 0)
     return _decode(transport, text, retry, timeout, max_member_bytes)
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._errors import ConfigError, ConfigTypeError
+from .._errors import ConfigError, ConfigTypeError, check_int
 
-__all__ = ["check_extras", "check_fork", "check_int", "refuse_unsupported", "start_method"]
+__all__ = ["check_extras", "check_fork", "refuse_unsupported", "start_method"]
 
 # Arguments of other loaders that migrating code passes, and what to do instead.
 _INSTEAD = {
@@ -35,12 +35,6 @@ def refuse_unsupported(unsupported: dict[str, Any]) -> None:
     raise ConfigTypeError(f"DataLoader got an unexpected keyword argument {name!r}: {hint}")
 
 
-def check_int(what: str, value: Any, low: int) -> None:
-    """Raise :class:`ConfigError` unless ``value`` is an int >= ``low``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{what} must be an int >= {low}, got {value!r}")
-
-
 def check_extras(*, workers: Any, seed: Any, generator: Any, max_failures: Any) -> None:
     """Check the options asyncflow adds.
 
@@ -49,11 +43,8 @@ def check_extras(*, workers: Any, seed: Any, generator: Any, max_failures: Any) 
     """
     if workers not in ("auto", "threads", "processes"):
         raise ConfigError(f"workers must be 'auto', 'threads' or 'processes', got {workers!r:.80}")
-    if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigTypeError(f"seed must be an int or None, got {seed!r:.80}")
-        if generator is not None:
-            raise ConfigError("give generator= or seed=, not both")
+    if check_int("seed", seed, None, allow_none=True) is not None and generator is not None:
+        raise ConfigError("give generator= or seed=, not both")
     bad = isinstance(max_failures, bool) or not isinstance(max_failures, int | float)
     if bad or max_failures < 0 or (isinstance(max_failures, float) and max_failures > 1):
         raise ConfigError(

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from ._args import check_int
+from .._errors import check_int
 
 __all__ = ["Padded", "default_collate", "pad_collate"]
 

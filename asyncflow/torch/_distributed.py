@@ -25,8 +25,7 @@ from typing import Any, Generic, TypeVar
 import torch
 import torch.distributed as dist
 
-from .._errors import ConfigError, WorkerError
-from ._args import check_int
+from .._errors import ConfigError, WorkerError, check_int
 
 __all__ = ["EvenSteps", "StepStats", "even_steps", "gather_states", "worker_states"]
 

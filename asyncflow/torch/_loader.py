@@ -10,6 +10,7 @@ from torch.utils.data import BatchSampler
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data.dataloader import _DatasetKind
 
+from .._errors import check_int
 from ..pipeline import Pipeline, PipelineStats, usable_cpus
 from ._args import check_extras, check_fork, refuse_unsupported
 from ._copies import copy_for_persistent_threads, stale_kept_workers
@@ -224,8 +225,6 @@ class DataLoader(TorchDataLoader[T_co]):
         Without calls to it, each new iteration is the next epoch, so a shuffled loader
         reshuffles every time, as torch's does.
         """
-        from ._args import check_int
-
         check_int("epoch", epoch, 0)
         self._state.set_next_epoch(epoch)
         for s in {id(s): s for s in self._samplers()}.values():

@@ -16,9 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from .._errors import ConfigError
+from .._errors import check_int
 from .._recycle import Fence, PoolStats, Recycler
-from ._args import check_int
 
 __all__ = ["Fence", "PinnedPool", "PoolStats", "held_bytes"]
 
@@ -73,8 +72,7 @@ class PinnedPool:
         allocate: Callable[[int], torch.Tensor] = _pinned,
     ) -> None:
         check_int("max_buffers", max_buffers, 1)
-        if granularity < 1:
-            raise ConfigError(f"granularity must be >= 1, got {granularity!r}")
+        check_int("granularity", granularity)
         self.max_buffers = max_buffers
 
         def make(_: None, nbytes: int) -> torch.Tensor:

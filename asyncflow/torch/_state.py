@@ -7,9 +7,8 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from .._errors import ConfigError, FailureRecord, LoaderTimeout, PipelineError
+from .._errors import ConfigError, FailureRecord, LoaderTimeout, PipelineError, check_int
 from ..pipeline import PipelineStats, Run
-from ._args import check_int
 from ._fetch import Failed, Positioned
 from ._lane_stats import MAX_RECORDS, record_of, with_failed
 

@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ..pipeline import CustomSpec
-from ._args import check_int
 from ._pinned import PinnedPool, align
 from ._tensors import flatten, map_tensors
 
@@ -38,24 +37,36 @@ if TYPE_CHECKING:
 
 P = TypeVar("P", bound="Pipeline")
 
-__all__ = ["DeviceTransfer", "InFlight", "resolve_device", "to_device"]
+__all__ = ["DeviceTransfer", "InFlight", "parse_device", "resolve_device", "to_device"]
 
 DEFAULT_POOL_SIZE = 4
 
 Then = Callable[[Any], Any]
 
 
+def parse_device(device: str | int | torch.device) -> torch.device:
+    """``device`` (``"cuda"``, ``"cuda:1"``, ``1``, a ``torch.device``) as a ``torch.device``,
+    not yet checked against this machine: the one parser of a device argument (``image``
+    reaches it as the feature ``"parse_device"``).
+
+    Raises:
+        ConfigError: ``device`` is malformed (the message names it).
+    """
+    try:
+        return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"not a device: {device!r:.80} ({exc})") from None
+
+
 def resolve_device(device: str | int | torch.device) -> torch.device:
-    """The ``torch.device`` for ``device``, checked against what this machine has.
+    """The ``torch.device`` for ``device``, checked against what this machine has (a bare
+    ``"cuda"`` gets the current CUDA device's index).
 
     Raises:
         ConfigError: The device string is malformed, or names CUDA where there is none or an
             index this machine lacks.
     """
-    try:
-        dev = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
-    except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"not a device: {device!r} ({exc})") from None
+    dev = parse_device(device)
     if dev.type != "cuda":
         return dev
     if not torch.cuda.is_available():

@@ -116,8 +116,8 @@ def test_without_anything_it_is_the_whole_list() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"world_size": 0}, "world_size must be >= 1, got 0"),
-        ({"rank": -1}, "rank must be >= 0, got -1"),
+        ({"world_size": 0}, "world_size must be an int >= 1 or None, got 0"),
+        ({"rank": -1}, "rank must be an int >= 0, got -1"),
         ({"rank": 2, "world_size": 2}, r"rank 2 is outside \[0, 1\] \(world_size=2\)"),
         ({"remainder": "wrap"}, "remainder must be 'pad' or 'drop', got 'wrap'"),
     ],
@@ -128,9 +128,9 @@ def test_bad_input_names_the_values(kwargs: dict[str, object], message: str) -> 
 
 
 def test_bad_types() -> None:
-    with pytest.raises(ConfigTypeError, match="rank must be an int, got '1'"):
+    with pytest.raises(ConfigTypeError, match="rank must be an int >= 0, got '1'"):
         Split(rank="1")  # type: ignore[arg-type]
-    with pytest.raises(ConfigTypeError, match="world_size must be an int, got True"):
+    with pytest.raises(ConfigTypeError, match="world_size must be an int >= 1 or None, got True"):
         Split(world_size=True)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"part index 3 is outside \[0, 2\]"):
         cut(10, 3, 3)
@@ -215,7 +215,7 @@ def test_shuffle_cuts_the_same_order_on_every_rank_and_a_new_one_each_epoch() ->
     shards.set_epoch(1)
     assert list(shards) != first
     assert list(shards) == split.take(items, epoch=1) == list(split(items, epoch=1))
-    with pytest.raises(ConfigError, match="epoch must be >= 0, got -1"):
+    with pytest.raises(ConfigError, match="epoch must be an int >= 0, got -1"):
         shards.set_epoch(-1)
     with pytest.raises(ConfigTypeError, match=r"seed must be an int, got 1\.5"):
         Split(shuffle=True, seed=1.5)  # type: ignore[arg-type]
