@@ -8,9 +8,8 @@ from typing import Any
 import torch
 from torch.utils.data import RandomSampler as TorchRandomSampler
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ..pipeline.seeding import epoch_seed
-from ._args import check_int
 
 __all__ = ["ShuffleSampler"]
 
