@@ -18,7 +18,10 @@ it the window:
   starts are spaced out (10 ms, twice as far on each throttle): quick rejections would
   otherwise let even one request at a time hammer the host;
 - gives a throttled request's place back at once, so its wait holds no slot, and serves
-  retried requests before fresh ones, so that no object starves behind newcomers.
+  retried requests before fresh ones, so that no object starves behind newcomers;
+- doubles at most once per median of its answers, stops growing while they queue, and
+  shrinks when they queue long (:mod:`._queueing`): past what the host, or this process,
+  serves at once, a larger window adds only waiting.
 
 The limiters of a run live in its scope (one :class:`Hosts` per run), and each adds a line to
 the run's ``stats().notes``: its window, requests, throttles and hedges.
@@ -36,6 +39,7 @@ from typing import TypeVar
 from .._scope import current_scope
 from ._hedge import Latencies, race
 from ._pace import Pace
+from ._queueing import DOUBLE_BELOW, GROW_BELOW, SHRINK_ABOVE, Queueing
 from ._retry import Retry, Transient
 
 __all__ = ["HOSTS_KEY", "INITIAL_WINDOW", "PACED_WINDOW", "HostLimiter", "Hosts",
@@ -50,6 +54,8 @@ HEDGE_QUIET = 2.0
 _KEEP_SENT = 8192  # send times kept for hedging's congestion check
 #: At this window or below, every throttle (not only the first of a window) spaces starts.
 PACED_WINDOW = 2.0
+#: Queueing alone never shrinks the window below this.
+QUEUE_FLOOR = 8.0
 
 
 class HostLimiter:
@@ -67,6 +73,10 @@ class HostLimiter:
         self.in_flight = 0
         self.requests = self.throttled = self.hedges = self.hedges_won = 0
         self.latencies = Latencies()
+        self.queueing = Queueing(int(self.window))
+        # The window at most doubles between two medians (:mod:`._queueing`), so that slow
+        # start cannot outrun the signal that it has grown past what the host serves.
+        self._grow_cap = 2 * self.window
         loop = asyncio.get_running_loop()
         self._time = loop.time
         self._create_future = loop.create_future
@@ -156,13 +166,17 @@ class HostLimiter:
         if ok:
             now = self.last_success = self._time()
             self.latencies.add(elapsed)
+            if self.queueing.add(seq, elapsed, now):
+                self._judge(self.queueing.ratio)
             waiting = bool(self._retried or self._fresh)
             self.pace.answered(now, limiting=waiting, window=self.window,
                                latency=self.latencies.median())
-            if self.in_flight >= int(self.window) or (waiting and self.pace.rate is None):
+            limits = self.in_flight >= int(self.window) or (waiting and self.pace.rate is None)
+            if limits and not self.queueing.queued:
                 # Grow only a window that limits (not the pace): a host asked for less
-                # proves nothing.
-                self.window = min(float(self.ceiling), self.window + self._step())
+                # proves nothing; nor one whose answers queue.
+                self.window = min(float(self.ceiling), self._grow_cap,
+                                  self.window + self._step())
         elif throttled:
             self.throttle(seq)
         self._give_back()
@@ -176,6 +190,27 @@ class HostLimiter:
             return 1.0
         return (1.0 if self.window < self._limit else 0.25) / self.window
 
+    def _judge(self, ratio: float) -> None:
+        """A new median, ``ratio`` times the base: the window may double again while the
+        answers do not wait (slow start), grow by a quarter while they wait a little (and slow
+        start ends), and shrinks when they wait long (:meth:`_drain`)."""
+        if ratio > SHRINK_ABOVE:
+            self._drain(ratio)
+        elif ratio < DOUBLE_BELOW:
+            self._grow_cap = max(self._grow_cap, 2 * self.window)
+        elif ratio < GROW_BELOW:
+            self._slow_start = False
+            self._grow_cap = max(self._grow_cap, 1.25 * self.window)
+
+    def _drain(self, ratio: float) -> None:
+        """Answers queue long: shrink the window to where they would not (at most by half,
+        not below :data:`QUEUE_FLOOR`), and judge again only requests sent after."""
+        smaller = max(min(QUEUE_FLOOR, self.window), self.window * max(0.5, GROW_BELOW / ratio))
+        if smaller < self.window:
+            self.window = smaller
+            self._slow_start = False
+            self.queueing.restart(self._sent)
+
     def throttle(self, seq: int | None = None) -> None:
         """A request numbered ``seq`` (``None``: a hedge, just sent) was throttled."""
         self.throttled += 1
@@ -187,6 +222,7 @@ class HostLimiter:
             self.window = max(1.0, self.window / 2)
             self._slow_start = False
             self._recovered = self._sent
+            self.queueing.restart(self._sent)
 
     def _give_back(self) -> None:
         self.in_flight -= 1
@@ -240,7 +276,8 @@ class HostLimiter:
 
     def report(self) -> str:
         """One line for ``stats().notes``."""
-        phase = "growing" if self._slow_start else "adapting"
+        phase = ("queueing" if self.queueing.queued else
+                 "growing" if self._slow_start else "adapting")
         paced = self.pace.rate
         pace = f", paced at {paced:,.0f}/s" if paced is not None else ""
         line = (f"remote reads from {self.name}: window {int(self.window)} of {self.ceiling} "

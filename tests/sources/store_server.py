@@ -12,6 +12,8 @@ Behaviours (fixed per server, so that the whole store shares one budget, as a re
   ``slow_requests`` requests of those objects only (1 by default: a tail that a second request
   escapes).
 - ``stuck``: objects whose every request waits an hour.
+- ``service``: at most this many answers are served at once (each taking ``latency``); the
+  other requests wait their turn, as at a store (or a link) that queues rather than rejects.
 - ``truncate_second``: the second request of each ``slow`` object promises the whole body and
   sends half of it, then drops the connection.
 
@@ -77,10 +79,11 @@ class _Bucket:
 
 def _app(store: Store, *, rate: float | None, burst: float, retry_after: str | None,
          latency: float, slow: dict[int, float], stuck: frozenset[int],
-         truncate_second: bool, slow_requests: int = 1) -> Any:
+         truncate_second: bool, slow_requests: int = 1, service: int | None = None) -> Any:
     from aiohttp import web
 
     buckets: list[_Bucket] = []
+    counters: list[asyncio.Semaphore] = []
 
     async def handle(request: web.Request) -> web.StreamResponse:
         last = request.path.rstrip("/").rsplit("/", 1)[-1]
@@ -102,7 +105,13 @@ def _app(store: Store, *, rate: float | None, burst: float, retry_after: str | N
         answered = False
         try:
             wait = slow[index] if n <= slow_requests and index in slow else latency
-            await asyncio.sleep(3600 if index in stuck else wait)
+            if service is None:
+                await asyncio.sleep(3600 if index in stuck else wait)
+            else:
+                if not counters:
+                    counters.append(asyncio.Semaphore(service))
+                async with counters[0]:
+                    await asyncio.sleep(wait)
             answered = True
         finally:  # cancelled: the client went away (handler_cancellation=True)
             store.abandoned += not answered
@@ -134,6 +143,7 @@ def store_server(
     stuck: frozenset[int] = frozenset(),
     truncate_second: bool = False,
     slow_requests: int = 1,
+    service: int | None = None,
 ) -> Iterator[Store]:
     """Run the store on 127.0.0.1 (a free port) on a thread with its own loop."""
     store = Store("", size)
@@ -141,7 +151,7 @@ def store_server(
     def make() -> Any:
         return _app(store, rate=rate, burst=burst, retry_after=retry_after, latency=latency,
                     slow=slow or {}, stuck=stuck, truncate_second=truncate_second,
-                    slow_requests=slow_requests)
+                    slow_requests=slow_requests, service=service)
 
     with serve_in_thread(make, "store server") as base:
         store.base = base

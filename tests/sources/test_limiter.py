@@ -4,6 +4,7 @@ driven directly, without a server."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
@@ -12,6 +13,7 @@ from asyncflow._scope import RunScope, use_scope
 from asyncflow.sources._hedge import MIN_SAMPLES, Latencies
 from asyncflow.sources._limiter import INITIAL_WINDOW, HostLimiter, limiter_for
 from asyncflow.sources._pace import MIN_GAP
+from asyncflow.sources._queueing import BASE_SPAN, GROUP, Queueing
 from asyncflow.sources._retry import Transient, with_retries
 
 RETRY = Retry(backoff=0)
@@ -33,9 +35,13 @@ async def test_window_grows_by_one_per_success_while_full_then_halves_on_throttl
     for _ in range(5):
         await gate.run(ok, retried=False, retry=RETRY)
     assert gate.window == INITIAL_WINDOW
-    # Full: each success adds one (slow start, doubling each round trip).
+    # Full: each success adds one (slow start, doubling each round trip), at most to twice
+    # the window of the last median that showed no queue (none yet: twice the first).
     await asyncio.gather(*(gate.run(ok, retried=False, retry=RETRY)
                            for _ in range(4 * INITIAL_WINDOW)))
+    assert gate.window == INITIAL_WINDOW * 2
+    await asyncio.gather(*(gate.run(ok, retried=False, retry=RETRY)
+                           for _ in range(8 * INITIAL_WINDOW)))
     assert gate.window > INITIAL_WINDOW * 2
     before = gate.window
     with pytest.raises(Transient):
@@ -268,3 +274,30 @@ async def test_a_rate_limited_host_is_paced_with_few_rejections(async_leak_check
     # not probed again within the hold (4 s): no rejection after the first second.
     assert gate.pace.rate is not None and "paced at" in gate.report()
     assert rejected == len(times) and [t for t in times if t > 1.0] == []
+
+
+def test_queueing_compares_each_groups_median_with_the_lowest_of_late() -> None:
+    q = Queueing(first=GROUP)
+    seq = itertools.count()
+    # The first window's answers (connection set-up) are not counted.
+    assert not any(q.add(next(seq), 5.0, now=0.0) for _ in range(GROUP))
+
+    def group(seconds: float, now: float, slow: int = 0) -> bool:
+        done = [q.add(next(seq), 10.0 if i < slow else seconds, now) for i in range(GROUP)]
+        assert done == [False] * (GROUP - 1) + [True]
+        return q.queued
+
+    assert not group(0.010, now=1.0) and q.ratio == 1.0
+    # A tail is not a queue: the median holds.
+    assert not group(0.010, now=1.5, slow=GROUP // 2 - 1) and q.ratio == 1.0
+    assert group(0.035, now=2.0) and q.ratio == pytest.approx(3.5)
+    assert not group(0.012, now=3.0) and q.ratio == pytest.approx(1.2)
+    # A window change: only requests sent after it count.
+    sent = next(seq)
+    q.restart(sent + 10)
+    assert not any(q.add(sent + i, 1.0, now=3.5) for i in range(10))
+    seq = itertools.count(sent + 10)
+    assert group(0.030, now=4.0) and q.ratio == pytest.approx(3.0)
+    # The base is the lowest median of the last BASE_SPAN seconds: a host that slowed down
+    # for good is the new normal once the faster medians are that old.
+    assert not group(0.030, now=1.0 + BASE_SPAN + 3.5) and q.ratio == pytest.approx(1.0)
