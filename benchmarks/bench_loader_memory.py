@@ -12,7 +12,12 @@ PSS summed over the tree (``/proc/<pid>/smaps_rollup``), sampled every 50 ms, it
 child's own PSS just before the loader was built (after the imports and the dataset). The peak's
 split by role (the parent, the forkserver, the resource tracker, the workers) says where the
 memory went. Shared-memory files nobody maps are in no process's PSS: the ``shm`` column adds
-this run's files in ``/dev/shm`` at the peak. The last column is each row's median time for
+this run's files in ``/dev/shm`` at the peak. Nor are pages mapped and never read: torch's
+parent maps each batch it receives without touching it, so with this do-nothing consumer its
+batches never enter its PSS. The column "with each shared-memory file at its size" counts them
+(the tree's anonymous and file PSS, plus every ``/dev/shm`` file the tree maps or holds at its
+size: ``_held_mib``), and ``--touch`` makes the consumer read each batch (a sum), as a
+training step does. The last column is each row's median time for
 its 2 epochs, start-up included: a memory saving that costs speed shows there. Kinds
 ``asyncflow`` (the default start: fork where safe, else the forkserver; the lines under the
 table say which it got), ``asyncflow-fork``, ``asyncflow-forkserver``, ``torch``, ``folder``
@@ -30,6 +35,12 @@ in each worker as it starts: what a long run's workers do sooner or later (a ful
 comes once enough objects have outlived the younger ones), brought into two epochs. A forked
 worker's collection touches every object it inherited, and so copies their pages, unless they
 were frozen (``gc.freeze()``: asyncflow's fork template does it).
+
+``--count`` also counts, as each batch is taken, the batches this process maps from shared
+memory (its ``/dev/shm`` mappings of this run's segments, in units of the batch just taken):
+the one in hand, those the loader has received and holds for later (out of order, queued).
+Reading ``/proc/self/maps`` per batch costs about a millisecond, so the seconds column is
+not comparable with a run without it.
 """
 
 from __future__ import annotations
@@ -133,33 +144,43 @@ def _shm_mib() -> float:
     return total / 2**20
 
 
-def _unmapped_mib(pids: list[int]) -> float:
-    """Shared memory the tree holds that none of its processes maps: in no PSS, yet memory.
+def _held_mib(splits: dict[int, list[float]]) -> float:
+    """The tree's memory with each shared-memory file counted once, at its size, whoever maps
+    it and whether or not its pages were touched: the tree's anonymous and file PSS, plus the
+    files in ``/dev/shm`` that its processes map or hold a descriptor of, and this run's
+    named files there.
 
-    torch's workers send each batch as an unlinked shared-memory file whose descriptor waits
-    in the worker (``resource_sharer``) or the parent's queue until the batch is taken: up to
-    ``prefetch_factor x num_workers`` batches that ``smaps`` never shows. Counted here: the
-    files the tree's descriptors point at in ``/dev/shm`` (unlinked ones included) and this
-    run's named files there, less those some process of the tree maps (their pages are in
-    its PSS already).
+    PSS misses such files two ways. Nobody maps them: torch's workers send each batch as an
+    unlinked file whose descriptor waits in the worker (``resource_sharer``) or the parent's
+    queue until the batch is taken, and asyncflow's segments wait named until received.
+    Or they are mapped but not touched: torch's parent maps each batch it receives from its
+    descriptor without reading it (its pages enter the parent's PSS only as they are read),
+    so a consumer that never reads a batch, this benchmark's, shows none of them, neither
+    the one in hand nor those received out of order and kept for later; asyncflow maps
+    segments populated, so all of its count. Counted here at their size: what they hold in
+    the machine. (Shared memory outside ``/dev/shm``, anonymous shared maps, is left out:
+    none of these loaders makes any of size.) ``splits``: each process's ``_split_mib``, read
+    with the PSS it is compared with.
     """
-    held: dict[int, int] = {}
-    mapped: set[int] = set()
-    for pid in pids:
+    own = sum(anon + files for anon, files, _ in splits.values())
+    sizes: dict[int, int] = {}
+    for pid in splits:
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
             with open(f"/proc/{pid}/maps") as fh:
                 for line in fh:
                     parts = line.split(maxsplit=5)
                     if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
-                        mapped.add(int(parts[4]))
+                        lo, hi = parts[0].split("-")
+                        ino = int(parts[4])
+                        sizes[ino] = max(sizes.get(ino, 0), int(hi, 16) - int(lo, 16))
         except OSError:
             continue
         for fd in fds:
             try:
                 if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
                     st = os.stat(f"/proc/{pid}/fd/{fd}")
-                    held[st.st_ino] = st.st_blocks * 512
+                    sizes[st.st_ino] = st.st_blocks * 512
             except OSError:
                 continue
     for path in _run_files():
@@ -167,8 +188,21 @@ def _unmapped_mib(pids: list[int]) -> float:
             st = os.stat(path)
         except OSError:
             continue
-        held[st.st_ino] = st.st_blocks * 512
-    return sum(size for ino, size in held.items() if ino not in mapped) / 2**20
+        sizes[st.st_ino] = st.st_blocks * 512
+    return own + sum(sizes.values()) / 2**20
+
+
+def _mapped_batches(batch: Any) -> float:
+    """The bytes this process maps from this run's shared memory, in units of ``batch``'s
+    tensors' bytes (``--count``); asyncflow's one-page status file rounds away."""
+    size = sum(t.nbytes for t in (batch if isinstance(batch, (tuple, list)) else [batch]))
+    mapped = 0
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            if "/dev/shm/" in line and ("/asyncflow-" in line or "/torch_" in line):
+                start, end = line.split(maxsplit=1)[0].split("-")
+                mapped += int(end, 16) - int(start, 16)
+    return round(mapped / max(size, 1), 1)
 
 
 def _collect_garbage(worker_id: int) -> None:
@@ -227,20 +261,22 @@ def sample(me: int) -> None:
     peak: dict[str, Any] = {"total": 0.0}
     print("ready", flush=True)
     while not select.select([sys.stdin], [], [], 0.05)[0]:
-        tree = {p: _pss_mib(p) for p in [me, *_descendants(me)] if p != os.getpid()}
-        unmapped = _unmapped_mib(list(tree))
+        splits = {p: _split_mib(p) for p in [me, *_descendants(me)] if p != os.getpid()}
+        tree = {p: sum(split) for p, split in splits.items()}
+        held = _held_mib(splits)
         if sum(tree.values()) > peak["total"]:
             roles: dict[str, float] = {}
             for pid, pss in tree.items():
                 role = _role(pid, me)
                 roles[role] = roles.get(role, 0.0) + pss
             peak.update(total=sum(tree.values()), roles=roles, shm=_shm_mib(),
-                        split=sorted([_role(pid, me), *_split_mib(pid)] for pid in tree))
-        peak["held"] = max(peak.get("held", 0.0), sum(tree.values()) + unmapped)
+                        split=sorted([_role(pid, me), *splits[pid]] for pid in tree))
+        peak["held"] = max(peak.get("held", 0.0), held)
     print(json.dumps(peak), flush=True)
 
 
-def child(kind: str, job: str, array_mib: int, worker_gc: bool = False) -> dict[str, Any]:
+def child(kind: str, job: str, array_mib: int, worker_gc: bool = False,
+          count: bool = False, touch: bool = False) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
@@ -253,10 +289,16 @@ def child(kind: str, job: str, array_mib: int, worker_gc: bool = False) -> dict[
     sampler.stdout.readline()
     base, base_split = _pss_mib(me), _split_mib(me)
     loader = make if make is not None else _loader(kind, job, array_mib, worker_gc)
+    counts: dict[str, int] = {}
     start = time.perf_counter()
     for _ in range(2):
         for _batch in loader:
-            pass
+            if touch:
+                for tensor in _batch if isinstance(_batch, (tuple, list)) else [_batch]:
+                    tensor.sum()
+            if count:
+                held = str(_mapped_batches(_batch))
+                counts[held] = counts.get(held, 0) + 1
     seconds = time.perf_counter() - start
     sampler.stdin.write("stop\n")  # not an end of file: forked workers hold the pipe too
     sampler.stdin.flush()
@@ -271,7 +313,7 @@ def child(kind: str, job: str, array_mib: int, worker_gc: bool = False) -> dict[
     return {"kind": kind, "job": job, "above": peak["total"] - base, "roles": roles,
             "shm": peak.get("shm", 0.0), "seconds": seconds,
             "held": peak.get("held", base) - base, "start": start,
-            "split": peak.get("split", []), "base_split": base_split}
+            "split": peak.get("split", []), "base_split": base_split, "counts": counts}
 
 
 def main() -> None:
@@ -284,6 +326,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one run, a 32 MiB array")
     parser.add_argument("--worker-gc", action="store_true",
                         help="a full garbage collection in each DataLoader worker as it starts")
+    parser.add_argument("--touch", action="store_true",
+                        help="the consumer reads each batch (sums it), as a training step does")
+    parser.add_argument("--count", action="store_true",
+                        help="count the batches this process maps as each one is taken")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "JOB"))
     parser.add_argument("--sample", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -293,7 +339,8 @@ def main() -> None:
     if args.quick:
         args.runs, args.array_mib = 1, 32
     if args.child:
-        print(json.dumps(child(*args.child, args.array_mib, args.worker_gc)))
+        print(json.dumps(child(*args.child, args.array_mib, args.worker_gc, args.count,
+                                args.touch)))
         return
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for job in args.jobs.split(","):
@@ -303,13 +350,14 @@ def main() -> None:
                     continue
                 out = subprocess.run(
                     [sys.executable, "-W", "ignore", __file__, "--child", kind, job,
-                     "--array-mib", str(args.array_mib), *["--worker-gc"] * args.worker_gc],
+                     "--array-mib", str(args.array_mib), *["--worker-gc"] * args.worker_gc,
+                     *["--count"] * args.count, *["--touch"] * args.touch],
                     capture_output=True, text=True, check=True, timeout=600,
                 )
                 results.setdefault((job, kind), []).append(json.loads(out.stdout))
     print("| job | loader | PSS above the parent, runs | median | vs torch | shm at peak "
           "| where (median run): parent, forkserver, tracker, workers "
-          "| with unmapped shared memory: median, vs torch | seconds (median) |")
+          "| with each shared-memory file at its size: median, vs torch | seconds (median) |")
     print("|---|---|---|---:|---:|---:|---|---:|---:|")
     for (job, kind), runs in results.items():
         above = sorted(r["above"] for r in runs)
@@ -332,6 +380,18 @@ def main() -> None:
         procs = [["parent before", *mid["base_split"]], *mid["split"]]
         print(f"- {job}, {kind}: " + "; ".join(
             f"{role} {anon:.0f}/{files:.0f}/{shm:.0f}" for role, anon, files, shm in procs))
+    if args.count:
+        print("\nBatches mapped in the loader's process as each batch is taken (the one taken "
+              "included), over every run: count x times; mean")
+        for (job, kind), runs in results.items():
+            merged: dict[float, int] = {}
+            for r in runs:
+                for held, times in r["counts"].items():
+                    merged[float(held)] = merged.get(float(held), 0) + times
+            total = sum(merged.values()) or 1
+            mean = sum(h * t for h, t in merged.items()) / total
+            print(f"- {job}, {kind}: " + ", ".join(
+                f"{h:g} x {t}" for h, t in sorted(merged.items())) + f"; mean {mean:.2f}")
     for (job, kind), runs in results.items():
         for note in sorted({n for r in runs for n in r.get("start", [])}):
             print(f"- {job}, {kind}: {note}")
