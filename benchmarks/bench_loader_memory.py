@@ -16,7 +16,7 @@ this run's files in ``/dev/shm`` at the peak. Nor are pages mapped and never rea
 parent maps each batch it receives without touching it, so with this do-nothing consumer its
 batches never enter its PSS. The column "with each shared-memory file at its size" counts them
 (the tree's anonymous and file PSS, plus every ``/dev/shm`` file the tree maps or holds at its
-size: ``_held_mib``), and ``--touch`` makes the consumer read each batch (a sum), as a
+size: ``_tree_mib``), and ``--touch`` makes the consumer read each batch (a sum), as a
 training step does. The last column is each row's median time for
 its 2 epochs, start-up included: a memory saving that costs speed shows there. Kinds
 ``asyncflow`` (the default start: fork where safe, else the forkserver; the lines under the
@@ -144,7 +144,7 @@ def _shm_mib() -> float:
     return total / 2**20
 
 
-def _held_mib(splits: dict[int, list[float]]) -> float:
+def _tree_mib(pids: list[int]) -> tuple[dict[int, list[float]], float]:
     """The tree's memory with each shared-memory file counted once, at its size, whoever maps
     it and whether or not its pages were touched: the tree's anonymous and file PSS, plus the
     files in ``/dev/shm`` that its processes map or hold a descriptor of, and this run's
@@ -159,14 +159,16 @@ def _held_mib(splits: dict[int, list[float]]) -> float:
     the one in hand nor those received out of order and kept for later; asyncflow maps
     segments populated, so all of its count. Counted here at their size: what they hold in
     the machine. (Shared memory outside ``/dev/shm``, anonymous shared maps, is left out:
-    none of these loaders makes any of size.) ``splits``: each process's ``_split_mib``, read
-    with the PSS it is compared with.
+    none of these loaders makes any of size.)
+
+    Returns each process's ``_split_mib`` and the tree's memory so counted, each process's
+    mappings read right after its PSS, so that a batch freed meanwhile is in neither.
     """
-    own = sum(anon + files for anon, files, _ in splits.values())
+    splits: dict[int, list[float]] = {}
     sizes: dict[int, int] = {}
-    for pid in splits:
+    for pid in pids:
+        splits[pid] = _split_mib(pid)
         try:
-            fds = os.listdir(f"/proc/{pid}/fd")
             with open(f"/proc/{pid}/maps") as fh:
                 for line in fh:
                     parts = line.split(maxsplit=5)
@@ -174,6 +176,7 @@ def _held_mib(splits: dict[int, list[float]]) -> float:
                         lo, hi = parts[0].split("-")
                         ino = int(parts[4])
                         sizes[ino] = max(sizes.get(ino, 0), int(hi, 16) - int(lo, 16))
+            fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
             continue
         for fd in fds:
@@ -189,7 +192,8 @@ def _held_mib(splits: dict[int, list[float]]) -> float:
         except OSError:
             continue
         sizes[st.st_ino] = st.st_blocks * 512
-    return own + sum(sizes.values()) / 2**20
+    own = sum(anon + files for anon, files, _ in splits.values())
+    return splits, own + sum(sizes.values()) / 2**20
 
 
 def _mapped_batches(batch: Any) -> float:
@@ -261,9 +265,8 @@ def sample(me: int) -> None:
     peak: dict[str, Any] = {"total": 0.0}
     print("ready", flush=True)
     while not select.select([sys.stdin], [], [], 0.05)[0]:
-        splits = {p: _split_mib(p) for p in [me, *_descendants(me)] if p != os.getpid()}
+        splits, held = _tree_mib([p for p in [me, *_descendants(me)] if p != os.getpid()])
         tree = {p: sum(split) for p, split in splits.items()}
-        held = _held_mib(splits)
         if sum(tree.values()) > peak["total"]:
             roles: dict[str, float] = {}
             for pid, pss in tree.items():
