@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from collections import deque
 
-__all__ = ["BASE_SPAN", "DOUBLE_BELOW", "GROUP", "GROW_BELOW", "SHRINK_ABOVE", "Queueing"]
+__all__ = ["BASE_SPAN", "DOUBLE_BELOW", "GROUP", "GROW_BELOW", "MIN_BASE", "SHRINK_ABOVE",
+           "Queueing"]
 
 #: Answers per median.
 GROUP = 64
@@ -29,52 +30,65 @@ BASE_SPAN = 10.0
 #: the base (as TCP's HyStart leaves slow start when round trips lengthen).
 DOUBLE_BELOW = 1.5
 #: The window grows while the recent median is under this many times the base.
-GROW_BELOW = 2.0
+GROW_BELOW = 1.75
 #: Above this many times the base, the window shrinks (to ``GROW_BELOW`` times, at most half).
-SHRINK_ABOVE = 3.0
+SHRINK_ABOVE = 2.5
+#: A base below this counts as this: a millisecond more is no queue worth a smaller window.
+MIN_BASE = 0.001
+_OPEN_GROUPS = 64  # a group this many behind the latest settled one is left unsettled
 
 
 class Queueing:
-    """The medians of a host's recent answers, grouped, and the lowest of them lately."""
+    """The medians of a host's recent requests, grouped, and the lowest of them lately."""
 
-    __slots__ = ("_bases", "_group", "_guard", "ratio")
+    __slots__ = ("_bases", "_floor", "_groups", "_guard", "_settled", "ratio")
 
     def __init__(self, first: int) -> None:
-        self._group: list[float] = []
+        # Requests grouped as they were sent (numbered), not as they answered: the first
+        # answers of a burst are its quickest, and a median of them would be too low.
+        self._groups: dict[int, list[float]] = {}
+        self._settled: set[int] = set()
+        self._floor = 0  # groups below this one are left out: too old to settle
         self._bases: deque[tuple[float, float]] = deque()  # (when, median): rising medians
-        # The first window's answers are left out: they include the connections' set-up,
-        # and the first to arrive are the quickest of them, not a sample.
+        # The first window's answers are left out: they include the connections' set-up.
         self._guard = first
         #: The latest group's median over the base (1.0 until a group is complete).
         self.ratio = 1.0
 
     def add(self, seq: int, seconds: float, now: float) -> bool:
-        """The answer of request ``seq`` took ``seconds``; ``True`` when it completed a group
-        (:attr:`ratio` is then new). Requests sent before the last :meth:`restart` are left
-        out: they were sent under the window before it changed."""
-        if seq < self._guard:
+        """The answer of request ``seq`` took ``seconds``; ``True`` when it settled its
+        group's median (:attr:`ratio` is then new). A group of :data:`GROUP` requests sent
+        one after another has its median once more than half of them have answered: the
+        slowest of those, without waiting for the group's tail. Requests sent before the last
+        :meth:`restart` are left out: they were sent under the window before it changed."""
+        key = seq // GROUP
+        if seq < self._guard or key < self._floor or key in self._settled:
             return False
-        group = self._group
+        group = self._groups.setdefault(key, [])
         group.append(seconds)
-        if len(group) < GROUP:
+        if len(group) <= GROUP // 2:
             return False
-        group.sort()
-        median = group[GROUP // 2]
-        group.clear()
+        median = max(group)
+        del self._groups[key]
+        self._settled.add(key)
+        if key - _OPEN_GROUPS > self._floor:
+            self._floor = key - _OPEN_GROUPS
+            self._settled = {k for k in self._settled if k >= self._floor}
+            for old in [k for k in self._groups if k < self._floor]:
+                del self._groups[old]
         bases = self._bases
         while bases and bases[0][0] < now - BASE_SPAN:
             bases.popleft()
         while bases and bases[-1][1] >= median:  # never the lowest again while this one lasts
             bases.pop()
         bases.append((now, median))
-        base = bases[0][1]
-        self.ratio = median / base if base > 0 else 1.0
+        self.ratio = median / max(bases[0][1], MIN_BASE)
         return True
 
     def restart(self, next_seq: int) -> None:
         """The window changed: count only requests numbered ``next_seq`` or later."""
         self._guard = next_seq
-        self._group.clear()
+        self._groups.clear()
 
     @property
     def queued(self) -> bool:

@@ -94,17 +94,17 @@ def test_throttling_stats_hold_no_credentials(leak_check: None) -> None:
 
 
 def test_a_store_that_queues_holds_the_window_near_what_it_serves(leak_check: None) -> None:
-    # 48 places, 20 ms each: past about 48 requests in flight (and what this process's loop
-    # serves), more only wait in the store's queue. The window grew to the ceiling (256)
-    # before, every request waiting behind some 200 others; now it stops doubling once the
-    # answers take longer than they did, and shrinks when they take much longer.
-    n = 1500
-    with store_server(size=SIZE, latency=0.02, service=48) as store:
+    # 64 places, 100 ms each: past 64 requests in flight, more only wait in the store's
+    # queue. The window grew to the ceiling (256) before, every request waiting behind 192
+    # others (400 ms, not 100); now it stops doubling once answers take longer than they did,
+    # and shrinks towards twice the time of the unqueued ones.
+    n = 1000
+    with store_server(size=SIZE, latency=0.1, service=64) as store:
         pipe = recipe([store.url(i) for i in range(n)], retry=Retry(hedge=0))
         got = list(pipe)
         check_all(store, got, n)
     seen = host_note(pipe, store.base)
-    assert seen["window"] <= 192, seen
+    assert seen["window"] <= 192, seen  # three quarters of the ceiling
     assert seen["requests"] == n and seen["throttled"] == 0
 
 

@@ -283,21 +283,35 @@ def test_queueing_compares_each_groups_median_with_the_lowest_of_late() -> None:
     assert not any(q.add(next(seq), 5.0, now=0.0) for _ in range(GROUP))
 
     def group(seconds: float, now: float, slow: int = 0) -> bool:
-        done = [q.add(next(seq), 10.0 if i < slow else seconds, now) for i in range(GROUP)]
-        assert done == [False] * (GROUP - 1) + [True]
+        """A group of requests sent one after another; the ``slow`` last answer last."""
+        done = [q.add(next(seq), 10.0 if i >= GROUP - slow else seconds, now)
+                for i in range(GROUP)]
+        # Settled by the answer past half the group's, without waiting for its tail.
+        assert done == [i == GROUP // 2 for i in range(GROUP)]
         return q.queued
 
     assert not group(0.010, now=1.0) and q.ratio == 1.0
     # A tail is not a queue: the median holds.
     assert not group(0.010, now=1.5, slow=GROUP // 2 - 1) and q.ratio == 1.0
+
     assert group(0.035, now=2.0) and q.ratio == pytest.approx(3.5)
     assert not group(0.012, now=3.0) and q.ratio == pytest.approx(1.2)
     # A window change: only requests sent after it count.
     sent = next(seq)
     q.restart(sent + 10)
     assert not any(q.add(sent + i, 1.0, now=3.5) for i in range(10))
-    seq = itertools.count(sent + 10)
+    seq = itertools.count(-(-(sent + 10) // GROUP) * GROUP)  # the next whole group
     assert group(0.030, now=4.0) and q.ratio == pytest.approx(3.0)
     # The base is the lowest median of the last BASE_SPAN seconds: a host that slowed down
     # for good is the new normal once the faster medians are that old.
     assert not group(0.030, now=1.0 + BASE_SPAN + 3.5) and q.ratio == pytest.approx(1.0)
+
+
+def test_a_groups_quickest_answers_alone_do_not_make_the_base() -> None:
+    q = Queueing(first=0)
+    # The later half of a burst answers first, and quickest: half a group settles nothing.
+    assert not any(q.add(i, 0.001, now=0.0) for i in range(GROUP // 2, GROUP))
+    assert q.add(0, 0.010, now=0.0)  # past half: the median is the slowest answer so far
+    assert not any(q.add(i, 0.010, now=0.1) for i in range(1, GROUP // 2))  # settled
+    assert not any(q.add(i, 0.010, now=0.2) for i in range(GROUP, GROUP + GROUP // 2))
+    assert q.add(GROUP + GROUP // 2, 0.010, now=0.2) and q.ratio == 1.0
