@@ -10,9 +10,9 @@ median of the last :data:`BASE_SPAN` seconds. The window grows only while the re
 stays under :data:`GROW_BELOW` times that base, and shrinks towards it above
 :data:`SHRINK_ABOVE`.
 
-Measured on two cores (``benchmarks/bench_remote.py``'s stores, 2,000 objects of 100 KB): a
-fixed 256 requests in flight delivered 13% fewer objects a second than 128 and took 2.4x as
-long over each (the client's own event loop was the queue).
+Measured on two cores (``benchmarks/bench_remote.py``'s plain and tail stores, 2,000 objects
+of 100 KB): a fixed 256 reads in flight delivered 8-13% fewer objects a second than 128, with
+a p99 latency 1.7-2.4 times as long (the client's own event loop was the queue).
 """
 
 from __future__ import annotations
