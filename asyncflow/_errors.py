@@ -26,11 +26,13 @@ Every class mixes in the built-in exception a caller would naturally catch, so
 never wrapped. Messages and reprs are redacted (no credentials, signatures or keys).
 
 Beside the tree, the one check of each kind of argument every layer takes: :func:`check_int`
-(an int, not a bool, maybe with a floor) and :func:`check_bool`. Their errors name the argument.
+(an int, not a bool, maybe with a floor), :func:`check_bool`, :func:`check_seconds` (a finite
+number of seconds) and :func:`check_budget` (a failure budget). Their errors name the argument.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -188,6 +190,45 @@ def check_bool(name: str, value: _T, *, allow_none: bool = False) -> _T:
         return value
     want = "True, False or None" if allow_none else "True or False"
     raise ConfigTypeError(f"{name} must be {want}, got {value!r:.80}")
+
+
+def check_seconds(name: str, value: _T, *, zero: bool = False, allow_none: bool = False) -> _T:
+    """``value``, once it is a finite number of seconds (an int or float, not a bool) above 0,
+    or 0 too where ``zero``; or ``None`` (no limit) where ``allow_none``.
+
+    Raises:
+        ConfigTypeError: ``value`` is not a number (``True``, ``"1"``).
+        ConfigError: It is NaN, infinite or out of range. Both messages name ``name``.
+    """
+    if value is None and allow_none:
+        return value
+    want = f"a finite number of seconds {'>=' if zero else '>'} 0{' or None' if allow_none else ''}"
+    if not 0 <= _number(name, value, want) < math.inf or (value == 0 and not zero):
+        raise ConfigError(f"{name} must be {want}, got {value!r:.80}")
+    return value
+
+
+def check_budget(name: str, value: _T, *, allow_none: bool = False) -> _T:
+    """``value``, once it is a failure budget: an int >= 0 (failures allowed) or a float in
+    [0, 1] (a fraction of the items); or ``None`` (the default budget) where ``allow_none``.
+
+    Raises:
+        ConfigTypeError: ``value`` is not a number (``True``, ``"1"``).
+        ConfigError: It is out of range, or NaN. Both messages name ``name``.
+    """
+    if value is None and allow_none:
+        return value
+    want = f"an int >= 0 or a float in [0, 1]{' or None' if allow_none else ''}"
+    if not 0 <= _number(name, value, want) <= (1 if isinstance(value, float) else math.inf):
+        raise ConfigError(f"{name} must be {want}, got {value!r:.80}")
+    return value
+
+
+def _number(name: str, value: Any, want: str) -> int | float:
+    # NaN then fails every comparison; an int compares with inf exactly, however large
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigTypeError(f"{name} must be {want}, got {value!r:.80}")
+    return value
 
 
 class RebuildWarning(UserWarning):

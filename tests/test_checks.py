@@ -1,9 +1,11 @@
-"""The one int check and the one bool check (``asyncflow/_errors.py``), and every caller of them.
+"""The one check of each kind of argument (``asyncflow/_errors.py``: an int, a bool, a number of
+seconds, a failure budget), and every caller of them.
 
-Each caller is called with each kind of bad value: not an int (``True``, ``1.5``, ``"3"``,
-``None`` where it is not allowed) and below the floor (``0`` and ``-1`` where an int >= 1 is
-required). Every one must be refused with a :class:`ConfigError` that names the argument, so
-that moving a caller onto the shared check cannot silently lose its check.
+Each caller is called with each kind of bad value: of the wrong type (``True``, ``1.5`` for an
+int, ``"3"``, ``None`` where it is not allowed) and out of range (below an int's floor; NaN,
+infinite or negative seconds or budgets). Every one must be refused with a
+:class:`ConfigError` that names the argument, so that moving a caller onto the shared check
+cannot silently lose its check.
 """
 
 from __future__ import annotations
@@ -18,13 +20,19 @@ import torch
 
 from asyncflow import ConfigError, ConfigTypeError, DataLoader, Pipeline, image, sources
 from asyncflow._blob import check_max_bytes
-from asyncflow._errors import check_bool, check_int
+from asyncflow._errors import check_bool, check_budget, check_int, check_seconds
 from asyncflow._recycle import Recycler
 from asyncflow.journal import Journal
 from asyncflow.pipeline import Processes, state_checksum
 from asyncflow.ranks import Split, cut
 from asyncflow.report import profile
-from asyncflow.sources import DistributedSampler, RandomSampler, Retry, SequentialSampler
+from asyncflow.sources import (
+    DistributedSampler,
+    RandomSampler,
+    Retry,
+    SequentialSampler,
+    Timeout,
+)
 from asyncflow.sources._mix import mix
 from asyncflow.torch import PinnedPool, even_steps, pad_collate, to_device
 from asyncflow.torch._shuffle import ShuffleSampler
@@ -175,6 +183,8 @@ BOOL_CALLERS: list[tuple[str, Callable[[Any], Any], str, bool]] = [
     ("cache wait", lambda v: Pipeline(range(3)).cache("c", wait=v), "wait", False),
     ("cache durable", lambda v: Pipeline(range(3)).cache("c", durable=v), "durable", False),
     ("cache batched", lambda v: Pipeline(range(3)).cache("c", batched=v), "batched", True),
+    ("Split workers", lambda v: Split(workers=v), "workers", False),
+    ("Split shuffle", lambda v: Split(shuffle=v), "shuffle", False),
 ]
 
 
@@ -191,6 +201,96 @@ def test_every_flag_refuses_what_is_not_a_bool(
     monkeypatch.chdir(tmp_path)  # the cache and journal paths are relative
     with pytest.raises(ConfigTypeError, match=f"^{re.escape(name)} must be True"):
         call(value)
+
+
+#: (id, call with the value, the name the message gives, whether 0 is accepted, whether None
+#: is accepted).
+SECONDS_CALLERS: list[tuple[str, Callable[[Any], Any], str, bool, bool]] = [
+    ("Pipeline stall_timeout", lambda v: Pipeline(range(3), stall_timeout=v),
+     "stall_timeout", False, True),
+    ("Pipeline report_every", lambda v: Pipeline(range(3), report_every=v),
+     "report_every", False, True),
+    ("Pipeline stop_timeout", lambda v: Pipeline(range(3), stop_timeout=v),
+     "stop_timeout", False, False),
+    ("open timeout", lambda v: Pipeline(range(3)).open(timeout=v), "timeout", False, True),
+    ("progress interval", lambda v: Pipeline(range(3)).progress(interval=v),
+     "interval", True, False),
+    *[(f"Retry {name}", lambda v, n=name: Retry(**{n: v}), name, True, False)
+      for name in ("backoff", "max_backoff", "max_retry_after", "patience")],
+    *[(f"Timeout {name}", lambda v, n=name: Timeout(**{n: v}), name, False, True)
+      for name in ("connect", "read", "total")],
+]
+
+
+def _seconds_cases() -> list[Any]:
+    cases = []
+    for case_id, call, name, zero, allow_none in SECONDS_CALLERS:
+        for value in [True, False, "1", *([] if allow_none else [None])]:
+            cases.append(pytest.param(call, name, value, ConfigTypeError,
+                                      id=f"{case_id}={value!r}"))
+        for value in [float("nan"), float("inf"), -1, -0.5, *([] if zero else [0, 0.0])]:
+            cases.append(pytest.param(call, name, value, ConfigError, id=f"{case_id}={value!r}"))
+    return cases
+
+
+@pytest.mark.parametrize(("call", "name", "value", "error"), _seconds_cases())
+def test_every_seconds_argument_refuses_what_is_not_a_finite_number_of_them(
+    call: Callable[[Any], Any], name: str, value: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match=f"^{re.escape(name)} must be a finite number of seconds"
+                       ) as info:
+        call(value)
+    assert info.value.__class__ is error
+
+
+#: (id, call with the value, whether None is accepted (the pipeline's budget)).
+BUDGET_CALLERS: list[tuple[str, Callable[[Any], Any], bool]] = [
+    ("Pipeline", lambda v: Pipeline(range(3), max_failures=v), False),
+    ("map", lambda v: Pipeline(range(3)).map(_ident, max_failures=v), True),
+    ("filter", lambda v: Pipeline(range(3)).filter(_ident, max_failures=v), True),
+    ("flat_map", lambda v: Pipeline(range(3)).flat_map(_ident, max_failures=v), True),
+    ("assemble", lambda v: Pipeline(range(3)).assemble(
+        None, batch_size=2, max_failures=v), True),  # type: ignore[arg-type]
+    ("DataLoader", lambda v: DataLoader(range(3), max_failures=v), False),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "value", "error"),
+    [pytest.param(call, value, error, id=f"{case_id}={value!r}")
+     for case_id, call, allow_none in BUDGET_CALLERS
+     for value, error in [
+         (True, ConfigTypeError), (False, ConfigTypeError), ("1", ConfigTypeError),
+         *([] if allow_none else [(None, ConfigTypeError)]),
+         (-1, ConfigError), (-0.1, ConfigError), (1.5, ConfigError),
+         (float("nan"), ConfigError), (float("inf"), ConfigError),
+     ]],
+)
+def test_every_failure_budget_refuses_what_is_not_one(
+    call: Callable[[Any], Any], value: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match=r"^max_failures must be an int >= 0 or a float in \[0, 1\]"
+                       ) as info:
+        call(value)
+    assert info.value.__class__ is error
+
+
+def test_check_seconds_and_check_budget_return_the_value_and_say_what_they_want() -> None:
+    assert check_seconds("t", 0.5) == 0.5
+    assert check_seconds("t", 0, zero=True) == 0
+    assert check_seconds("t", None, allow_none=True) is None
+    assert check_seconds("t", 10**400) == 10**400  # a huge int is finite: no overflow
+    with pytest.raises(ConfigError, match=r"^t must be a finite number of seconds > 0 or None, "
+                                          r"got 0$"):
+        check_seconds("t", 0, allow_none=True)
+    with pytest.raises(ConfigError, match=r"^t must be a finite number of seconds >= 0, got inf$"):
+        check_seconds("t", float("inf"), zero=True)
+    for budget in (0, 10**400, 0.0, 0.5, 1.0):
+        assert check_budget("max_failures", budget) == budget
+    assert check_budget("b", None, allow_none=True) is None
+    with pytest.raises(ConfigTypeError, match=r"^b must be an int >= 0 or a float in \[0, 1\] "
+                                              r"or None, got True$"):
+        check_budget("b", True, allow_none=True)
 
 
 def test_check_int_returns_the_value_and_says_what_it_wants() -> None:

@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .._errors import ConfigError, check_int
+from .._errors import ConfigError, check_budget, check_int
 from ._ledger import Ledger
 from ._node import NodeContext, Receiver, Sender, node_for
 from ._protocols import Assembler, PositionedAssembler
 from ._span import Span
-from ._spec import StageSpec, check_budget
+from ._spec import StageSpec
 from ._stats import ItemGroup
 from ._traits import StageTraits, check_flags
 
@@ -60,7 +60,7 @@ class AssembleSpec(StageSpec):
         super().__post_init__()
         check_int("batch_size", self.batch_size)
         check_int("buffer", self.buffer, allow_none=True)
-        check_budget(self.max_failures, allow_none=True)
+        check_budget("max_failures", self.max_failures, allow_none=True)
         check_flags(self, "drop_last")
         missing = [m for m in ("failure", "arrived")
                    if not callable(getattr(self.assembler, m, None))]

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Self, cast
 
-from .._errors import ConfigError, check_int
+from .._errors import ConfigError, check_int, check_seconds
 from ._build import build_run
 from ._features import feature
 from ._merge import Branch, Merge
@@ -21,7 +21,7 @@ from ._resume import load_state, state_of
 from ._run import ConsumerHook, Run, T_co
 from ._runtime import Runtime
 from ._shared_source import SharedSource, check_source
-from ._spec import StageSpec, check_seconds, stage_names
+from ._spec import StageSpec, stage_names
 from ._stats import PipelineStats
 
 __all__ = ["HookFactory", "PipelineCore"]
@@ -192,7 +192,7 @@ class PipelineCore(Generic[T_co]):
         Args:
             timeout: Raise ``StallError`` when no item arrives for this many seconds.
         """
-        check_seconds("timeout", timeout)
+        check_seconds("timeout", timeout, allow_none=True)
         return Run(self._runtime, timeout=timeout, hooks=self._hooks)
 
     def __iter__(self) -> Run[T_co]:

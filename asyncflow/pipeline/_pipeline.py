@@ -11,7 +11,7 @@ from collections.abc import AsyncIterable, Callable, Coroutine, Iterable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, overload
 
-from .._errors import ConfigError, check_int
+from .._errors import ConfigError, check_budget, check_int, check_seconds
 from ._assemble import AssembleSpec
 from ._core import HookFactory, PipelineCore
 from ._features import feature
@@ -19,16 +19,7 @@ from ._options import RunOptions
 from ._pool_holder import PoolHolder
 from ._run import T_co
 from ._shared_source import SharedSource, Source, check_source
-from ._spec import (
-    BatchSpec,
-    FlatMapSpec,
-    MapSpec,
-    PrefetchSpec,
-    ShuffleSpec,
-    UnbatchSpec,
-    check_budget,
-    check_seconds,
-)
+from ._spec import BatchSpec, FlatMapSpec, MapSpec, PrefetchSpec, ShuffleSpec, UnbatchSpec
 from ._worker_options import Processes, resolve_workers
 
 if TYPE_CHECKING:
@@ -108,11 +99,11 @@ class Pipeline(PipelineCore[T_co]):
         notes: tuple[str, ...] = (),
     ) -> None:
         check_source("Pipeline(source)", source)
-        check_budget(max_failures)
+        check_budget("max_failures", max_failures)
         check_int("buffer", buffer, allow_none=True)
         check_int("buffer_bytes", buffer_bytes, allow_none=True)
-        check_seconds("stall_timeout", stall_timeout)
-        check_seconds("report_every", report_every)
+        check_seconds("stall_timeout", stall_timeout, allow_none=True)
+        check_seconds("report_every", report_every, allow_none=True)
         check_seconds("stop_timeout", stop_timeout)
         if name is not None and (not isinstance(name, str) or not name):
             raise ConfigError(f"name must be a non-empty string, got {name!r}")

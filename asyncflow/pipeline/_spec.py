@@ -9,7 +9,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._errors import ConfigError, check_int
+from .._errors import ConfigError, check_budget, check_int
 from ._expansion import check_partial
 from ._traits import StageTraits, Worker, check_flags
 
@@ -18,29 +18,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BatchSpec", "FlatMapSpec", "MapSpec", "PrefetchSpec", "ShuffleSpec",
-    "StageSpec", "UnbatchSpec", "check_budget", "check_seconds", "fn_name",
+    "StageSpec", "UnbatchSpec", "fn_name",
     "is_async_callable", "stage_names", "unique_names",
 ]
-
-
-def check_seconds(what: str, value: Any) -> None:
-    """Raise :class:`ConfigError` unless ``value`` is ``None`` or a positive number."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"{what} must be a positive number of seconds, got {value!r}")
-
-
-def check_budget(value: Any, *, allow_none: bool = False) -> None:
-    """Validate a failure budget: an int >= 0 (a count) or a float in [0, 1] (a fraction)."""
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"max_failures must be an int count or a float fraction, got {value!r}")
-    if isinstance(value, int) and value < 0:
-        raise ConfigError(f"max_failures must be >= 0, got {value!r}")
-    if isinstance(value, float) and not 0.0 <= value <= 1.0:
-        raise ConfigError(f"max_failures as a fraction must lie in [0, 1], got {value!r}")
 
 
 def is_async_callable(fn: Any) -> bool:
@@ -208,7 +188,7 @@ class MapSpec(StageSpec):
         check_int("concurrency", self.concurrency)
         check_int("buffer", self.buffer, allow_none=True)
         check_int("buffer_bytes", self.buffer_bytes, allow_none=True)
-        check_budget(self.max_failures, allow_none=True)
+        check_budget("max_failures", self.max_failures, allow_none=True)
         check_flags(self, "ordered")
         if self.executor is not None:
             if not isinstance(self.executor, Executor):

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, overload
 
-from .._errors import ConfigError, check_int
+from .._errors import ConfigError, check_bool, check_int
 from ..pipeline import Span, sequence_identity
 from ._cut import Remainder, cut, padding
 from ._dealt import AsyncDealt, Dealt
@@ -127,9 +127,10 @@ class Split:
         seed: The shuffle's seed: the same on every rank.
 
     Raises:
-        ConfigError: ``world_size < 1``, ``rank`` outside ``[0, world_size)``, or an unknown
-            ``remainder`` (at once); a ``rank`` or ``world_size`` given here that differs
-            from the initialized process group's (by :meth:`part`).
+        ConfigError: ``world_size < 1``, ``rank`` outside ``[0, world_size)``, an unknown
+            ``remainder``, or ``workers`` or ``shuffle`` not a bool (at once); a ``rank`` or
+            ``world_size`` given here that differs from the initialized process group's (by
+            :meth:`part`).
     """
 
     rank: int | None = None
@@ -149,6 +150,8 @@ class Split:
         if self.remainder not in ("pad", "drop"):
             raise ConfigError(f"remainder must be 'pad' or 'drop', got {self.remainder!r}")
         check_int("seed", self.seed, None)
+        check_bool("workers", self.workers)
+        check_bool("shuffle", self.shuffle)
 
     def part(self) -> Part:
         """This process's part, now: its rank, world size and DataLoader worker.
@@ -159,7 +162,7 @@ class Split:
         """
         rank, world = self._world()
         worker, workers = self._worker() if self.workers else (0, 1)
-        return Part(rank, world, worker, workers, self.remainder, bool(self.shuffle), self.seed)
+        return Part(rank, world, worker, workers, self.remainder, self.shuffle, self.seed)
 
     def _world(self) -> tuple[int, int]:
         group = process_group()
@@ -224,7 +227,7 @@ class Split:
         """
         left = remaining(states, partial=partial)
         listed = items if isinstance(items, Sequence) else list(items)
-        left.check(listed, remainder=self.remainder, shuffle=bool(self.shuffle), seed=self.seed)
+        left.check(listed, remainder=self.remainder, shuffle=self.shuffle, seed=self.seed)
         return Share(self, listed, left.epoch, settled=left.settled, history=left.history)
 
     @overload

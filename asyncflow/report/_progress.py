@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .._errors import ConfigError, check_seconds
+
 __all__ = ["ProgressBar", "in_notebook", "progress_hook"]
 
 
@@ -136,12 +138,15 @@ def progress_hook(**options: Any) -> Callable[[Any], ProgressBar]:
 
     The options are :class:`ProgressBar`'s. Unknown ``tqdm`` options fail when the first run
     starts, as tqdm itself reports them.
+
+    Raises:
+        ConfigError: ``count`` is not callable, or ``interval`` not a finite number of
+            seconds >= 0 (at once, with the message naming it).
     """
     count = options.get("count")
     if count is not None and not callable(count):
-        from .._errors import ConfigError
-
         raise ConfigError(f"progress(count=...) must be a callable, got {count!r}")
+    check_seconds("interval", options.get("interval", 1.0), zero=True)
 
     def factory(run: Any) -> ProgressBar:
         return ProgressBar(run, **options)

@@ -33,6 +33,7 @@ from .._errors import (
     SourcePermissionError,
     SourceTimeout,
     check_int,
+    check_seconds,
 )
 from .._scope import current_scope
 
@@ -77,15 +78,6 @@ THROTTLE_STATUSES = frozenset({429, 503})
 #: Throttled tries back off as if this were at most their failure count: the host's window,
 #: not a growing wait, paces them (0.8 s at most by default).
 _THROTTLE_BACKOFF_STEPS = 4
-
-
-def _check_seconds(name: str, value: float | None, *, allow_zero: bool = False) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise ConfigError(f"{name} must be a number of seconds or None, got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
 def _check_fraction(name: str, value: float, *, low: float, high: float) -> None:
@@ -146,12 +138,8 @@ class Retry:
 
     def __post_init__(self) -> None:
         check_int("attempts", self.attempts)
-        _check_seconds("backoff", self.backoff, allow_zero=True)
-        _check_seconds("max_backoff", self.max_backoff, allow_zero=True)
-        _check_seconds("max_retry_after", self.max_retry_after, allow_zero=True)
-        _check_seconds("patience", self.patience, allow_zero=True)
-        if self.patience is None:
-            raise ConfigError("patience must be a number of seconds, got None")
+        for name in ("backoff", "max_backoff", "max_retry_after", "patience"):
+            check_seconds(name, getattr(self, name), zero=True)
         _check_fraction("hedge", self.hedge, low=0.0, high=1.0)
         _check_fraction("hedge_quantile", self.hedge_quantile, low=0.5, high=0.999)
         object.__setattr__(self, "statuses", frozenset(self.statuses))
@@ -185,9 +173,8 @@ class Timeout:
     total: float | None = None
 
     def __post_init__(self) -> None:
-        _check_seconds("connect", self.connect)
-        _check_seconds("read", self.read)
-        _check_seconds("total", self.total)
+        for name in ("connect", "read", "total"):
+            check_seconds(name, getattr(self, name), allow_none=True)
 
 
 class Transient(Exception):

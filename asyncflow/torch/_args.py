@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._errors import ConfigError, ConfigTypeError, check_int
+from .._errors import ConfigError, ConfigTypeError, check_budget, check_int
 
 __all__ = ["check_extras", "check_fork", "refuse_unsupported", "start_method"]
 
@@ -45,11 +45,7 @@ def check_extras(*, workers: Any, seed: Any, generator: Any, max_failures: Any) 
         raise ConfigError(f"workers must be 'auto', 'threads' or 'processes', got {workers!r:.80}")
     if check_int("seed", seed, None, allow_none=True) is not None and generator is not None:
         raise ConfigError("give generator= or seed=, not both")
-    bad = isinstance(max_failures, bool) or not isinstance(max_failures, int | float)
-    if bad or max_failures < 0 or (isinstance(max_failures, float) and max_failures > 1):
-        raise ConfigError(
-            f"max_failures must be an int >= 0 or a float in [0, 1], got {max_failures!r:.80}"
-        )
+    check_budget("max_failures", max_failures)
 
 
 def start_method(context: Any) -> str:
