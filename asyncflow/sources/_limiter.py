@@ -193,9 +193,10 @@ class HostLimiter:
     def _judge(self, ratio: float) -> None:
         """A new median, ``ratio`` times the base: the window may double again while the
         answers do not wait (slow start), grow by a quarter while they wait a little (and slow
-        start ends), and shrinks when they wait long (:meth:`_drain`)."""
+        start ends), and shrinks when they wait long, twice in a row (:meth:`_drain`)."""
         if ratio > SHRINK_ABOVE:
-            self._drain(ratio)
+            if self.queueing.drain:
+                self._drain(ratio)
         elif ratio < DOUBLE_BELOW:
             self._grow_cap = max(self._grow_cap, 2 * self.window)
         elif ratio < GROW_BELOW:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 
 __all__ = ["BASE_SPAN", "DOUBLE_BELOW", "GROUP", "GROW_BELOW", "MIN_BASE", "SHRINK_ABOVE",
-           "Queueing"]
+           "SHRINK_AFTER", "Queueing"]
 
 #: Answers per median.
 GROUP = 64
@@ -33,6 +33,9 @@ DOUBLE_BELOW = 1.5
 GROW_BELOW = 1.75
 #: Above this many times the base, the window shrinks (to ``GROW_BELOW`` times, at most half).
 SHRINK_ABOVE = 2.5
+#: Groups in a row above ``SHRINK_ABOVE`` before the window shrinks: one alone can be a store's
+#: latency tail drawn unevenly, and a real queue lasts.
+SHRINK_AFTER = 2
 #: A base below this counts as this: a millisecond more is no queue worth a smaller window.
 MIN_BASE = 0.001
 _OPEN_GROUPS = 64  # a group this many behind the latest settled one is left unsettled
@@ -41,7 +44,7 @@ _OPEN_GROUPS = 64  # a group this many behind the latest settled one is left uns
 class Queueing:
     """The medians of a host's recent requests, grouped, and the lowest of them lately."""
 
-    __slots__ = ("_bases", "_floor", "_groups", "_guard", "_settled", "ratio")
+    __slots__ = ("_bases", "_floor", "_groups", "_guard", "_settled", "high", "ratio")
 
     def __init__(self, first: int) -> None:
         # Requests grouped as they were sent (numbered), not as they answered: the first
@@ -54,6 +57,8 @@ class Queueing:
         self._guard = first
         #: The latest group's median over the base (1.0 until a group is complete).
         self.ratio = 1.0
+        #: Groups in a row whose ratio was above :data:`SHRINK_ABOVE`.
+        self.high = 0
 
     def add(self, seq: int, seconds: float, now: float) -> bool:
         """The answer of request ``seq`` took ``seconds``; ``True`` when it settled its
@@ -83,12 +88,19 @@ class Queueing:
             bases.pop()
         bases.append((now, median))
         self.ratio = median / max(bases[0][1], MIN_BASE)
+        self.high = self.high + 1 if self.ratio > SHRINK_ABOVE else 0
         return True
 
     def restart(self, next_seq: int) -> None:
         """The window changed: count only requests numbered ``next_seq`` or later."""
         self._guard = next_seq
         self._groups.clear()
+        self.high = 0
+
+    @property
+    def drain(self) -> bool:
+        """Whether the answers have queued long for :data:`SHRINK_AFTER` groups in a row."""
+        return self.high >= SHRINK_AFTER
 
     @property
     def queued(self) -> bool:
