@@ -13,7 +13,9 @@ A loopback HTTP server in its own process serves N objects of 100 KB in four beh
                  share; ``--tail-draws iid`` draws each request independently, whose 2,000
                  draws from the fixed seed have a p99 of 518 ms and seeds 0-5 range 378-518)
 
-Rows, for each behaviour (every object fetched once per row):
+Rows, for each behaviour (every object fetched once per pass; each row runs ``--passes``
+times, 3 by default, the rows taking turns, and the verdicts use the median of each figure:
+one pass of a row lasts under a second, and on two shared cores single passes move 10-20%):
 
   asyncflow recipe       Pipeline(urls).map(read_bytes, concurrency=256, ordered=False),
                          default Retry() and Timeout(): nothing tuned
@@ -304,6 +306,38 @@ def run_row(server: Server, behaviour: str, name: str, fn: Callable[[list[str]],
                   store_p99=counts["p99"])
 
 
+def median_result(passes: list[Result]) -> Result:
+    """One row over its passes: the median of each figure (a failed pass fails the row)."""
+    failed = [r for r in passes if r.rate is None]
+    if failed:
+        return failed[0]
+
+    def mid(values: list[float]) -> float:
+        return statistics.median(values)
+
+    first = passes[0]
+    return Result(first.behaviour, first.row, mid([r.rate or 0.0 for r in passes]),
+                  round(mid([r.requests for r in passes])),
+                  round(mid([r.rejected for r in passes])),
+                  mid([r.p50 for r in passes]), mid([r.p99 for r in passes]),
+                  store_p99=mid([r.store_p99 for r in passes]))
+
+
+def _print_row(r: Result, *, pass_no: int | None) -> None:
+    """A row's line: one pass (``pass_no``), or the median of its passes (``0``)."""
+    rate = f"{r.rate:10,.0f}" if r.rate is not None else f"{'-':>10}"
+    label = r.row if pass_no is None else f"{r.row}, {'median' if pass_no == 0 else pass_no}"
+    print(f"{r.behaviour:12} {label:34} {rate} {r.requests:9,} {r.rejected:9,} "
+          f"{r.p50 * 1000:7.0f} {r.p99 * 1000:7.0f} {r.note}", flush=True)
+    if r.behaviour == "tail" and r.rate is not None and pass_no in (None, 0):
+        print(f"{'':12} the store's own p99 over this row's {r.requests:,} "
+              f"requests: {r.store_p99 * 1000:.0f} ms")
+    if r.row.startswith("asyncflow recipe") and pass_no not in (None, 0):
+        for line in getattr(asyncflow_recipe, "notes", []):
+            if line.startswith("remote reads"):
+                print(f"{'':12} stats: {line}")
+
+
 def rows_for(behaviour: str) -> list[tuple[str, Callable[[list[str]], list[float]]]]:
     rows: list[tuple[str, Callable[[list[str]], list[float]]]] = [
         ("asyncflow recipe (c=256)", asyncflow_recipe)]
@@ -362,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only these behaviours (repeatable)")
     parser.add_argument("--tail-draws", choices=("stratified", "iid"), default="stratified",
                         help="how the tail store draws its delays (see the module's docstring)")
+    parser.add_argument("--passes", type=int, default=3,
+                        help="passes of each row, in turn; the verdicts use each figure's "
+                             "median (single passes of under a second move 10-20%% here)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -371,25 +408,29 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     with Server(args.tail_draws) as server:
         print(f"{n} objects of {SIZE // 1000} KB; {os.cpu_count()} CPUs; the store in its own "
-              f"process on the same cores; one pass per row; tail delays {args.tail_draws}\n")
+              f"process on the same cores; {args.passes} pass(es) per row, in turn; tail delays "
+              f"{args.tail_draws}\n")
         # Warm up the server and both clients (imports, first sessions) before any timed row:
         # otherwise the first row of asyncflow pays for importing it, and bare aiohttp not.
         bare_aiohttp(server.urls("plain", 256), 256)
         asyncflow_recipe(server.urls("plain", 256))
-        header = (f"{'behaviour':12} {'row':26} {'objects/s':>10} {'requests':>9} "
+        header = (f"{'behaviour':12} {'row, pass':34} {'objects/s':>10} {'requests':>9} "
                   f"{'rejected':>9} {'p50 ms':>7} {'p99 ms':>7}")
         print(header)
         for behaviour in args.only or BEHAVIOURS:
-            for name, fn in rows_for(behaviour):
-                r = run_row(server, behaviour, name, fn, n)
-                results.append(r)
-                rate = f"{r.rate:10,.0f}" if r.rate is not None else f"{'-':>10}"
-                print(f"{behaviour:12} {name:26} {rate} {r.requests:9,} {r.rejected:9,} "
-                      f"{r.p50 * 1000:7.0f} {r.p99 * 1000:7.0f} {r.note}", flush=True)
-                if behaviour == "tail" and r.rate is not None:
-                    print(f"{'':12} the store's own p99 over this row's {r.requests:,} "
-                          f"requests: {r.store_p99 * 1000:.0f} ms")
-                if name.startswith("asyncflow recipe"):
+            rows = rows_for(behaviour)
+            passes: dict[str, list[Result]] = {name: [] for name, _ in rows}
+            for k in range(args.passes):
+                # Each pass in another order: no row always follows the same one.
+                for name, fn in rows[k % len(rows):] + rows[:k % len(rows)]:
+                    r = run_row(server, behaviour, name, fn, n)
+                    passes[name].append(r)
+                    _print_row(r, pass_no=k + 1 if args.passes > 1 else None)
+            for name, _ in rows:
+                results.append(r := median_result(passes[name]))
+                if args.passes > 1:
+                    _print_row(r, pass_no=0)
+                if name.startswith("asyncflow recipe") and args.passes == 1:
                     for line in getattr(asyncflow_recipe, "notes", []):
                         if line.startswith("remote reads"):
                             print(f"{'':12} stats: {line}")

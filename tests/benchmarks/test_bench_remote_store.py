@@ -35,3 +35,13 @@ def test_the_store_reports_the_p99_of_the_delays_it_served() -> None:
 def test_independent_draws_from_the_fixed_seed_are_a_harsher_sample() -> None:
     delays = served("iid", STRATA)
     assert delays[int(0.99 * STRATA)] > 0.5  # what rows measured before the strata: 518 ms
+
+
+def test_a_row_over_its_passes_is_the_median_of_each_figure() -> None:
+    rows = [bench_remote.Result("tail", "r", rate, req, 0, 0.02, p99, store_p99=0.4)
+            for rate, req, p99 in [(2000.0, 2100, 0.31), (1500.0, 2200, 0.25),
+                                   (2500.0, 2150, 0.28)]]
+    mid = bench_remote.median_result(rows)
+    assert (mid.rate, mid.requests, mid.p99) == (2000.0, 2150, 0.28)
+    failed = bench_remote.Result("tail", "r", None, 10, 0, 0, 0, "failed: boom")
+    assert bench_remote.median_result([*rows, failed]) is failed  # a failed pass fails the row
