@@ -192,18 +192,26 @@ def check_bool(name: str, value: _T, *, allow_none: bool = False) -> _T:
     raise ConfigTypeError(f"{name} must be {want}, got {value!r:.80}")
 
 
-def check_seconds(name: str, value: _T, *, zero: bool = False, allow_none: bool = False) -> _T:
+def check_seconds(
+    name: str, value: _T, *, zero: bool = False, allow_none: bool = False,
+    infinite: bool = False,
+) -> _T:
     """``value``, once it is a finite number of seconds (an int or float, not a bool) above 0,
-    or 0 too where ``zero``; or ``None`` (no limit) where ``allow_none``.
+    or 0 too where ``zero``; or ``None`` (no limit) where ``allow_none``; or infinity (no
+    limit) where ``infinite``.
 
     Raises:
         ConfigTypeError: ``value`` is not a number (``True``, ``"1"``).
-        ConfigError: It is NaN, infinite or out of range. Both messages name ``name``.
+        ConfigError: It is NaN, infinite where not ``infinite``, or out of range. Both
+            messages name ``name``.
     """
     if value is None and allow_none:
         return value
-    want = f"a finite number of seconds {'>=' if zero else '>'} 0{' or None' if allow_none else ''}"
-    if not 0 <= _number(name, value, want) < math.inf or (value == 0 and not zero):
+    want = (f"a {'' if infinite else 'finite '}number of seconds {'>=' if zero else '>'} 0"
+            f"{' or inf' if infinite else ''}{' or None' if allow_none else ''}")
+    number = _number(name, value, want)
+    if not (0 <= number < math.inf or (infinite and number == math.inf)) or (
+            value == 0 and not zero):
         raise ConfigError(f"{name} must be {want}, got {value!r:.80}")
     return value
 

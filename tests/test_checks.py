@@ -204,7 +204,7 @@ def test_every_flag_refuses_what_is_not_a_bool(
 
 
 #: (id, call with the value, the name the message gives, whether 0 is accepted, whether None
-#: is accepted).
+#: is accepted). ``Retry``'s caps and patience take inf too (no cap, no end): see below.
 SECONDS_CALLERS: list[tuple[str, Callable[[Any], Any], str, bool, bool]] = [
     ("Pipeline stall_timeout", lambda v: Pipeline(range(3), stall_timeout=v),
      "stall_timeout", False, True),
@@ -228,19 +228,34 @@ def _seconds_cases() -> list[Any]:
         for value in [True, False, "1", *([] if allow_none else [None])]:
             cases.append(pytest.param(call, name, value, ConfigTypeError,
                                       id=f"{case_id}={value!r}"))
-        for value in [float("nan"), float("inf"), -1, -0.5, *([] if zero else [0, 0.0])]:
+        infinite = name in INFINITE
+        for value in [float("nan"), *([] if infinite else [float("inf")]), -1, -0.5,
+                      *([] if zero else [0, 0.0])]:
             cases.append(pytest.param(call, name, value, ConfigError, id=f"{case_id}={value!r}"))
     return cases
+
+
+#: ``Retry``'s arguments that take inf: no cap on the back-off or on a ``Retry-After``, and
+#: throttling that never ends a run.
+INFINITE = ("max_backoff", "max_retry_after", "patience")
 
 
 @pytest.mark.parametrize(("call", "name", "value", "error"), _seconds_cases())
 def test_every_seconds_argument_refuses_what_is_not_a_finite_number_of_them(
     call: Callable[[Any], Any], name: str, value: Any, error: type[Exception]
 ) -> None:
-    with pytest.raises(error, match=f"^{re.escape(name)} must be a finite number of seconds"
+    finite = "" if name in INFINITE else "finite "
+    with pytest.raises(error, match=f"^{re.escape(name)} must be a {finite}number of seconds"
                        ) as info:
         call(value)
     assert info.value.__class__ is error
+
+
+@pytest.mark.parametrize("name", INFINITE)
+def test_retrys_caps_and_patience_take_inf_for_none(name: str) -> None:
+    retry = Retry(**{name: float("inf")})
+    assert getattr(retry, name) == float("inf")
+    assert 0 <= retry.delay(3) <= 0.4 and 1.0 <= retry.delay(1, retry_after=1.0) <= 1.5
 
 
 #: (id, call with the value, whether None is accepted (the pipeline's budget)).

@@ -138,8 +138,9 @@ class Retry:
 
     def __post_init__(self) -> None:
         check_int("attempts", self.attempts)
-        for name in ("backoff", "max_backoff", "max_retry_after", "patience"):
-            check_seconds(name, getattr(self, name), zero=True)
+        check_seconds("backoff", self.backoff, zero=True)
+        for name in ("max_backoff", "max_retry_after", "patience"):  # inf: no cap, no end
+            check_seconds(name, getattr(self, name), zero=True, infinite=True)
         _check_fraction("hedge", self.hedge, low=0.0, high=1.0)
         _check_fraction("hedge_quantile", self.hedge_quantile, low=0.5, high=0.999)
         object.__setattr__(self, "statuses", frozenset(self.statuses))
