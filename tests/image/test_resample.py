@@ -119,3 +119,25 @@ def test_real_photos_within_the_issue_tolerance() -> None:
             got = resample([_full(raw)], [place], (96, 96))[0]
             diffs.append(_levels(got, _cpu(raw, (96, 96), index % 4 != 0, 10 * i + index)))
     assert float(np.mean(diffs)) <= 2.0 and max(diffs) <= 4.0
+
+
+def test_groups_split_by_scale_and_budget_give_each_pictures_own_row(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pictures are resampled in groups (one draft scale each, similar sizes, a bounded
+    gather): the rows come back in the caller's order, each equal to the picture alone."""
+    from asyncflow.image import _resample
+
+    datas = [P.jpeg(w, h, seed=i) for i, (w, h) in enumerate(
+        [(120, 90), (700, 520), (90, 200), (300, 240), (1500, 1100), (64, 64), (410, 330)])]
+    places = [_placement(d, (40, 56), True, i) for i, d in enumerate(datas)]
+    assert len({p.factor for p in places}) >= 3
+    full = [_full(d) for d in datas]
+    alone = [resample([f], [p], (40, 56))[0] for f, p in zip(full, places, strict=True)]
+    monkeypatch.setattr(_resample, "CHUNK", 2)
+    monkeypatch.setattr(_resample, "GATHER_BUDGET", 3 * 64 * 64)  # a picture or two a group
+    groups = _resample._groups(places, 40, 56)
+    assert sorted(i for g in groups for i in g) == list(range(len(datas)))
+    assert len(groups) > 3 and all(len({places[i].factor for i in g}) == 1 for g in groups)
+    batch = resample(full, places, (40, 56))
+    for i, row in enumerate(alone):
+        assert torch.equal(batch[i], row), i
