@@ -11,8 +11,9 @@ run:
    that the caching allocator freed on this stream (torchvision's nvJPEG writes on a stream of
    its own without waiting for ours; so does the hardware engine), and the previous batch's
    pictures (nvImageCodec's memory) are dropped only then;
-2. the JPEGs are decoded in one batched call; if it fails, one by one, and a picture the GPU
-   decoder refuses (or decodes to another size than its header says) is decoded by the CPU
+2. the JPEGs are decoded in one batched call; if it fails, each half in turn (down to the
+   pictures it refuses), and a picture the GPU decoder refuses (or decodes to another size
+   than its header says; a gray one's single channel is repeated) is decoded by the CPU
    kernel instead, which gives the CPU path's row, or its named error (counted against
    ``max_failures``);
 3. :func:`~asyncflow.image._resample.resample` crops, resizes and flips them all in a few
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import logging
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GpuBatch", "GpuDecodeNode", "Pending", "PendingAssembler", "gpu_stage"]
 
+_log = logging.getLogger("asyncflow.image")
 _NO_TICKET = Ticket(-1, -1, -1, -1)  # a row that failed after its batch was assembled
 
 
@@ -148,6 +151,7 @@ class GpuDecodeNode:
         cuda = device.type == "cuda"
         self.stream = _side_stream(device) if cuda else None
         self.held: list[torch.Tensor] = []  # the last batch's pictures (see make)
+        self.offered = self.refused = 0  # JPEGs given to the GPU decoder, and refused
         self._taken = 0  # batches read
         self._lock = threading.Lock()
         self._dropped: list[int] = []  # batches (input ordinals) every row of which failed
@@ -227,10 +231,16 @@ class GpuDecodeNode:
         return item.batch
 
     def close(self) -> None:
-        """Wait for the side stream's work and drop the pictures held for it. Idempotent."""
+        """Wait for the side stream's work and drop the pictures held for it; say how many
+        JPEGs the GPU decoder refused, if any (each cost this stage a CPU decode). Idempotent."""
         if self.stream is not None:
             self.stream.synchronize()
         self.held = []
+        if self.refused:
+            _log.warning("the GPU decoder (%s) refused %d of %d JPEGs this run; the CPU kernel "
+                         "decoded them in the GPU stage, a CPU decode each", self.decoder.name,
+                         self.refused, self.offered)
+            self.offered = self.refused = 0
 
     def _rows(
         self, pending: Pending, failures: list[tuple[int, Failed, Exception]]
@@ -274,23 +284,32 @@ class GpuDecodeNode:
         return values.to(torch.uint8)
 
     def _decode(self, pending: Pending) -> dict[int, torch.Tensor]:
-        """The pictures the GPU decoded, by row: those of the size their plans expect."""
+        """The pictures the GPU decoded, by row: those of the size their plans expect (a
+        one-channel picture, from a gray JPEG, repeated into three as PIL's ``convert``)."""
         gpu = [(i, row) for i, row in enumerate(pending.rows) if isinstance(row, Encoded)]
         if not gpu:
             return {}
-        decoded: list[torch.Tensor | None]
-        try:
-            decoded = list(self.decoder.decode([row.data for _, row in gpu]))
-        except Exception:
-            decoded = [self._one(row) for _, row in gpu]  # find the pictures it refuses
-        return {i: picture for (i, row), picture in zip(gpu, decoded, strict=True)
-                if picture is not None and _matches(picture, row, self.decoder.layout)}
+        decoded = self._decoded([row.data for _, row in gpu])
+        pictures = {}
+        for (i, row), picture in zip(gpu, decoded, strict=True):
+            rgb = None if picture is None else _as_rgb(picture, row, self.decoder.layout)
+            if rgb is not None:
+                pictures[i] = rgb
+        self.offered += len(gpu)
+        self.refused += len(gpu) - len(pictures)
+        return pictures
 
-    def _one(self, row: Encoded) -> torch.Tensor | None:
+    def _decoded(self, data: list[bytearray]) -> list[torch.Tensor | None]:
+        """Each JPEG decoded, ``None`` where the decoder refuses it: all in one call, and if
+        that call fails, each half in turn, so that one refused picture costs about
+        ``2 log2(n)`` calls, not ``n`` calls of one picture each."""
         try:
-            return self.decoder.decode([row.data])[0]
+            return list(self.decoder.decode(data))
         except Exception:
-            return None
+            if len(data) == 1:
+                return [None]
+        half = len(data) // 2
+        return self._decoded(data[:half]) + self._decoded(data[half:])
 
     def _on_cpu(self, row: Encoded) -> np.ndarray | Failed:
         """A row the GPU decoder did not make, from the CPU kernel (or its named error)."""
@@ -318,11 +337,19 @@ def _side_stream(device: torch.device) -> Any:
         return stream
 
 
-def _matches(picture: torch.Tensor, row: Encoded, layout: str) -> bool:
-    want = (3, row.place.height, row.place.width)
-    if layout == "hwc":
-        want = (row.place.height, row.place.width, 3)
-    return tuple(picture.shape) == want and picture.dtype == torch.uint8
+def _as_rgb(picture: torch.Tensor, row: Encoded, layout: str) -> torch.Tensor | None:
+    """``picture`` as three channels of its plan's size, or ``None`` if it is not one."""
+    height, width = row.place.height, row.place.width
+    if picture.dtype != torch.uint8:
+        return None
+    shape = tuple(picture.shape)
+    rgb, gray = ((3, height, width), (1, height, width)) if layout == "chw" else (
+        (height, width, 3), (height, width, 1))
+    if shape == rgb:
+        return picture
+    if shape == gray:
+        return picture.expand(rgb).contiguous()
+    return None
 
 
 def gpu_stage(device: torch.device, decoder: GpuDecoder, options: dict[str, Any],

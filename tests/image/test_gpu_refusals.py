@@ -1,0 +1,91 @@
+"""The GPU stage's pictures that its decoder refuses, or gives in another form: found in
+halves (a few calls, not one per picture), counted and reported; a gray JPEG's single channel
+is repeated into three rather than refused."""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from asyncflow import image
+from asyncflow.image import _folder
+
+from . import _pictures as P
+from .test_folder_gpu import StandIn, _batches, _levels
+
+
+class GrayAsOneChannel(StandIn):
+    """Gives a gray JPEG as a ``1 x H x W`` picture, as a GPU decoder may."""
+
+    def decode(self, data: Any) -> list[torch.Tensor]:
+        out = super().decode(data)
+        for i, d in enumerate(data):
+            with Image.open(io.BytesIO(bytes(d))) as im:
+                if im.mode == "L":
+                    out[i] = out[i][:1].contiguous()
+        return out
+
+
+def _use(monkeypatch: pytest.MonkeyPatch, decoder: StandIn) -> None:
+    """``decode="cuda"`` takes the GPU path with ``decoder`` (on the CPU); ``"cpu"`` is left
+    as it is, to compare with."""
+    real = _folder.decode_path
+
+    def path(decode: Any, device: Any) -> Any:
+        if decode != "cuda":
+            return real(decode, device)
+        return torch.device("cpu"), decoder, "stand-in"
+
+    monkeypatch.setattr(_folder, "decode_path", path)
+
+
+def _same_as_cpu(root: Path, **kw: Any) -> None:
+    got = _batches(image.folder(root, decode="cuda", **kw))
+    want = _batches(image.folder(root, decode="cpu", workers="threads", **kw))
+    assert [y.tolist() for _, y in got] == [y.tolist() for _, y in want]
+    for (g, _), (w, _) in zip(got, want, strict=True):
+        assert _levels(g, w).max() <= 4.0
+
+
+def test_one_refused_picture_costs_a_few_calls_and_is_reported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    P.write_tree(tmp_path, {"a": 31}, size=(64, 48))
+    marked = P.encode(Image.fromarray(P.smooth(70, 50, seed=5)), "JPEG", quality=90,
+                      comment=b"refuse-me")
+    (tmp_path / "a" / "marked.jpg").write_bytes(marked)
+    stand_in = StandIn(refuse=b"refuse-me")
+    _use(monkeypatch, stand_in)
+    kw = {"batch_size": 32, "size": 24, "train": True, "seed": 3, "normalize": False}
+    with caplog.at_level(logging.WARNING, logger="asyncflow.image"):
+        _same_as_cpu(tmp_path, **kw)
+    calls_gpu_run = stand_in.calls
+    # one batch of 32 with one refused picture: the halves that hold it, down to it
+    assert calls_gpu_run <= 1 + 2 * math.ceil(math.log2(32))
+    warnings = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert warnings and "refused 1 of 32 JPEGs" in warnings[0], warnings
+
+
+def test_a_gray_picture_in_one_channel_is_taken_not_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "g").mkdir()
+    for i in range(5):
+        gray = Image.fromarray(P.smooth(90 + 7 * i, 70, seed=i)).convert("L")
+        (tmp_path / "g" / f"gray{i}.jpg").write_bytes(P.encode(gray, "JPEG", quality=90))
+    (tmp_path / "g" / "colour.jpg").write_bytes(P.jpeg(80, 60, seed=9))
+    assert np.asarray(Image.open(tmp_path / "g" / "gray0.jpg")).ndim == 2  # stored gray
+    stand_in = GrayAsOneChannel()
+    _use(monkeypatch, stand_in)
+    with caplog.at_level(logging.WARNING, logger="asyncflow.image"):
+        _same_as_cpu(tmp_path, batch_size=3, size=32, train=True, seed=1, normalize=False)
+    assert not [r for r in caplog.records if "refused" in r.getMessage()]
+    assert stand_in.calls == 2  # one call a batch: nothing was refused
