@@ -34,12 +34,15 @@ BOX_ROWS = [
     ("resnet50", 256, "folder", 20),
     ("resnet18", 256, "folder", 20),
 ]
-#: Not run by default (``--only folder-cpu``): the CPU path fed to the same trainer.
-EXTRA_ROWS = [("resnet50", 64, "folder-cpu", 20)]
+#: Not run by default (``--only folder-cpu,folder-nvimgcodec``): the CPU path, and the GPU
+#: path with nvImageCodec (the hardware JPEG engine, which leaves the GPU's cores to the
+#: trainer) instead of ``"auto"``'s torchvision, fed to the same trainer.
+EXTRA_ROWS = [("resnet50", 64, "folder-cpu", 20), ("resnet50", 64, "folder-nvimgcodec", 20)]
 LABELS = {
     "gpu": "trainer alone (data on the GPU)",
     "folder": 'image.folder(train=True, device="cuda")',
     "folder-cpu": 'image.folder(train=True, device="cuda", decode="cpu")',
+    "folder-nvimgcodec": 'image.folder(train=True, device="cuda"), nvImageCodec decoding',
     "torch": "torch DataLoader (16 workers, persistent, pinned)",
 }
 
@@ -66,6 +69,10 @@ def _loader(kind: str, root: str, batch: int, workers: int, cuda: bool) -> Any:
     from asyncflow import image
 
     extra = {"decode": "cpu"} if kind == "folder-cpu" else {}
+    if kind == "folder-nvimgcodec":  # "auto" would take torchvision where it imports
+        from asyncflow.image import _gpu_decoders
+
+        _gpu_decoders.available = lambda: ["nvimagecodec"]
     return image.folder(root, batch_size=batch, size=224, train=True, drop_last=True,
                         device="cuda" if cuda else None, **extra)
 
@@ -148,11 +155,15 @@ def window_child(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_rows(args: Any, root: str, workers: int) -> list[dict[str, Any]]:
-    """Each row in a child of its own, printed as it ends; the rows' results."""
+def run_rows(args: Any, root: str, workers: int,
+             on_row: Any = None) -> list[dict[str, Any]]:
+    """Each row in a child of its own, printed as it ends (and given to ``on_row`` with the
+    rows so far, so that a run cut short by its lease keeps them); the rows' results."""
     from bench_gil import run_child
 
-    rows = BOX_ROWS + EXTRA_ROWS if args.only else BOX_ROWS
+    rows = BOX_ROWS
+    if args.only:  # the extra rows beside the box's rows of their model and batch
+        rows = sorted(BOX_ROWS + EXTRA_ROWS, key=lambda r: (r[0] != "resnet50", r[1]))
     if args.dry_run_cpu:
         rows = [(m, 4, k, 2) for m, _, k, _ in rows]
     only = set(args.only.split(",")) if args.only else None
@@ -171,6 +182,8 @@ def run_rows(args: Any, root: str, workers: int) -> list[dict[str, Any]]:
         result.update(model=model, batch=spec["batch"])
         print("    -> " + _line(result), flush=True)
         results.append(result)
+        if on_row is not None:
+            on_row(results)
     return results
 
 

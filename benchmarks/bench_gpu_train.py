@@ -377,13 +377,16 @@ def windows(args: argparse.Namespace) -> None:
     root = args.root or str(build_dataset(args.images))
     if args.warmup is None or args.warmup > 10:
         args.warmup = 1 if args.dry_run_cpu else 5  # seconds, here
-    results = _gpu_windows.run_rows(args, root, workers)
-    text = _gpu_windows.report(results, len(os.sched_getaffinity(0)))
-    RESULTS.mkdir(exist_ok=True)
     stem = "bench_gpu_windows" + ("_dry_run" if args.dry_run_cpu else "")
-    (RESULTS / f"{stem}.md").write_text(text + "\n")
-    (RESULTS / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
-    print("\n" + text)
+
+    def write(results: list[dict[str, Any]]) -> str:
+        text = _gpu_windows.report(results, len(os.sched_getaffinity(0)))
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"{stem}.md").write_text(text + "\n")
+        (RESULTS / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
+        return text
+
+    print("\n" + write(_gpu_windows.run_rows(args, root, workers, on_row=write)))
 
 
 def _stem(args: argparse.Namespace) -> str:

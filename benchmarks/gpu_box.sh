@@ -2,7 +2,9 @@
 # The many-core GPU box run (docs/performance.md), in calls that each fit a lease:
 #   bash benchmarks/gpu_box.sh check [OUT_DIR]   # CUDA tests, then the GPU decoders side by side
 #   bash benchmarks/gpu_box.sh train [OUT_DIR]   # training fed by each loader (issue 22's windows)
-#   bash benchmarks/gpu_box.sh all [OUT_DIR]     # both (TESTS_K narrows the tests: pytest -k)
+#   bash benchmarks/gpu_box.sh all [OUT_DIR]     # every part (TESTS_K narrows the tests: pytest -k)
+#   bash benchmarks/gpu_box.sh lean [OUT_DIR]    # the CPU path's memory and one-thread kernel
+#   bash benchmarks/gpu_box.sh session [OUT_DIR] # CUDA tests, training, lean: one lease's call
 # Wheels in .whl/ (nvImageCodec and nvJPEG, for a box that reaches no registry) are installed
 # first. The 10,000-image set is built from benchmarks/_data/photos (fetched once by
 # `python benchmarks/_imagedata.py` where pip reaches a registry). Each part has a time
@@ -22,19 +24,30 @@ echo "== machine"; nproc; free -g | head -2; nvidia-smi -L 2>/dev/null
 $PY -c "import sys, torch, PIL; print('python', sys.version.split()[0], 'torch', torch.__version__, 'PIL', PIL.__version__, 'cuda', torch.cuda.is_available())"
 $PY -c "from asyncflow.image import _gpu_decoders as g; print('GPU decoders:', g.available())"
 echo "== data"; time timeout 120 $PY benchmarks/_imagedata.py 10000
-if [ "$PHASE" != train ]; then
+want() { case "$PHASE" in "$1"|all|session) return 0 ;; *) return 1 ;; esac; }
+if want check; then
     echo "== CUDA tests"
     timeout "${TESTS_S:-200}" $PY -m pytest -c benchmarks/gpu_pytest.ini --rootdir . -q -rs \
         -p no:cacheprovider -m gpu ${TESTS_K:+-k "$TESTS_K"} tests/image/test_gpu_cuda.py \
         tests/image/test_folder_gpu.py 2>&1 | tee "$OUT_DIR/gpu_tests.log" | tail -40
+fi
+if want check && [ "$PHASE" != session ]; then
     echo "== decoders"
     timeout "${DECODE_S:-150}" $PY benchmarks/bench_gpu_decode.py --images 10000 --seconds 4
     cp benchmarks/results/bench_gpu_decode.md "$OUT_DIR"/ 2>/dev/null
 fi
-if [ "$PHASE" != check ]; then
+if want train; then
     echo "== training"
     timeout "${TRAIN_S:-420}" $PY benchmarks/bench_gpu_train.py --windows --images 10000 \
         ${TRAIN_ONLY:+--only $TRAIN_ONLY}
     cp benchmarks/results/bench_gpu_windows.* "$OUT_DIR"/ 2>/dev/null
+fi
+if want lean; then
+    echo "== memory (issue 23: PSS of the tree over 2 epochs, 4 workers)"
+    timeout "${MEMORY_S:-80}" $PY benchmarks/bench_loader_memory.py --runs 1 --jobs images \
+        --kinds torch,asyncflow,folder 2>&1 | tee "$OUT_DIR/bench_loader_memory.txt"
+    echo "== one-thread kernel against plain PIL (issue 23)"
+    timeout "${KERNEL_S:-45}" $PY benchmarks/profile_kernel.py --images 150 --passes 1 \
+        --rounds 3 --top 12 2>&1 | tee "$OUT_DIR/profile_kernel.txt"
 fi
 echo "== left behind"; ls /dev/shm | head; ps -eo pid,comm | grep -c python
