@@ -127,6 +127,7 @@ def decode_path(decode: Any, device: Any) -> tuple[Any, Any, str]:
     dev = feature("resolve_device")(dev)  # the current device for a bare "cuda"
     decoder = choose(dev)
     why = "decode='cuda'" if decode == "cuda" else "decode='auto': the device is CUDA"
+    gray = "" if decoder.takes_gray else " (gray JPEGs too: it refused a gray test JPEG)"
     return dev, decoder, (f"JPEGs decode on {dev} with {decoder.name} ({why}); stage "
                           "'decode' reads files and plans crops, and decodes on the CPU the "
-                          "images the GPU decoder does not take")
+                          f"images the GPU decoder does not take{gray}")

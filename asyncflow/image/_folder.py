@@ -331,7 +331,8 @@ def folder(
     pipe._decode_options = options if gpu_decoder is None else {**options,
                                                                 "decoder": gpu_decoder.name}
     work: Callable[[Iterable[Claimed]], ItemGroup] = (
-        PlanClaimed(seed, options) if gpu_device is not None else
+        PlanClaimed(seed, {**options, "gray": getattr(gpu_decoder, "takes_gray", True)})
+        if gpu_device is not None else
         DecodeIntoSharedRow(seed, kernel, (batch_size, 3, out_h, out_w),
                             str(assembler._np_dtype)))
     groups: Pipeline[Any] = pipe

@@ -66,6 +66,7 @@ class _NoDecoder:
 
     name = "the CPU kernel"
     layout = "chw"
+    takes_gray = False
 
     def decode(self, data: Sequence[bytearray]) -> list[torch.Tensor]:
         raise RuntimeError("no GPU decoder: every row is decoded on the CPU")
@@ -130,7 +131,8 @@ def decode_batches(
                "max_pixels": max_pixels, "max_bytes": max_bytes}
     stage_options = {**options, "normalize": normalize, "mean": tuple(mean),
                      "std": tuple(std)}
-    planned = pipe.map(_PlanItem(seed, options, gpu=decoder is not None),
+    gray = getattr(decoder, "takes_gray", True)  # else gray JPEGs decode on the CPU
+    planned = pipe.map(_PlanItem(seed, {**options, "gray": gray}, gpu=decoder is not None),
                        concurrency=concurrency, ordered=True, name="decode",
                        max_failures=max_failures)
     batches = planned.batch(batch_size, drop_last=drop_last).map(_pending, name="rows")

@@ -29,7 +29,7 @@ import torch
 
 from .._errors import ConfigError
 
-__all__ = ["GpuDecoder", "available", "choose"]
+__all__ = ["GpuDecoder", "available", "choose", "takes_gray"]
 
 
 class GpuDecoder(Protocol):
@@ -39,6 +39,10 @@ class GpuDecoder(Protocol):
     name: str
     #: ``"chw"`` (planar, as torchvision) or ``"hwc"`` (interleaved, as nvImageCodec).
     layout: str
+    #: Whether it decodes a gray JPEG right (to one channel or three); set by :func:`choose`.
+    #: Where it does not, the readers send gray JPEGs to the CPU kernel, so that no batch
+    #: holds a picture its decoder refuses.
+    takes_gray: bool
 
     def decode(self, data: Sequence[bytearray]) -> list[torch.Tensor]:
         """Decode every JPEG, or raise if any fails (the caller then decodes one by one)."""
@@ -49,6 +53,7 @@ class TorchvisionDecoder:
     """``torchvision.io.decode_jpeg(device=...)``: batched nvJPEG, RGB, planar."""
 
     layout = "chw"
+    takes_gray = True
 
     def __init__(self, device: torch.device) -> None:
         io = importlib.import_module("torchvision.io")
@@ -71,6 +76,7 @@ class NvImageCodecDecoder:
     nvImageCodec's, so the caller keeps the pictures until the stream has read them."""
 
     layout = "chw"
+    takes_gray = True
 
     def __init__(self, device: torch.device) -> None:
         codec = importlib.import_module("nvidia.nvimgcodec")
@@ -119,11 +125,7 @@ def available() -> list[str]:
 def _self_test(decoder: GpuDecoder) -> None:
     """Decode a small known JPEG, so that a decoder which imports but cannot run here (a
     library built for another CUDA, a missing nvJPEG) is passed over, with the reason."""
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (48, 32), (200, 30, 60)).save(buf, "JPEG", quality=95)
-    (picture,) = decoder.decode([bytearray(buf.getvalue())])
+    (picture,) = decoder.decode([_test_jpeg("RGB", (200, 30, 60))])
     want = (3, 32, 48) if decoder.layout == "chw" else (32, 48, 3)
     if tuple(picture.shape) != want:
         raise RuntimeError(f"a 48x32 test JPEG decoded to shape {tuple(picture.shape)}")
@@ -131,6 +133,29 @@ def _self_test(decoder: GpuDecoder) -> None:
     got = [int(v) for v in pixel.cpu()]
     if max(abs(a - b) for a, b in zip(got, (200, 30, 60), strict=True)) > 12:
         raise RuntimeError(f"a test JPEG of RGB (200, 30, 60) decoded to {tuple(got)}")
+
+
+def _test_jpeg(mode: str, colour: Any) -> bytearray:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new(mode, (48, 32), colour).save(buf, "JPEG", quality=95)
+    return bytearray(buf.getvalue())
+
+
+def takes_gray(decoder: GpuDecoder) -> bool:
+    """Whether ``decoder`` decodes a small gray JPEG to its values, in one channel or three
+    (a decoder that raises, or gives another shape or other values, does not)."""
+    try:
+        (picture,) = decoder.decode([_test_jpeg("L", 90)])
+    except Exception:
+        return False
+    shapes = ((3, 32, 48), (1, 32, 48)) if decoder.layout == "chw" else ((32, 48, 3),
+                                                                          (32, 48, 1))
+    if tuple(picture.shape) not in shapes:
+        return False
+    values = picture.reshape(-1).to(torch.int16).cpu()
+    return bool(((values - 90).abs() <= 12).all())
 
 
 def choose(device: torch.device, preference: str = "auto") -> GpuDecoder:
@@ -152,6 +177,7 @@ def choose(device: torch.device, preference: str = "auto") -> GpuDecoder:
         except Exception as exc:
             errors.append(f"{name}: {type(exc).__name__}: {exc}")
             continue
+        decoder.takes_gray = takes_gray(decoder)
         return decoder
     tried = "; ".join(errors) if errors else "neither nvImageCodec nor torchvision is installed"
     raise ConfigError(

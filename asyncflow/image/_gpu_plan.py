@@ -92,10 +92,11 @@ class Planned(NamedTuple):
 def plan(
     src: Any, *, size: tuple[int, int], train: bool, resize: int | None, max_pixels: int,
     seed: int, epoch: int, index: int, gpu: bool = True, name: str | None = None,
-    max_bytes: int | None = DEFAULT_MAX_BYTES,
+    max_bytes: int | None = DEFAULT_MAX_BYTES, gray: bool = True,
 ) -> Payload:
-    """Read and route one image: an :class:`Encoded` JPEG for the GPU decoder (``gpu``), or
-    its row decoded on the CPU, exactly as ``decode(..., layout="chw")`` makes it.
+    """Read and route one image: an :class:`Encoded` JPEG for the GPU decoder (``gpu``; a
+    gray one only if ``gray``, the decoder's ``takes_gray``), or its row decoded on the CPU,
+    exactly as ``decode(..., layout="chw")`` makes it.
 
     Raises:
         DecodeError: The file is not a decodable image (the CPU kernel's checks and message).
@@ -107,7 +108,8 @@ def plan(
     dims = target_size(size)
     label, data = _read(src, name, max_bytes=max_bytes)
     if gpu and len(data) > 0:
-        encoded = _gpu_jpeg(data, label, dims, train, resize, max_pixels, seed, epoch, index)
+        encoded = _gpu_jpeg(data, label, dims, train, resize, max_pixels, seed, epoch, index,
+                            gray)
         if encoded is not None:
             return encoded
     row: np.ndarray = decode(data, size=dims, train=train, resize=resize, seed=seed,
@@ -118,7 +120,7 @@ def plan(
 
 def _gpu_jpeg(
     data: bytes | memoryview, label: str, dims: tuple[int, int], train: bool,
-    resize: int | None, max_pixels: int, seed: int, epoch: int, index: int,
+    resize: int | None, max_pixels: int, seed: int, epoch: int, index: int, gray: bool,
 ) -> Encoded | None:
     """The :class:`Encoded` row of a JPEG the GPU decoders take; ``None`` for any other
     image (the CPU kernel decodes it, and gives its own errors)."""
@@ -127,7 +129,7 @@ def _gpu_jpeg(
     except Exception:
         return None
     with im:
-        if im.format != "JPEG" or im.mode not in ("RGB", "L"):
+        if im.format != "JPEG" or im.mode not in ("RGB", "L") or (im.mode == "L" and not gray):
             return None
         if im.info.get("adobe_transform") == 0 and im.mode == "RGB":
             return None  # RGB stored without the YCbCr transform
@@ -171,7 +173,7 @@ class PlanClaimed:
 
     def __init__(self, seed: int, options: dict[str, Any]) -> None:
         self.seed = seed
-        keys = ("size", "train", "resize", "max_pixels", "max_bytes")
+        keys = ("size", "train", "resize", "max_pixels", "max_bytes", "gray")
         self.options = {k: options[k] for k in keys if k in options}
         self.__name__ = "decode"
 

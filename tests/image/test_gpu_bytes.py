@@ -83,3 +83,22 @@ def test_without_a_gpu_the_cpu_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="decode='cuda' needs device"):
         image.decode_batches(Pipeline(ITEMS), batch_size=4, size=40, device="cpu",
                              decode="cuda")
+
+
+def test_gray_bytes_go_to_the_cpu_kernel_where_the_decoder_refuses_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from .test_gpu_refusals import RefusesGray
+
+    stand_in = RefusesGray()
+    stand_in.takes_gray = False
+    monkeypatch.setattr(_gpu_bytes, "decode_path",
+                        lambda d, dev: (torch.device("cpu"), stand_in, "stand-in"))
+    gray = P.encode(Image.fromarray(P.smooth(120, 90, seed=3)).convert("L"), "JPEG", quality=90)
+    items = [ITEMS[0], gray, ITEMS[1]]
+    kw = {"size": 40, "train": True, "seed": 1}
+    pipe = image.decode_batches(Pipeline(items), batch_size=3, normalize=False,
+                                device="cpu", decode="cuda", **kw)
+    (images, _), = [(x, y) for x, y in pipe]
+    assert stand_in.calls == 1  # the two colour JPEGs; the gray one never reached it
+    levels = _levels(images, torch.from_numpy(_cpu_rows(items, **kw)))
+    assert levels.max() <= 4.0

@@ -89,3 +89,48 @@ def test_a_gray_picture_in_one_channel_is_taken_not_refused(
         _same_as_cpu(tmp_path, batch_size=3, size=32, train=True, seed=1, normalize=False)
     assert not [r for r in caplog.records if "refused" in r.getMessage()]
     assert stand_in.calls == 2  # one call a batch: nothing was refused
+
+
+class RefusesGray(StandIn):
+    """Raises on a batch that holds a gray JPEG, as a GPU decoder without gray support may."""
+
+    def decode(self, data: Any) -> list[torch.Tensor]:
+        for d in data:
+            with Image.open(io.BytesIO(bytes(d))) as im:
+                if im.mode == "L":
+                    self.calls += 1
+                    raise RuntimeError("no gray JPEGs here")
+        return super().decode(data)
+
+
+class GrayWrong(StandIn):
+    """Decodes a gray JPEG to the wrong values (black)."""
+
+    def decode(self, data: Any) -> list[torch.Tensor]:
+        return [torch.zeros_like(p) for p in super().decode(data)]
+
+
+def test_whether_a_decoder_takes_gray_jpegs_is_tested_once_up_front() -> None:
+    from asyncflow.image._gpu_decoders import takes_gray
+
+    assert takes_gray(StandIn()) and takes_gray(GrayAsOneChannel())
+    assert not takes_gray(RefusesGray()) and not takes_gray(GrayWrong())
+
+
+def test_gray_jpegs_go_to_the_cpu_kernel_where_the_decoder_refuses_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The readers route them, so no batch holds a picture its decoder refuses: one call a
+    batch, none refused, the CPU path's rows."""
+    (tmp_path / "g").mkdir()
+    for i in range(4):
+        gray = Image.fromarray(P.smooth(80 + 9 * i, 64, seed=i)).convert("L")
+        (tmp_path / "g" / f"gray{i}.jpg").write_bytes(P.encode(gray, "JPEG", quality=90))
+        (tmp_path / "g" / f"colour{i}.jpg").write_bytes(P.jpeg(90, 70, seed=10 + i))
+    stand_in = RefusesGray()
+    stand_in.takes_gray = False  # as choose() finds with takes_gray()
+    _use(monkeypatch, stand_in)
+    with caplog.at_level(logging.WARNING, logger="asyncflow.image"):
+        _same_as_cpu(tmp_path, batch_size=4, size=32, train=True, seed=2, normalize=False)
+    assert stand_in.calls == 2  # the two batches' colour JPEGs, one call each
+    assert not [r for r in caplog.records if "refused" in r.getMessage()]
