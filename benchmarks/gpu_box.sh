@@ -31,6 +31,11 @@ if want check; then
         -p no:cacheprovider -m gpu ${TESTS_K:+-k "$TESTS_K"} tests/image/test_gpu_cuda.py \
         tests/image/test_folder_gpu.py 2>&1 | tee "$OUT_DIR/gpu_tests.log" | tail -40
 fi
+if want check; then
+    echo "== the GPU stage's parts (host time per image), and its kernels"
+    timeout "${PROFILE_S:-60}" $PY benchmarks/profile_gpu_stage.py --images 10000 --seconds 8 \
+        --trace 2>&1 | tee "$OUT_DIR/profile_gpu_stage.txt"
+fi
 if want check && [ "$PHASE" != session ]; then
     echo "== decoders"
     timeout "${DECODE_S:-150}" $PY benchmarks/bench_gpu_decode.py --images 10000 --seconds 4
