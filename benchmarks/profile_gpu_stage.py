@@ -11,6 +11,8 @@ resampler (5x cheaper since, with no change there). This script runs the loader 
   decoder's calls (how many, and how many pictures a call), the CPU kernel's fallbacks in
   the stage, the resampler, the rest of ``make``;
 * how many JPEGs the decoder refused, and whether it takes gray ones (``takes_gray``);
+* this process's CPU time per image by thread (the run loop, the pool's readers, the GPU
+  stage's worker...): the threads that share its GIL;
 * with ``--trace``, the CUDA kernels of a few batches by device time (``torch.profiler``).
 
 Run it on the box::
@@ -94,6 +96,20 @@ def _instrument(timers: Timers, decoder: Any) -> None:
         timers.wrap(torch.cuda.Stream, "synchronize", "side stream wait")
 
 
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds of this process's threads, by name (threads of one name added up)."""
+    import threading
+
+    import psutil
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = defaultdict(float)
+    for t in psutil.Process().threads():
+        name = names.get(t.id, "other (not a Python thread)")
+        out[name.rstrip("0123456789_-") or name] += t.user_time + t.system_time
+    return out
+
+
 def _endless(pipe: Any) -> Any:
     """Epoch after epoch of ``pipe``'s batches."""
     while True:
@@ -128,12 +144,14 @@ def run(args: argparse.Namespace) -> str:
         next(batches)
     sync()
     timers.reset()  # the window only
+    threads_before = _thread_cpu()
     start = time.perf_counter()
     while time.perf_counter() - start < args.seconds:
         _, labels = next(batches)
         n += len(labels)
     sync()
     seconds = time.perf_counter() - start
+    threads = {k: v - threads_before.get(k, 0.0) for k, v in _thread_cpu().items()}
     if args.trace and device == "cuda":
         from torch.profiler import ProfilerActivity, profile
 
@@ -149,6 +167,9 @@ def run(args: argparse.Namespace) -> str:
              "|---|---:|---:|"]
     for part, secs in sorted(timers.seconds.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {part} | {1000 * secs / max(n, 1):.3f} | {timers.calls[part]} |")
+    lines += ["", "| this process's thread | CPU ms per image |", "|---|---:|"]
+    for name, secs in sorted(threads.items(), key=lambda kv: -kv[1])[:8]:
+        lines.append(f"| {name} | {1000 * secs / max(n, 1):.3f} |")
     if timers.sizes:
         lines.append(f"\ndecoder calls: {len(timers.sizes)}, pictures a call: mean "
                      f"{sum(timers.sizes) / len(timers.sizes):.1f}, min {min(timers.sizes)}")
