@@ -232,6 +232,19 @@ def check_budget(name: str, value: _T, *, allow_none: bool = False) -> _T:
     return value
 
 
+def check_fraction(name: str, value: _T, *, low: float, high: float) -> _T:
+    """``value``, once it is a number (an int or float, not a bool) from ``low`` to ``high``.
+
+    Raises:
+        ConfigTypeError: ``value`` is not a number (``True``, ``"1"``).
+        ConfigError: It is out of range, or NaN. Both messages name ``name``.
+    """
+    want = f"a number from {low} to {high}"
+    if not low <= _number(name, value, want) <= high:
+        raise ConfigError(f"{name} must be {want}, got {value!r:.80}")
+    return value
+
+
 def _number(name: str, value: Any, want: str) -> int | float:
     # NaN then fails every comparison; an int compares with inf exactly, however large
     if isinstance(value, bool) or not isinstance(value, int | float):

@@ -20,7 +20,13 @@ import torch
 
 from asyncflow import ConfigError, ConfigTypeError, DataLoader, Pipeline, image, sources
 from asyncflow._blob import check_max_bytes
-from asyncflow._errors import check_bool, check_budget, check_int, check_seconds
+from asyncflow._errors import (
+    check_bool,
+    check_budget,
+    check_fraction,
+    check_int,
+    check_seconds,
+)
 from asyncflow._recycle import Recycler
 from asyncflow.journal import Journal
 from asyncflow.pipeline import Processes, state_checksum
@@ -175,6 +181,9 @@ def test_every_int_argument_refuses_what_is_not_one(
     assert info.value.__class__ is error  # a wrong type is a TypeError too; a low int is not
 
 
+#: A root that does not exist: an argument checked before the scan is refused first.
+NO_TREE = "/nonexistent/asyncflow-test-tree"
+
 #: (id, call with the value, the name the message gives, whether None is accepted).
 BOOL_CALLERS: list[tuple[str, Callable[[Any], Any], str, bool]] = [
     ("map ordered", lambda v: Pipeline(range(3)).map(_ident, ordered=v), "ordered", False),
@@ -185,6 +194,9 @@ BOOL_CALLERS: list[tuple[str, Callable[[Any], Any], str, bool]] = [
     ("cache batched", lambda v: Pipeline(range(3)).cache("c", batched=v), "batched", True),
     ("Split workers", lambda v: Split(workers=v), "workers", False),
     ("Split shuffle", lambda v: Split(shuffle=v), "shuffle", False),
+    # checked before the tree is scanned (there is none here)
+    ("image.folder shuffle", lambda v: image.folder(NO_TREE, batch_size=2, size=8, shuffle=v),
+     "shuffle", True),
 ]
 
 
@@ -267,6 +279,8 @@ BUDGET_CALLERS: list[tuple[str, Callable[[Any], Any], bool]] = [
     ("assemble", lambda v: Pipeline(range(3)).assemble(
         None, batch_size=2, max_failures=v), True),  # type: ignore[arg-type]
     ("DataLoader", lambda v: DataLoader(range(3), max_failures=v), False),
+    # checked before the tree is scanned (there is none here)
+    ("image.folder", lambda v: image.folder(NO_TREE, batch_size=2, size=8, max_failures=v), False),
 ]
 
 
@@ -288,6 +302,23 @@ def test_every_failure_budget_refuses_what_is_not_one(
                        ) as info:
         call(value)
     assert info.value.__class__ is error
+
+
+@pytest.mark.parametrize(
+    ("name", "low", "high"), [("hedge", 0.0, 1.0), ("hedge_quantile", 0.5, 0.999)])
+def test_retrys_fractions_refuse_what_is_not_one_in_range(
+        name: str, low: float, high: float) -> None:
+    want = f"^{name} must be a number from {low} to {high}"
+    for value in (True, "0.5", None):
+        with pytest.raises(ConfigTypeError, match=want):
+            Retry(**{name: value})
+    for value in (low - 0.01, high + 0.01, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match=want) as info:
+            Retry(**{name: value})
+        assert info.value.__class__ is ConfigError
+    assert getattr(Retry(**{name: low}), name) == low
+    assert getattr(Retry(**{name: high}), name) == high
+    assert check_fraction("f", 1, low=0.0, high=1.0) == 1
 
 
 def test_check_seconds_and_check_budget_return_the_value_and_say_what_they_want() -> None:

@@ -32,6 +32,7 @@ from typing import Any, cast
 import torch
 
 from .._blob import check_max_bytes
+from .._errors import check_bool, check_budget
 from ..pipeline import ItemGroup, Pipeline, Processes, feature, label_stage
 from ..pipeline.seeding import fresh_seed
 from ..ranks import Part, Split
@@ -272,13 +273,15 @@ def folder(
     out_h, out_w = target_size(size)
     threads = check_arguments(batch_size, mean, std, decode_concurrency)
     check_max_bytes(max_bytes)
+    check_budget("max_failures", max_failures)  # before the tree is scanned
+    check_bool("shuffle", shuffle, allow_none=True)
     gpu_device, gpu_decoder, decode_note = decode_path(decode, device)
     if gpu_device is not None:
         threads = decode_concurrency or min(threads, GPU_READ_THREADS)
     processes, note = decode_workers(workers, threads)
     part = resolve_split(split)
     classes, samples = scan(root, extensions)
-    shuffled = train if shuffle is None else bool(shuffle)
+    shuffled = train if shuffle is None else shuffle
     if seed is None and part is not None:
         seed = 0  # every rank must draw the same order, as with a DistributedSampler
     if seed is None:

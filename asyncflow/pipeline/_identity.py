@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from .._redact import redact
 
 __all__ = ["PARTS", "describe_difference", "item_token", "listing_identity",
@@ -139,8 +139,7 @@ def _check(identity: Any, what: str) -> None:
     if not isinstance(identity, Mapping) or set(identity) != {"items", "digest", "parts"}:
         raise ConfigError(f"{what} must hold items, digest and parts")
     n, parts = identity["items"], identity["parts"]
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ConfigError(f"{what}['items'] must be an int >= 0, got {n!r}")
+    check_int(f"{what}['items']", n, 0)
     if not isinstance(identity["digest"], str) or not isinstance(parts, list):
         raise ConfigError(f"{what}: digest must be a str and parts a list")
     for index, part in enumerate(parts):

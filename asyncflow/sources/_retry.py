@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import email.utils
 import logging
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -32,6 +31,7 @@ from .._errors import (
     SourceNotFound,
     SourcePermissionError,
     SourceTimeout,
+    check_fraction,
     check_int,
     check_seconds,
 )
@@ -78,13 +78,6 @@ THROTTLE_STATUSES = frozenset({429, 503})
 #: Throttled tries back off as if this were at most their failure count: the host's window,
 #: not a growing wait, paces them (0.8 s at most by default).
 _THROTTLE_BACKOFF_STEPS = 4
-
-
-def _check_fraction(name: str, value: float, *, low: float, high: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise ConfigError(f"{name} must be a number, got {value!r}")
-    if not low <= value <= high:
-        raise ConfigError(f"{name} must be between {low} and {high}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -141,8 +134,8 @@ class Retry:
         check_seconds("backoff", self.backoff, zero=True)
         for name in ("max_backoff", "max_retry_after", "patience"):  # inf: no cap, no end
             check_seconds(name, getattr(self, name), zero=True, infinite=True)
-        _check_fraction("hedge", self.hedge, low=0.0, high=1.0)
-        _check_fraction("hedge_quantile", self.hedge_quantile, low=0.5, high=0.999)
+        check_fraction("hedge", self.hedge, low=0.0, high=1.0)
+        check_fraction("hedge_quantile", self.hedge_quantile, low=0.5, high=0.999)
         object.__setattr__(self, "statuses", frozenset(self.statuses))
         if any(s in (401, 403, 404) for s in self.statuses):
             raise ConfigError("401, 403 and 404 are never retried; remove them from statuses")

@@ -128,6 +128,11 @@ def test_forged_stage_extras_are_refused_on_load_naming_the_field(
         ({"pipeline": {"source": {"type": "list", "len": 40, "listing": {"items": "x"}},
                        "stages": [["flat_map", "flat_map"], ["batch", "batch"]]}},
          "the state's source listing must hold items, digest and parts"),
+        *[({"pipeline": {"source": {"type": "list", "len": 40, "listing": {
+            "items": items, "digest": "d", "parts": []}},
+                         "stages": [["flat_map", "flat_map"], ["batch", "batch"]]}},
+           r"the state's source listing\['items'\] must be an int >= 0, got ")
+          for items in (-1, True, "40", 40.0)],
     ],
 )
 def test_forged_fields_are_refused_on_load_naming_them(changes: dict[str, Any],
