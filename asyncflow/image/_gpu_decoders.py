@@ -45,7 +45,7 @@ class GpuDecoder(Protocol):
     takes_gray: bool
 
     def decode(self, data: Sequence[bytearray]) -> list[torch.Tensor]:
-        """Decode every JPEG, or raise if any fails (the caller then decodes one by one)."""
+        """Decode every JPEG, or raise if any fails (the caller then tries each half)."""
         ...
 
 
@@ -125,37 +125,42 @@ def available() -> list[str]:
 def _self_test(decoder: GpuDecoder) -> None:
     """Decode a small known JPEG, so that a decoder which imports but cannot run here (a
     library built for another CUDA, a missing nvJPEG) is passed over, with the reason."""
-    (picture,) = decoder.decode([_test_jpeg("RGB", (200, 30, 60))])
-    want = (3, 32, 48) if decoder.layout == "chw" else (32, 48, 3)
-    if tuple(picture.shape) != want:
-        raise RuntimeError(f"a 48x32 test JPEG decoded to shape {tuple(picture.shape)}")
-    pixel = picture[:, 16, 24] if decoder.layout == "chw" else picture[16, 24, :]
-    got = [int(v) for v in pixel.cpu()]
-    if max(abs(a - b) for a, b in zip(got, (200, 30, 60), strict=True)) > 12:
-        raise RuntimeError(f"a test JPEG of RGB (200, 30, 60) decoded to {tuple(got)}")
-
-
-def _test_jpeg(mode: str, colour: Any) -> bytearray:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new(mode, (48, 32), colour).save(buf, "JPEG", quality=95)
-    return bytearray(buf.getvalue())
+    wrong = _wrong(decoder, "RGB", (200, 30, 60), raises=True)
+    if wrong is not None:
+        raise RuntimeError(wrong)
 
 
 def takes_gray(decoder: GpuDecoder) -> bool:
     """Whether ``decoder`` decodes a small gray JPEG to its values, in one channel or three
     (a decoder that raises, or gives another shape or other values, does not)."""
+    return _wrong(decoder, "L", (90,), raises=False) is None
+
+
+def _wrong(decoder: GpuDecoder, mode: str, colour: tuple[int, ...], *,
+           raises: bool) -> str | None:
+    """What is wrong with ``decoder``'s picture of a 48x32 JPEG of one ``colour`` (in
+    ``mode``), or ``None``; its own error is raised where ``raises``, else described."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new(mode, (48, 32), colour if mode != "L" else colour[0]).save(buf, "JPEG",
+                                                                         quality=95)
     try:
-        (picture,) = decoder.decode([_test_jpeg("L", 90)])
-    except Exception:
-        return False
-    shapes = ((3, 32, 48), (1, 32, 48)) if decoder.layout == "chw" else ((32, 48, 3),
-                                                                          (32, 48, 1))
+        (picture,) = decoder.decode([bytearray(buf.getvalue())])
+    except Exception as exc:
+        if raises:
+            raise
+        return f"{type(exc).__name__}: {exc}"
+    channels = (3, 1) if mode == "L" else (3,)
+    shapes = [(c, 32, 48) if decoder.layout == "chw" else (32, 48, c) for c in channels]
     if tuple(picture.shape) not in shapes:
-        return False
-    values = picture.reshape(-1).to(torch.int16).cpu()
-    return bool(((values - 90).abs() <= 12).all())
+        return f"a 48x32 test JPEG decoded to shape {tuple(picture.shape)}"
+    pixel = picture[:, 16, 24] if decoder.layout == "chw" else picture[16, 24, :]
+    got = [int(v) for v in pixel.cpu()]
+    want = colour * len(got) if mode == "L" else colour
+    if max(abs(a - b) for a, b in zip(got, want, strict=True)) > 12:
+        return f"a test JPEG of {mode} {colour} decoded to {tuple(got)}"
+    return None
 
 
 def choose(device: torch.device, preference: str = "auto") -> GpuDecoder:

@@ -117,6 +117,18 @@ def test_whether_a_decoder_takes_gray_jpegs_is_tested_once_up_front() -> None:
     assert not takes_gray(RefusesGray()) and not takes_gray(GrayWrong())
 
 
+def test_the_colour_self_test_raises_what_is_wrong() -> None:
+    """The same test picture checks colour when a decoder is chosen: wrong values or its
+    own error put it aside with the reason."""
+    from asyncflow.image._gpu_decoders import _self_test
+
+    _self_test(StandIn())
+    with pytest.raises(RuntimeError, match=r"test JPEG of RGB \(200, 30, 60\) decoded to"):
+        _self_test(GrayWrong())
+    with pytest.raises(RuntimeError, match="stand-in refuses"):
+        _self_test(StandIn(refuse=b"JFIF"))
+
+
 def test_gray_jpegs_go_to_the_cpu_kernel_where_the_decoder_refuses_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
