@@ -9,6 +9,10 @@ A string (or path) that names a local regular file stands with the file's size a
 modification time (``st_mtime_ns``): a file rewritten in place, under the same name, changes
 the fingerprint. That costs one ``stat`` per listed file when the fingerprint is taken (when
 ``.cache()`` is called); URLs (``scheme://...``) are left alone.
+
+A long sequence (a source's listing) is described as a resume state identifies it
+(``asyncflow/pipeline/_identity.py``): each item by its value, with the size and time of the
+files it names as its content, in parts that say where two listings first differ.
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ import os
 import re
 import stat
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
 import numpy as np
 
 from .._redact import redact
+from ..pipeline import describe_difference, sequence_identity, short_digest
 from ._schema import as_array
 
 __all__ = ["canonical", "describe_change", "describe_value", "file_stat", "summarize",
@@ -35,8 +40,7 @@ __all__ = ["canonical", "describe_change", "describe_value", "file_stat", "summa
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _SUMMARY_LIMIT = 256  # characters of JSON a value may take in the manifest before it is hashed
 _DEPTH = 4  # how deep describe_value() looks into objects
-_SHORT = 64  # sequences longer than this are digested, not listed
-_CHUNK = 65536
+_SHORT = 64  # sequences longer than this are identified as listings, not listed
 _SMALL_ARRAY = 1 << 16  # bytes of an array whose content is hashed (mean/std tables, say)
 
 
@@ -63,7 +67,7 @@ def describe_value(value: Any, depth: int = _DEPTH) -> Any:
     ``Pipeline.describe()`` names stage functions; two ``image.folder`` pipelines of another
     ``size`` share those names. This looks inside: a function's code, defaults and closure;
     a ``functools.partial``'s arguments; an object's public attributes (a listing of files,
-    decode options); a long sequence as a digest of its items. Private attributes (``_x``)
+    decode options); a long sequence as a listing's identity. Private attributes (``_x``)
     are skipped: they hold run-time state such as counters and locks, and so is the
     ``epoch`` of an object with a ``set_epoch()`` method (a sampler: where its runs are). An
     object with a ``describe()`` method is described by what it returns instead (so it can
@@ -91,7 +95,7 @@ def _state(value: Any, depth: int, seen: set[int]) -> Any:
     if isinstance(value, list | tuple):
         if len(value) <= _SHORT:
             return [_state(v, inner, seen) for v in value]
-        return _digest_sequence(value)
+        return sequence_identity(value, _file_tokens(value))
     if hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape"):
         return _array_state(value)
     if isinstance(value, functools.partial):
@@ -145,26 +149,16 @@ def file_stat(name: str | PurePath) -> tuple[int, int] | None:
     return found.st_size, found.st_mtime_ns
 
 
-def _files_state(items: Any) -> dict[str, Any]:
-    """The size and modification time of each local file a long sequence's items name
-    (an item that is a path, or a tuple or list holding paths: ``(path, label)``)."""
-    digest = hashlib.sha256()
-    count, newest, newest_time = 0, "", -1
-    for index, item in enumerate(items):
+def _file_tokens(items: Sequence[Any]) -> list[str] | None:
+    """Each item's content token: the size and modification time of the local files it
+    names (an item that is a path, or a tuple or list holding paths: ``(path, label)``);
+    ``None`` when no item names one."""
+    tokens = []
+    for item in items:
         names = item if isinstance(item, tuple | list) else (item,)
-        for name in names:
-            if not isinstance(name, str | PurePath):
-                continue
-            found = file_stat(name)
-            if found is None:
-                continue
-            count += 1
-            digest.update(f"{index}:{found[0]}:{found[1]};".encode())
-            if found[1] > newest_time:
-                newest, newest_time = os.fspath(name), found[1]
-    if not count:
-        return {}
-    return {"files": {"sha256": digest.hexdigest(), "items": count, "newest": _clip(newest)}}
+        found = [file_stat(name) for name in names if isinstance(name, str | PurePath)]
+        tokens.append(" ".join(f"{f[0]}:{f[1]}" for f in found if f is not None))
+    return tokens if any(tokens) else None
 
 
 def _filled(cell: Any) -> bool:
@@ -181,12 +175,10 @@ def _type_name(value: Any) -> str:
 
 
 def _code_digest(code: types.CodeType) -> str:
-    digest = hashlib.sha256(code.co_code)
-    for const in code.co_consts:
-        text = _code_digest(const) if isinstance(const, types.CodeType) else repr(const)
-        digest.update(text.encode("utf-8", "backslashreplace"))
-    digest.update(repr(code.co_names).encode())
-    return digest.hexdigest()[:16]
+    consts = "".join(_code_digest(c) if isinstance(c, types.CodeType) else repr(c)
+                     for c in code.co_consts)
+    return short_digest(code.co_code + consts.encode("utf-8", "backslashreplace")
+                        + repr(code.co_names).encode())
 
 
 def _array_state(value: Any) -> Any:
@@ -197,7 +189,7 @@ def _array_state(value: Any) -> Any:
     except (TypeError, ValueError, RuntimeError):
         data = None
     if data is not None:
-        state["sha256"] = hashlib.sha256(data).hexdigest()[:16]
+        state["sha256"] = short_digest(data)
     return state
 
 
@@ -206,32 +198,6 @@ def _nbytes(value: Any) -> int:
     if size is None and hasattr(value, "element_size"):
         size = value.element_size() * value.numel()
     return int(size or 0)
-
-
-def _digest_sequence(items: Any) -> dict[str, Any]:
-    # repr() of a chunk is C-speed (an ImageNet listing of 1.28M (path, label) pairs in about
-    # 0.6 s); memory addresses are removed so objects without a value repr hash alike.
-    digest = hashlib.sha256()
-    for start in range(0, len(items), _CHUNK):
-        text = repr(list(items[start:start + _CHUNK]))
-        digest.update(_ADDRESS.sub("", text).encode("utf-8", "backslashreplace"))
-    return {"sha256": digest.hexdigest(), "items": len(items),
-            **_ends(items, lambda item: _ADDRESS.sub("", repr(item))), **_files_state(items)}
-
-
-def _ends(items: Any, text: Any) -> dict[str, str]:
-    """A long sequence's first and last items, as short text: they tell a user what changed
-    where the digest only tells that something did (a dataset moved: other paths)."""
-    if not len(items):
-        return {}
-    return {"first": _clip(text(items[0])), "last": _clip(text(items[-1]))}
-
-
-def _clip(text: str, limit: int = 100) -> str:
-    if len(text) <= limit:
-        return text
-    half = (limit - 3) // 2
-    return text[:half] + "..." + text[-half:]
 
 
 def _dumps(value: Any) -> str:
@@ -245,23 +211,23 @@ def upstream_fingerprint(description: Any, key: Any = None) -> str:
 
 
 def summarize(description: Any) -> Any:
-    """A small copy of ``description`` for the manifest: long values (a source listing of a
-    million files, say) are replaced by ``{"sha256": ..., "items": n}``, and secrets in
-    strings (URL credentials and query strings, keys) are masked."""
+    """A small copy of ``description`` for the manifest: a long list (a source listing of
+    a million files, say) is kept as a listing's identity (about 2 KB, its names redacted),
+    a long string as ``{"sha256": ..., "items": n}``, and secrets in strings (URL
+    credentials and query strings, keys) are masked."""
     value = canonical(description)
 
     def shrink(v: Any) -> Any:
+        if _is_listing(v):
+            return v
         text = _dumps(v)
         if len(text) <= _SUMMARY_LIMIT:
             return _redacted(v)
         if isinstance(v, dict):
             return {k: shrink(x) for k, x in v.items()}
-        if isinstance(v, list) and len(v) <= 16:
-            return [shrink(x) for x in v]
-        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        if not isinstance(v, list):
-            return {"sha256": digest, "items": len(text)}
-        return {"sha256": digest, "items": len(v), **_ends(v, lambda x: redact(_dumps(x)))}
+        if isinstance(v, list):
+            return [shrink(x) for x in v] if len(v) <= 16 else sequence_identity(v)
+        return {"sha256": short_digest(text.encode("utf-8")), "items": len(text)}
 
     return shrink(value)
 
@@ -279,20 +245,10 @@ def _redacted(value: Any) -> Any:
 def describe_change(old: Any, new: Any, where: str = "upstream") -> str:
     """Where two summaries first differ, in words (``upstream[2]['size']: 224 -> 256``)."""
     if isinstance(old, dict) and isinstance(new, dict):
-        if _is_digest(old) and _is_digest(new):
-            if old["items"] != new["items"]:
-                return f"{where} changed ({old['items']} -> {new['items']} entries)"
-            if not ({"first", "last"} <= set(old) and {"first", "last"} <= set(new)):
-                return f"{where} changed ({new['items']} entries)"  # from an older version
-            for end in ("first", "last"):
-                if old[end] != new[end]:
-                    return (f"{where} changed ({new['items']} entries): the {end} went from "
-                            f"{old[end]} to {new[end]}")
-            if old["sha256"] == new["sha256"] and old.get("files") != new.get("files"):
-                newest = (new.get("files") or {}).get("newest")
-                return (f"{where}: listed files changed in place (size or modification time)"
-                        + (f"; the last modified is now {newest}" if newest else ""))
-            return f"{where} changed ({new['items']} entries; the first and last are the same)"
+        if _is_listing(old) and _is_listing(new):
+            return f"{where}: {describe_difference(old, new, 'the cache') or 'changed'}"
+        if _is_listing(old) != _is_listing(new):
+            return f"{where}: the listing was recorded otherwise by an older asyncflow"
         for k in sorted(set(old) | set(new)):
             if k not in old:
                 return f"{where} gained {k!r}"
@@ -311,8 +267,9 @@ def describe_change(old: Any, new: Any, where: str = "upstream") -> str:
     return f"{where}: {_short(old)} -> {_short(new)}"
 
 
-def _is_digest(value: dict[str, Any]) -> bool:
-    return {"sha256", "items"} <= set(value) <= {"sha256", "items", "first", "last", "files"}
+def _is_listing(value: Any) -> bool:
+    """Whether ``value`` is a listing's identity (``sequence_identity``)."""
+    return isinstance(value, dict) and set(value) == {"items", "digest", "parts"}
 
 
 def _short(value: Any) -> str:

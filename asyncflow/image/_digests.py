@@ -1,4 +1,4 @@
-"""Fingerprints of image files: what a resume state and a journal record of each file.
+"""Tokens of image files: what a resume state identifies each listed file by.
 
 A resume state must tell a tree it can resume from one it cannot, for a million files, when
 it is saved and when it is loaded. Hashing every byte would read the whole dataset (hours on
@@ -8,7 +8,7 @@ another image changes the listing; a file rewritten to another size, or with ano
 (the header's first bytes) or end (the last scan data, which any other picture changes),
 changes its token. A change of pixels in the middle of a file of the same size, with the same
 ends, is not seen there: the journal (``asyncflow/journal/``) records a digest of each
-decoded file's whole bytes, which ``rebuild`` checks.
+decoded file's whole bytes (``asyncflow.pipeline.short_digest``), which ``rebuild`` checks.
 
 That costs about 14 microseconds a file from the page cache on our two-core machine (an
 open, two small reads, a hash): about as much as a ``stat`` and an ``open``. The reads run on
@@ -17,13 +17,14 @@ a few threads, for a network file system, where each waits on a round trip.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["END", "content_digest", "file_token", "file_tokens", "relative_names"]
+from ..pipeline import short_digest
+
+__all__ = ["END", "file_token", "file_tokens", "relative_names"]
 
 #: Bytes read at each end of a file for its token.
 END = 1024
@@ -57,13 +58,11 @@ def file_token(path: str) -> str:
         if not stat.S_ISREG(info.st_mode):
             return "not a file"
         size = info.st_size
-        digest = hashlib.sha256()
         if size <= 2 * END:
-            digest.update(os.pread(fd, size, 0))
+            ends = os.pread(fd, size, 0)
         else:
-            digest.update(os.pread(fd, END, 0))
-            digest.update(os.pread(fd, END, size - END))
-        return f"{size}:{digest.hexdigest()[:16]}"
+            ends = os.pread(fd, END, 0) + os.pread(fd, END, size - END)
+        return f"{size}:{short_digest(ends)}"
     except OSError:
         return "unreadable"
     finally:
@@ -86,11 +85,3 @@ def file_tokens(paths: Sequence[str]) -> list[str]:
     with ThreadPoolExecutor(min(_THREADS, len(chunks)),
                             thread_name_prefix="asyncflow-digest") as pool:
         return [token for tokens in pool.map(_tokens, chunks) for token in tokens]
-
-
-def content_digest(data: bytes | memoryview) -> str:
-    """A digest of a file's whole bytes (the first 16 hex digits of its SHA-256, which
-    OpenSSL computes at about a byte a cycle): what a journal records of each file a batch
-    decoded, so that a file rewritten in place, even to the same size and time, is found."""
-    return hashlib.sha256(data).hexdigest()[:16]
-

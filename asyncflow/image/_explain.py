@@ -28,8 +28,8 @@ import numpy as np
 
 from .._blob import read_regular
 from .._errors import ConfigError, RebuildWarning, SourceError
+from ..pipeline import short_digest
 from ._decode import augmentation, decode
-from ._digests import content_digest
 from ._geometry import Crop
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ def _read_back(pipe: JournaledFolder, epoch: int, items: list[list[Any]]
             digests.append(None)
             drawn.append(None)
             continue
-        digests.append(content_digest(data))
+        digests.append(short_digest(data))
         drawn.append([*crop.box, crop.flip])
     return digests, drawn
 
@@ -204,9 +204,9 @@ def rebuild(pipe: JournaledFolder, config: dict[str, Any], epoch: int,
     for row, (path, _, sample, *recorded) in enumerate(items):
         full = os.path.join(pipe.root, path)
         data = read_regular(full, full, None)
-        if recorded and recorded[0] != content_digest(data):
+        if recorded and recorded[0] != (digest := short_digest(data)):
             raise SourceError(
-                f"{full}: changed since the run (its bytes' digest is {content_digest(data)}, "
+                f"{full}: changed since the run (its bytes' digest is {digest}, "
                 f"the journal recorded {recorded[0]}): the batch cannot be made again")
         decode(data, name=full, out=array[row], layout="chw", seed=pipe._seed, epoch=epoch,
                index=sample, **options)

@@ -14,7 +14,7 @@ from ._current import run_failed
 from ._custom import CustomSpec
 from ._failures import FailureBudget
 from ._features import feature, register_feature
-from ._identity import listing_identity, sequence_identity
+from ._identity import describe_difference, listing_identity, sequence_identity
 from ._merge import BranchEnd, Merge, MergeChooser, MergePolicy
 from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender, apply_hooks, node_for
 from ._options import RunOptions, RunPlan
@@ -74,6 +74,7 @@ __all__ = [
     "check_picklable",
     "choose_workers",
     "current_epoch",
+    "describe_difference",
     "feature",
     "label_stage",
     "listing_identity",

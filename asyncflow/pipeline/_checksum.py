@@ -51,12 +51,12 @@ def state_checksum(body: Mapping[str, Any], texts: Mapping[str, str] | None = No
     return short_digest(("{" + ",".join(parts) + "}").encode())
 
 
-def short_digest(data: bytes) -> str:
+def short_digest(data: bytes | bytearray | memoryview) -> str:
     """The first 16 hex digits of ``data``'s SHA-256, fed in pieces under 2 KiB: hashlib lets
     go of the GIL for a longer one, and taking it back while the run's threads work can cost
     a switch interval (5 ms)."""
     digest = hashlib.sha256()
-    view = memoryview(data)
+    view = memoryview(data).cast("B")
     for start in range(0, len(view), 2000):
         digest.update(view[start : start + 2000])
     return digest.hexdigest()[:16]

@@ -224,7 +224,7 @@ class PipelineCore(Generic[T_co]):
         It holds the source positions *settled* so far (every output of them received by
         the consumer, or none made: filtered, failed within the budget) as a watermark plus
         the ranges settled above it, each stage's extras (a ``flat_map``'s expansions
-        delivered in part), the epoch, the failures so far by stage, a fingerprint of the
+        delivered in part), the epoch, the failures so far by stage, the identity of the
         stages and the source, and ``offset`` (the watermark). A sampler source's own state
         is saved with it. Its size follows what is in flight, not the epoch's length; it is
         taken in the consumer's thread, in 0.05 to 1 ms (docs/reliability.md).

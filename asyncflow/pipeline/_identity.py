@@ -16,7 +16,6 @@ A source says what it lists by a ``listing_identity()`` method returning
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import re
@@ -25,6 +24,7 @@ from typing import Any
 
 from .._errors import ConfigError, check_int
 from .._redact import redact
+from ._checksum import short_digest
 
 __all__ = ["PARTS", "describe_difference", "item_token", "listing_identity",
            "sequence_identity"]
@@ -43,7 +43,12 @@ def _part_size(n: int) -> int:
 
 
 def _digest(tokens: Sequence[str]) -> str:
-    return hashlib.sha256("\0".join(tokens).encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return short_digest("\0".join(tokens).encode("utf-8", "surrogatepass"))[:12]
+
+
+def _identity(n: int, parts: list[list[Any]]) -> dict[str, Any]:
+    whole = short_digest(repr((n, parts)).encode("utf-8", "surrogatepass"))
+    return {"items": n, "digest": whole, "parts": parts}
 
 
 def _clip(text: str) -> str:
@@ -73,8 +78,7 @@ def listing_identity(names: Sequence[str], contents: Sequence[str] | None = None
         # never leaves a signature's tail without the name that says it is one.
         parts.append([start, _clip(redact(names[start])), _digest(names[start:stop]),
                       "" if contents is None else _digest(contents[start:stop])])
-    whole = hashlib.sha256(repr((n, parts)).encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return {"items": n, "digest": whole, "parts": parts}
+    return _identity(n, parts)
 
 
 def item_token(item: Any) -> str:
@@ -88,7 +92,7 @@ def item_token(item: Any) -> str:
     if isinstance(item, str | int | float | bool) or item is None:
         text = repr(item)
     elif isinstance(item, bytes | bytearray | memoryview):
-        text = "b:" + hashlib.sha256(item).hexdigest()[:16]
+        text = "b:" + short_digest(item)
     elif isinstance(item, os.PathLike):
         text = repr(os.fspath(item))
     elif isinstance(item, tuple | list):
@@ -105,7 +109,7 @@ def item_token(item: Any) -> str:
         except Exception:
             text = type(item).__qualname__
     if len(text) > _SMALL:
-        text = text[:64] + "#" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
+        text = text[:64] + "#" + short_digest(text.encode("utf-8", "replace"))
     return text
 
 
@@ -113,16 +117,18 @@ def _array_token(item: Any) -> str:
     import numpy as np
 
     value = item.detach().cpu().numpy() if hasattr(item, "detach") else np.asarray(item)
-    digest = hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()[:16]
+    digest = short_digest(np.ascontiguousarray(value).tobytes())
     return f"array({value.dtype},{list(value.shape)},{digest})"
 
 
-def sequence_identity(items: Sequence[Any]) -> dict[str, Any]:
+def sequence_identity(items: Sequence[Any], contents: Sequence[str] | None = None
+                      ) -> dict[str, Any]:
     """:func:`listing_identity` of a sequence source, each item by :func:`item_token` (a
-    ``range`` by its bounds, part by part: a million items cost nothing to list)."""
+    ``range`` by its bounds, part by part: a million items cost nothing to list), with
+    each item's content token where ``contents`` gives them (a cache: the files it names)."""
     if isinstance(items, range):
         return _range_identity(items)
-    return listing_identity([item_token(items[i]) for i in range(len(items))])
+    return listing_identity([item_token(items[i]) for i in range(len(items))], contents)
 
 
 def _range_identity(items: range) -> dict[str, Any]:
@@ -130,8 +136,7 @@ def _range_identity(items: range) -> dict[str, Any]:
     size = _part_size(n)
     parts = [[start, repr(items[start]), _digest([repr(items[start:start + size])]), ""]
              for start in range(0, n, size)]
-    whole = hashlib.sha256(repr((n, parts)).encode()).hexdigest()[:16]
-    return {"items": n, "digest": whole, "parts": parts}
+    return _identity(n, parts)
 
 
 def _check(identity: Any, what: str) -> None:
@@ -148,17 +153,18 @@ def _check(identity: Any, what: str) -> None:
             raise ConfigError(f"{what}['parts'][{index}] must be [start, name, digest, digest]")
 
 
-def describe_difference(saved: Any, here: Mapping[str, Any]) -> str | None:
-    """How the listing the state was taken over (``saved``) differs from this one, in
-    words, or ``None`` when they are the same.
+def describe_difference(saved: Any, here: Mapping[str, Any],
+                        kept: str = "the state") -> str | None:
+    """How the listing ``saved`` in ``kept`` (a resume state, a cache's manifest) differs
+    from this one, in words, or ``None`` when they are the same.
 
     Raises:
         ConfigError: ``saved`` is not an identity (the state was forged or damaged).
     """
-    _check(saved, "the state's source listing")
+    _check(saved, f"{kept}'s source listing")
     if saved["digest"] == here["digest"] and saved["items"] == here["items"]:
         return None
-    count = (f"{here['items']} items here, {saved['items']} in the state; "
+    count = (f"{here['items']} items here, {saved['items']} in {kept}; "
              if saved["items"] != here["items"] else "")
     old, new = saved["parts"], here["parts"]
     for a, b in zip(old, new, strict=False):
@@ -172,11 +178,11 @@ def describe_difference(saved: Any, here: Mapping[str, Any]) -> str | None:
         where = f"items {low}-{high}" if high > low else f"item {low}"
         if a[1] != b[1]:
             return (f"{count}the listing differs from {where}: item {low} is {b[1]!r} here, "
-                    f"{a[1]!r} in the state")
+                    f"{a[1]!r} in {kept}")
         if a[2] != b[2]:
             return f"{count}the listing differs in {where} (from {b[1]!r}): their names differ"
         return (f"{count}the same names, but the content of a file in {where} (from "
-                f"{b[1]!r}) changed: its size or bytes differ")
+                f"{b[1]!r}) changed")
     if count:
         return f"{count}the listing's length changed"
     return "the listing differs (its digest does not match)"

@@ -4,8 +4,9 @@ The state holds the *settled source positions* (those whose every output the con
 received, or which made none: filtered, failed within the budget, dropped by ``drop_last``):
 a watermark below which all are settled, plus the ranges settled above it (``Span``). Its
 size follows what was in flight, not the epoch's length. Each stage may add extras (a
-``flat_map`` its expansions delivered in part). A fingerprint of the stages and the source,
-and a checksum, make a state from another pipeline, or an edited one, fail loudly.
+``flat_map`` its expansions delivered in part). The pipeline's identity (its stages, and the
+source with every item it lists) and a checksum make a state from another pipeline, or an
+edited one, fail loudly.
 
 A sampler source (with ``state_dict`` / ``load_state_dict``) has its own state saved too, with
 ``offset`` at the watermark: it resumes its order from there, and the run leaves out the
@@ -29,7 +30,7 @@ from ._protocols import ListedSource, ResumableSource, SplitShare
 from ._span import Span, is_count
 from ._spec import StageSpec, stage_names
 
-__all__ = ["VERSION", "fingerprint", "load_state", "state_of"]
+__all__ = ["VERSION", "load_state", "pipeline_identity", "state_of"]
 
 #: The state format's version (states without one are a sampler's state plus ``offset``).
 VERSION = 2
@@ -64,7 +65,7 @@ def _old_token(item: Any) -> str:
     return type(item).__qualname__
 
 
-def _identity(source: Any) -> dict[str, Any] | None:
+def _listing(source: Any) -> dict[str, Any] | None:
     """What ``source`` lists (``_identity.py``): its own ``listing_identity()``, or every
     item of a sequence; ``None`` for a source that lists nothing it could show again (an
     iterator, a factory without the method)."""
@@ -75,13 +76,13 @@ def _identity(source: Any) -> dict[str, Any] | None:
     return None
 
 
-#: Each run's source identity, taken at its first state (a run reads its listing once; a
+#: Each run's source listing, taken at its first state (a run reads its listing once; a
 #: long listing is not hashed again at every ``state_dict()``).
-_run_identities: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_run_listings: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def fingerprint(source: Any, describe: Sequence[dict[str, Any]],
-                run: Any = None) -> dict[str, Any]:
+def pipeline_identity(source: Any, describe: Sequence[dict[str, Any]],
+                      run: Any = None) -> dict[str, Any]:
     """What a state must match: each stage's kind and name, the source's type and length,
     and the identity of every item it lists (``_identity.py``), taken once per ``run``."""
     info: dict[str, Any] = {"type": type(source).__qualname__}
@@ -93,13 +94,13 @@ def fingerprint(source: Any, describe: Sequence[dict[str, Any]],
     if length is not None:
         info["len"] = length
     try:
-        identity = _run_identities[run] if run is not None else _identity(source)
+        listing = _run_listings[run] if run is not None else _listing(source)
     except KeyError:
-        identity = _run_identities[run] = _identity(source)
+        listing = _run_listings[run] = _listing(source)
     except TypeError:  # a run that takes no weak reference
-        identity = _identity(source)
-    if identity is not None:
-        info["listing"] = identity
+        listing = _listing(source)
+    if listing is not None:
+        info["listing"] = listing
     return {"source": info, "stages": [[d["kind"], d["name"]] for d in describe[1:]]}
 
 
@@ -127,7 +128,7 @@ def state_of(source: Any, describe: Sequence[dict[str, Any]], last: Any) -> dict
         failed = {c.name: c.counters.failures for c in last.contexts if c.counters.failures}
     body: dict[str, Any] = {
         "version": VERSION,
-        "pipeline": fingerprint(source, describe, last),
+        "pipeline": pipeline_identity(source, describe, last),
         "epoch": epoch,
         "positions": positions.to_json(),
         "nodes": extras,
@@ -142,10 +143,10 @@ def state_of(source: Any, describe: Sequence[dict[str, Any]], last: Any) -> dict
 
 
 def _differs(saved: dict[str, Any], here: dict[str, Any], source: Any) -> str | None:
-    """What differs between two fingerprints, in words, or ``None``.
+    """What differs between two pipeline identities, in words, or ``None``.
 
     Raises:
-        ConfigError: The saved fingerprint is not one (a forged or damaged state).
+        ConfigError: The saved identity is not one (a forged or damaged state).
     """
     if not isinstance(saved, dict) or not isinstance(saved.get("source"), dict) \
             or not isinstance(saved.get("stages"), list):
@@ -211,7 +212,7 @@ def load_state(
     missing = {"pipeline", "epoch", "positions", "nodes", "offset"} - set(state)
     if missing:
         raise ConfigError(f"the state lacks {sorted(missing)}")
-    difference = _differs(state["pipeline"], fingerprint(source, describe), source)
+    difference = _differs(state["pipeline"], pipeline_identity(source, describe), source)
     if difference is not None:
         raise ConfigError(f"the state is from another pipeline: {difference}")
     epoch = check_int("the state's epoch", state["epoch"], 0)

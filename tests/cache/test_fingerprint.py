@@ -109,14 +109,16 @@ def test_objects_with_describe_are_described_by_it() -> None:
 def test_summaries_stay_small_and_changes_are_described() -> None:
     description = [{"kind": "source", "listing": [f"f{i}" for i in range(5000)]},
                    {"kind": "map", "size": 224}]
-    summary = summarize(description)
-    assert len(str(summary)) < 400 and summary[1] == {"kind": "map", "size": 224}
+    summary = summarize(description)  # the listing as a resume state identifies it
+    assert len(str(summary)) < 4000 and summary[1] == {"kind": "map", "size": 224}
+    assert summary[0]["listing"]["items"] == 5000
     changed = summarize([description[0], {"kind": "map", "size": 256}])
     assert describe_change(summary, changed) == "upstream[1]['size']: 224 -> 256"
     longer = summarize([{"kind": "source", "listing": [f"f{i}" for i in range(5001)]},
                         description[1]])
     assert describe_change(summary, longer) == (
-        "upstream[0]['listing'] changed (5000 -> 5001 entries)")
+        "upstream[0]['listing']: 5001 items here, 5000 in the cache; the listing differs in "
+        "items 4864-5000 (from \"'f4864'\"): their names differ")
     assert describe_change([1], [1, 2]) == "upstream went from 1 to 2 entries"
     assert describe_change({"a": 1}, {"a": 1, "b": 1}) == "upstream gained 'b'"
     assert describe_change({"a": 1, "b": 1}, {"b": 1}) == "upstream lost 'a'"
@@ -129,26 +131,28 @@ def test_summaries_mask_secrets() -> None:
     assert "bucket.s3.amazonaws.com/a.jpg" in str(summary)
 
 
-def test_a_moved_listing_is_described_by_its_first_and_last_entries() -> None:
+def test_a_changed_listing_is_described_where_it_first_differs() -> None:
     def listing(root: str) -> Any:
         samples = [(f"{root}/cat/{i:04d}.jpg", i % 3) for i in range(500)]
         return summarize([{"kind": "source", "state": describe_value(samples)}])
 
     old, new = listing("/tmp/tmpAAAA/images"), listing("/tmp/tmpBBBB/images")
-    assert describe_value([(1, 2)] * 100)["first"] == "(1, 2)"
-    assert describe_change(old, new) == (
-        "upstream[0]['state'] changed (500 entries): the first went from "
-        "('/tmp/tmpAAAA/images/cat/0000.jpg', 0) to ('/tmp/tmpBBBB/images/cat/0000.jpg', 0)")
+    assert describe_value([(1, 2)] * 100)["parts"][0][1] == "(1,2)"
+    assert describe_change(old, new) == (  # a dataset moved: other paths
+        "upstream[0]['state']: the listing differs from items 0-15: item 0 is "
+        "\"('/tmp/tmpBBBB/images/cat/0000.jpg',0)\" here, "
+        "\"('/tmp/tmpAAAA/images/cat/0000.jpg',0)\" in the cache")
     relabelled = [(f"/tmp/tmpAAAA/images/cat/{i:04d}.jpg", i % 3) for i in range(500)]
     relabelled[250] = (relabelled[250][0], 2)
     inside = summarize([{"kind": "source", "state": describe_value(relabelled)}])
     assert describe_change(old, inside) == (
-        "upstream[0]['state'] changed (500 entries; the first and last are the same)")
-    older = {k: v for k, v in old[0]["state"].items() if k in ("sha256", "items")}
+        "upstream[0]['state']: the listing differs in items 240-255 (from "
+        "\"('/tmp/tmpAAAA/images/cat/0240.jpg',0)\"): their names differ")
+    older = {"sha256": "a" * 64, "items": 500, "first": "('/d/0.jpg', 0)"}
     assert describe_change([{"kind": "source", "state": older}], new) == (
-        "upstream[0]['state'] changed (500 entries)")  # a manifest without the entries
+        "upstream[0]['state']: the listing was recorded otherwise by an older asyncflow")
     long = describe_value([("x" * 300, 1)] * 100)
-    assert len(long["first"]) == 99 and "..." in long["first"]
+    assert len(long["parts"][0][1]) == 80 and "..." in long["parts"][0][1]
 
 
 def test_the_entries_kept_of_a_long_listing_mask_secrets() -> None:
@@ -158,7 +162,7 @@ def test_the_entries_kept_of_a_long_listing_mask_secrets() -> None:
                     summarize([{"kind": "source", "listing": urls}])):
         text = str(summary)
         assert "pw@" not in text and "abcdef" not in text, text
-        assert "bucket.s3.amazonaws.com/0.jpg" in text and "/99.jpg" in text
+        assert "bucket.s3.amazonaws.com/0.jpg" in text and "/96.jpg" in text
 
 
 def _rewrite(file: Path, data: bytes) -> None:
@@ -187,16 +191,17 @@ def test_a_file_rewritten_in_place_changes_the_fingerprint(tmp_path: Path, count
     assert fp(pipe()) not in (base, same_size)
 
 
-def test_a_file_changed_in_place_is_described() -> None:
-    def summary(mtime: int) -> Any:
-        state = {"sha256": "a" * 64, "items": 500, "first": "('/d/0.jpg', 0)",
-                 "last": "('/d/499.jpg', 1)",
-                 "files": {"sha256": str(mtime), "items": 500, "newest": "/d/7.jpg"}}
-        return [{"kind": "source", "state": state}]
-
-    assert describe_change(summarize(summary(1)), summarize(summary(2))) == (
-        "upstream[0]['state']: listed files changed in place (size or modification time); "
-        "the last modified is now /d/7.jpg")
+def test_a_file_changed_in_place_is_described(tmp_path: Path) -> None:
+    files = [tmp_path / f"{i:03d}.jpg" for i in range(100)]
+    for file in files:
+        file.write_bytes(b"x" * 10)
+    listing = [(str(file), i % 2) for i, file in enumerate(files)]
+    old = summarize(_description(Pipeline(listing)))
+    _rewrite(files[70], b"y" * 10)  # the same size, a new modification time
+    change = describe_change(old, summarize(_description(Pipeline(listing))))
+    assert change.startswith(  # the name is cut to 80 characters where the path is long
+        "upstream[0]['state']: the same names, but the content of a file in items 68-71 ")
+    assert change.endswith("068.jpg',0)\") changed"), change
 
 
 def test_a_short_listing_names_the_changed_file(tmp_path: Path) -> None:
