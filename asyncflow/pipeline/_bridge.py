@@ -18,15 +18,9 @@ import threading
 from typing import Any
 
 from ._channel import ALL, ChannelBase
-from ._loop import wake
+from ._loop import settle_all, settle_soon
 
 __all__ = ["Handoff"]
-
-
-def _resolve_all(futs: list[asyncio.Future[None]]) -> None:
-    for fut in futs:
-        if not fut.done():
-            fut.set_result(None)
 
 
 class Handoff(ChannelBase):
@@ -70,12 +64,12 @@ class Handoff(ChannelBase):
                 self._cond.notify()
         reader, self._reader = self._reader, None
         if reader is not None:  # one wake-up per put, however many items it brought
-            wake(*reader)
+            settle_soon(*reader)
 
     def _resolve_writers(self, waiters: list[asyncio.Future[None]]) -> None:
         if waiters:  # one call into the run's loop for all of them
             try:
-                self._loop.call_soon_threadsafe(_resolve_all, waiters)
+                self._loop.call_soon_threadsafe(settle_all, waiters)
             except RuntimeError:  # that loop is closed: nobody is waiting any more
                 pass
 

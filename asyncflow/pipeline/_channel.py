@@ -22,6 +22,8 @@ import threading
 from collections import deque
 from typing import Any
 
+from ._loop import settle_all
+
 __all__ = ["ALL", "Channel", "ChannelAborted", "ChannelBase", "nbytes_of"]
 
 #: "Every reader": the count given to ``_readers_ready`` when the stream ends.
@@ -108,9 +110,7 @@ class ChannelBase(abc.ABC):
     def _resolve_writers(self, waiters: list[asyncio.Future[None]]) -> None:
         """Wake ``waiters`` (writers' futures on the run's loop) from the reader's side; never
         blocks, so it may run with or without the lock held."""
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        settle_all(waiters)
 
     # -- writer side (the run's loop) -------------------------------------------------------
 

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._loop import wake
+from ._loop import settle_soon
 
 __all__ = ["EMPTY", "REFILL", "Cursor"]
 
@@ -122,7 +122,7 @@ class Cursor:
         self._refilled.notify_all()
         waiters, self._waiters = self._waiters, []
         for loop, fut in waiters:
-            wake(loop, fut)
+            settle_soon(loop, fut)
 
 
 #: The fast path's chunk while items must be taken under the lock: always empty.

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
+from ._loop import settle_all
+
 __all__ = ["Hand"]
 
 
@@ -82,6 +84,4 @@ class Hand:
 
     def _wake(self) -> None:
         waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        settle_all(waiters)

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ._loop import settle_soon
 from ._offload import FAILED, ChunkResult
-from ._thread_pool import settle_soon
 from ._worker_process import send
 
 __all__ = ["Job", "Slot", "blame", "exit_reason", "merge", "settle", "stop_workers", "unpack"]

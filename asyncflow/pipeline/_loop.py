@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import multiprocessing.util  # noqa: F401  (why: see _stop_all_at_exit)
 import os
 import time
 import weakref
 from typing import Any
 
-__all__ = ["cancel_pending", "new_loop", "resolve", "track", "wake"]
+__all__ = ["cancel_pending", "new_loop", "settle", "settle_all", "settle_soon", "track"]
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
@@ -36,18 +37,31 @@ def cancel_pending(loop: asyncio.AbstractEventLoop) -> None:
     loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
 
-def resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
+def settle(
+    fut: asyncio.Future[Any], result: Any = None, error: BaseException | None = None
+) -> None:
+    """Settle ``fut`` with ``result``, or ``error`` if not ``None``, unless it is done by then
+    (cancelled). On ``fut``'s loop."""
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
 
 
-def wake(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> None:
-    """Resolve ``fut`` on ``loop`` from any thread (nothing if that loop is closed: nobody
-    waits on it any more)."""
-    try:
-        loop.call_soon_threadsafe(resolve, fut)
-    except RuntimeError:
-        pass
+def settle_all(futs: list[asyncio.Future[None]]) -> None:
+    """:func:`settle` each of ``futs`` with ``None`` (waiters woken)."""
+    for fut in futs:
+        settle(fut)
+
+
+def settle_soon(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], result: Any = None,
+                error: BaseException | None = None) -> None:
+    """From any thread: :func:`settle` ``fut`` (of ``loop``) there; nothing when ``loop`` is
+    closed (nobody waits on it any more: its run abandoned the call)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(settle, fut, result, error)
 
 
 #: Runs started and not yet garbage-collected (``Runtime`` objects).

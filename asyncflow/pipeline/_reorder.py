@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from ._loop import settle, settle_all
 from ._protocols import Sender
 
 __all__ = ["Reorder"]
@@ -50,8 +51,8 @@ class Reorder:
 
     def _wake(self) -> None:
         fut, self._wake_emitter = self._wake_emitter, None
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+        if fut is not None:
+            settle(fut)
 
     async def emit_all(self, workers: list[asyncio.Task[None]], out: Sender) -> None:
         for worker in workers:
@@ -74,7 +75,5 @@ class Reorder:
         await self.node._emit(items, values, failures, out)
         self.emitted += 1
         waiters, self._room_waiters = self._room_waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        settle_all(waiters)
         return True

@@ -23,7 +23,7 @@ from ._bridge import Handoff
 from ._channel import ChannelAborted
 from ._current import RunLocal, enter_run
 from ._graph import Graph, RunResources
-from ._loop import cancel_pending, track, wake
+from ._loop import cancel_pending, settle_soon, track
 from ._monitor import Monitor, snapshot
 from ._node import NodeContext, ReceiveHook
 from ._outcome import final_error, flatten, mark_abandoned, note_stage, release_frames
@@ -217,7 +217,7 @@ class Runtime:
                 self._done.set()
                 waiters, self._done_waiters = self._done_waiters, []
             for waiter_loop, fut in waiters:
-                wake(waiter_loop, fut)
+                settle_soon(waiter_loop, fut)
 
     def _close_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         try:

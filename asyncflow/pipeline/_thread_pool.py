@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import contextvars
 import functools
 import queue
@@ -30,9 +29,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar, cast
 
 from ._current import current_run
+from ._loop import settle_soon
 from ._pool import PoolStats
 
-__all__ = ["HELPER_THREADS", "WorkerPool", "current_pool", "run_thread", "settle_soon"]
+__all__ = ["HELPER_THREADS", "WorkerPool", "current_pool", "run_thread"]
 
 T = TypeVar("T")
 
@@ -41,24 +41,6 @@ HELPER_THREADS = 4
 
 #: The label of a helper's call (what a stop reports, should it still run).
 HELPER = "helper"
-
-def settle_soon(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], result: Any,
-                error: BaseException | None) -> None:
-    """From any thread: settle ``fut`` (of ``loop``) with ``result``, or ``error`` if not
-    ``None``, unless it is done by then (cancelled); nothing when ``loop`` is closed (its run
-    abandoned the call)."""
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(_settle, fut, result, error)
-
-
-def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if fut.done():
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(result)
-
 
 def _settle_concurrent(fut: Future[Any], result: Any, error: BaseException | None) -> None:
     if not fut.set_running_or_notify_cancel():

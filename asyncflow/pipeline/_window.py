@@ -14,7 +14,7 @@ import asyncio
 import threading
 from typing import Any
 
-from ._loop import wake
+from ._loop import settle_soon
 
 __all__ = ["Window"]
 
@@ -63,7 +63,7 @@ class Window:
             self._free += count
             waiters, self._waiters = self._waiters, []
         for loop, fut in waiters:
-            wake(loop, fut)
+            settle_soon(loop, fut)
 
     def received(self, item: Any) -> Any:
         """A receive hook: the consumer has the item; its credit is free again."""
@@ -77,4 +77,4 @@ class Window:
             self._closed = True
             waiters, self._waiters = self._waiters, []
         for loop, fut in waiters:
-            wake(loop, fut)
+            settle_soon(loop, fut)
