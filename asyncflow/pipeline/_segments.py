@@ -133,10 +133,15 @@ def _lookup(cls: type) -> Callable[[Any], Any] | None:
         return found
 
 
+def _reduce(obj: Any) -> Any:
+    """What the reducer registered for ``obj``'s type returns, or ``NotImplemented``."""
+    reducer = _lookup(type(obj)) if _reducers else None
+    return NotImplemented if reducer is None else reducer(obj)
+
+
 class _Pickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
-        reducer = _lookup(type(obj)) if _reducers else None
-        return NotImplemented if reducer is None else reducer(obj)
+        return _reduce(obj)
 
 
 @functools.cache
@@ -145,12 +150,8 @@ def _cloud_pickler() -> type[pickle.Pickler]:
 
     class CloudPickler(cloudpickle.Pickler):  # type: ignore[misc]
         def reducer_override(self, obj: Any) -> Any:
-            reducer = _lookup(type(obj)) if _reducers else None
-            if reducer is not None:
-                result = reducer(obj)
-                if result is not NotImplemented:
-                    return result
-            return super().reducer_override(obj)
+            result = _reduce(obj)
+            return super().reducer_override(obj) if result is NotImplemented else result
 
     return CloudPickler
 
@@ -179,30 +180,15 @@ def dumps(
         pickle.PicklingError, TypeError, AttributeError: ``obj`` cannot be pickled, even by
             value (cloudpickle is tried when plain pickle fails).
     """
-    if _lazy:
-        _load_lazy()
-    big: list[pickle.PickleBuffer] = []
-
-    def keep(buffer: pickle.PickleBuffer) -> bool:
-        if name is None or buffer.raw().nbytes < SHM_THRESHOLD:
-            return True  # in band
-        big.append(buffer)
-        return False
-
-    stream = io.BytesIO()
+    load_lazy()
     try:
-        if by_value:
-            _cloud_pickler()(stream, protocol=5, buffer_callback=keep).dump(obj)
-        else:
-            _Pickler(stream, protocol=5, buffer_callback=keep).dump(obj)
+        payload, big = _pickle(obj, by_value=by_value, apart=name is not None)
     except (pickle.PicklingError, TypeError, AttributeError):
         if by_value:
             raise
         # Classes and functions of __main__ (a notebook cell) travel by value.
-        big.clear()
-        stream = io.BytesIO()
-        _cloud_pickler()(stream, protocol=5, buffer_callback=keep).dump(obj)
-    return stream.getvalue(), write_segments(big, name) if name is not None else []
+        payload, big = _pickle(obj, by_value=True, apart=name is not None)
+    return payload, write_segments(big, name) if name is not None else []
 
 
 def pickle_by_value(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
@@ -215,18 +201,24 @@ def pickle_by_value(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
     Raises:
         pickle.PicklingError, TypeError, AttributeError: ``obj`` cannot be pickled.
     """
-    if _lazy:
-        _load_lazy()
+    load_lazy()
+    return _pickle(obj, by_value=True, apart=True)
+
+
+def _pickle(obj: Any, *, by_value: bool, apart: bool) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """``obj`` pickled (by value: with cloudpickle) and, if ``apart``, its buffers of
+    ``SHM_THRESHOLD`` bytes or more, left out of the stream (references, not copies)."""
     big: list[pickle.PickleBuffer] = []
 
     def keep(buffer: pickle.PickleBuffer) -> bool:
-        if buffer.raw().nbytes < SHM_THRESHOLD:
-            return True
+        if not apart or buffer.raw().nbytes < SHM_THRESHOLD:
+            return True  # in band
         big.append(buffer)
         return False
 
     stream = io.BytesIO()
-    _cloud_pickler()(stream, protocol=5, buffer_callback=keep).dump(obj)
+    pickler = _cloud_pickler() if by_value else _Pickler
+    pickler(stream, protocol=5, buffer_callback=keep).dump(obj)
     return stream.getvalue(), big
 
 
@@ -264,9 +256,7 @@ def map_private(segments: Iterable[tuple[str, int] | bytearray]) -> list[Any]:
         path, size = segment
         fd = os.open(path, os.O_RDONLY)
         try:
-            if os.fstat(fd).st_size != size:
-                raise OSError(f"shared-memory segment {path} holds {os.fstat(fd).st_size} "
-                              f"bytes, expected {size}")
+            _check_size(fd, path, size)
             maps.append(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
                                   prot=mmap.PROT_READ | mmap.PROT_WRITE) if size else bytearray())
         finally:
@@ -289,15 +279,19 @@ def _write_segment(path: str, data: memoryview) -> int:
     return len(view)
 
 
+def _check_size(fd: int, path: str, size: int) -> None:
+    held = os.fstat(fd).st_size
+    if held != size:
+        raise OSError(f"shared-memory segment {path} holds {held} bytes, expected {size}")
+
+
 def _attach(path: str, size: int) -> Any:
     fd = os.open(path, os.O_RDWR)
     try:
         os.unlink(path)
         if size == 0:
             return bytearray()
-        if os.fstat(fd).st_size != size:
-            raise OSError(f"shared-memory segment {path} holds {os.fstat(fd).st_size} bytes, "
-                          f"expected {size}")
+        _check_size(fd, path, size)
         return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
     finally:
         os.close(fd)
@@ -328,28 +322,30 @@ def discard(segments: Iterable[tuple[str, int]]) -> None:
 
 def sweep(prefix: str) -> int:
     """Unlink every segment whose name starts with ``prefix``; return how many there were."""
+    return _sweep(lambda name: name.startswith(prefix))
+
+
+def sweep_stale() -> int:
+    """Unlink segments left by asyncflow processes that no longer exist."""
+    return _sweep(_orphaned)
+
+
+def _sweep(matches: Callable[[str], bool]) -> int:
+    """Unlink every segment whose name ``matches``; return how many there were."""
     count = 0
     with contextlib.suppress(OSError):
         for entry in os.scandir(SHM_DIR):
-            if entry.name.startswith(prefix):
+            if matches(entry.name):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
                     count += 1
     return count
 
 
-def sweep_stale() -> int:
-    """Unlink segments left by asyncflow processes that no longer exist."""
-    count = 0
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(SHM_DIR):
-            match = _NAME.match(entry.name)
-            if match is None or _alive(int(match.group(1))):
-                continue
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
-                count += 1
-    return count
+def _orphaned(name: str) -> bool:
+    """Whether ``name`` is a segment of an asyncflow process that no longer exists."""
+    match = _NAME.match(name)
+    return match is not None and not _alive(int(match.group(1)))
 
 
 def _alive(pid: int) -> bool:
