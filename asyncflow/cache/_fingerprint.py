@@ -247,8 +247,6 @@ def describe_change(old: Any, new: Any, where: str = "upstream") -> str:
     if isinstance(old, dict) and isinstance(new, dict):
         if _is_listing(old) and _is_listing(new):
             return f"{where}: {describe_difference(old, new, 'the cache') or 'changed'}"
-        if _is_listing(old) != _is_listing(new):
-            return f"{where}: the listing was recorded otherwise by an older asyncflow"
         for k in sorted(set(old) | set(new)):
             if k not in old:
                 return f"{where} gained {k!r}"

@@ -3,7 +3,7 @@
 Layout of a cache at ``PATH``::
 
     PATH/manifest.json      count, batch size, structure, fields, fingerprint, checksums
-                            (written last; it carries a CRC-32 of its own content)
+                            (written last; it carries a checksum of its own content)
     PATH/field0.npy ...     one array [count, *shape] per field, a standard .npy file whose
                             data starts at byte 4096 (``np.load(f, mmap_mode="r")`` opens it)
     PATH/field0.crc32 ...   per field, the CRC-32 of each block of its data (little-endian
@@ -19,13 +19,13 @@ import json
 import os
 import re
 import shutil
-import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .._errors import ConfigError
+from ..pipeline import state_checksum
 from ._schema import Field
 
 __all__ = ["BLOCK_BYTES", "FORMAT", "HEADER_BYTES", "LAYOUTS", "MANIFEST", "VERSION",
@@ -34,13 +34,15 @@ __all__ = ["BLOCK_BYTES", "FORMAT", "HEADER_BYTES", "LAYOUTS", "MANIFEST", "VERS
            "write_manifest"]
 
 FORMAT = "asyncflow-cache"
-VERSION = 2  # 2: block checksums, a checksummed manifest
+#: 2: block checksums, a checksummed manifest; 3: long upstream lists identified as a resume
+#: state identifies them (``sequence_identity``), the manifest signed by ``state_checksum``.
+VERSION = 3
 MANIFEST = "manifest.json"
 LAYOUTS = ("samples", "batches", "lists")
 HEADER_BYTES = 4096  # the .npy header is padded to one page, so the data starts page-aligned
 BLOCK_BYTES = 4096  # bytes of a checksummed block, in whole rows (see block_rows, _checks.py)
 _OWN_FILE = re.compile(r"manifest\.json|field\d+\.(npy|crc32)")
-_SELF = "manifest_crc32"
+_SELF = "check"
 
 
 class CacheInvalid(Exception):
@@ -107,11 +109,10 @@ def remove_path(path: Path) -> None:
             path.unlink()
 
 
-def manifest_digest(manifest: dict[str, Any]) -> int:
-    """The CRC-32 of ``manifest``'s content, its own checksum entry left out."""
-    rest = {k: v for k, v in manifest.items() if k != _SELF}
-    text = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return zlib.crc32(text.encode("ascii"))
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """The checksum of ``manifest``'s content, its own entry left out: a resume state's
+    (``asyncflow.pipeline.state_checksum``)."""
+    return state_checksum({k: v for k, v in manifest.items() if k != _SELF})
 
 
 def write_file(path: Path, data: bytes, *, durable: bool) -> None:

@@ -155,7 +155,7 @@ def _edit(path: Path, **changes: Any) -> None:
     """Change the manifest as a writer would have written it (its checksum updated)."""
     manifest = json.loads((path / "manifest.json").read_text())
     manifest.update(changes)
-    manifest["manifest_crc32"] = manifest_digest(manifest)
+    manifest["check"] = manifest_digest(manifest)
     (path / "manifest.json").write_text(json.dumps(manifest))
 
 
