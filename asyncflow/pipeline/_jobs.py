@@ -16,7 +16,7 @@ from ._loop import settle_soon
 from ._offload import FAILED, ChunkResult
 from ._worker_process import send
 
-__all__ = ["Job", "Slot", "blame", "exit_reason", "merge", "settle", "stop_workers", "unpack"]
+__all__ = ["Job", "Slot", "blame", "exit_reason", "merge", "settle", "stop_workers"]
 
 
 class Job:
@@ -118,10 +118,3 @@ def merge(job: Job, values: list[Any], failures: list[tuple[int, BaseException]]
 def settle(job: Job, result: Any, error: BaseException | None) -> None:
     """From any thread: settle ``job``'s future with ``result`` or ``error`` (``settle_soon``)."""
     settle_soon(job.loop, job.fut, result, error)
-
-
-def unpack(message: bytes) -> tuple[str, bytes, list[tuple[str, int]]]:
-    import pickle
-
-    kind, payload, segments = pickle.loads(message)
-    return kind, payload, segments

@@ -16,7 +16,7 @@ from .._redact import describe_item, format_exception
 from .._scope import RunScope
 from ._failures import FailureBudget
 from ._lineage import Lineage
-from ._offload import WorkerPool, run_in
+from ._offload import WorkerPool
 from ._protocols import Node, ReceiveHook, Receiver, Sender
 from ._stats import StageCounters
 from ._window import Window
@@ -180,7 +180,7 @@ class NodeContext:
             Cancelling abandons the result; a call already running finishes on its thread.
         """
         if self.executor is not None:
-            return asyncio.ensure_future(run_in(self.executor, fn, *args))
+            return asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
         return self._pool.submit(asyncio.get_running_loop(), self.name, fn, *args)
 
     async def run_timed(self, fn: Callable[..., Any], *args: Any) -> Any:

@@ -10,11 +10,9 @@ The run's threads themselves are :class:`~asyncflow.pipeline._thread_pool.Worker
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor
 from typing import Any
 
 from ._portable import FAILED, noted, portable
@@ -86,17 +84,6 @@ def next_chunk(
     except Exception as exc:
         return items, True, exc
     return items, False, None
-
-
-async def run_in(
-    executor: Executor, fn: Callable[..., Any], *args: Any
-) -> Any:
-    """Run ``fn(*args)`` in a user's executor.
-
-    Cancellation:
-        The executor's call is not interrupted; its result is dropped.
-    """
-    return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
 
 async def aclose_iterator(obj: Any) -> None:

@@ -8,6 +8,7 @@ fork pool's template forks only while every reader is idle.
 from __future__ import annotations
 
 import contextlib
+import pickle
 import threading
 from abc import ABC, abstractmethod
 from multiprocessing.connection import wait
@@ -17,7 +18,7 @@ from .._errors import WorkerError
 from .._redact import describe_item
 from . import _segments
 from ._fork import ReaderGate
-from ._jobs import Job, Slot, merge, settle, unpack
+from ._jobs import Job, Slot, merge, settle
 
 __all__ = ["PoolReader"]
 
@@ -67,7 +68,7 @@ class PoolReader(ABC):
     def _receive(self, slot: Slot) -> bool:
         """Handle one message; ``False`` when the pipe is at its end (the worker is gone)."""
         try:
-            kind, payload, segments = unpack(slot.conn.recv_bytes())
+            kind, payload, segments = pickle.loads(slot.conn.recv_bytes())
         except (EOFError, OSError):
             return False  # the sentinel reports the death
         if kind == "ready":

@@ -278,11 +278,6 @@ class ProcessPool(PoolReader):
     def _name(self) -> str:
         return f"{self.prefix}p{next(self._names)}"
 
-    @property
-    def busy(self) -> int:
-        with self._lock:
-            return sum(len(s.jobs) for s in self._slots)
-
     def statistics(self) -> PoolStats:
         """The pool now (any thread): its workers alive and the chunks they hold."""
         with self._lock:

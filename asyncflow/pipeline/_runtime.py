@@ -55,7 +55,6 @@ class Runtime:
         self.errors: list[BaseException] = []
         self.delivered = 0  # handed over in chunks; taken: ``received(delivered, chunk)``
         self.chunk: Sized = ()  # what the consumer has not taken of its latest chunk
-        self.start_offset = run.start  # source items skipped by a resumed run
         self.consumer: Callable[[], Any] | None = None  # weak reference to the Run
         self.started_at = time.monotonic()
         self.finished_at: float | None = None
