@@ -28,11 +28,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
-import numpy as np
-
 from .._redact import redact
-from ..pipeline import describe_difference, sequence_identity, short_digest
-from ._schema import as_array
+from ..pipeline import describe_difference, item_token, sequence_identity, short_digest
 
 __all__ = ["canonical", "describe_change", "describe_value", "file_stat", "summarize",
            "upstream_fingerprint"]
@@ -41,7 +38,6 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _SUMMARY_LIMIT = 256  # characters of JSON a value may take in the manifest before it is hashed
 _DEPTH = 4  # how deep describe_value() looks into objects
 _SHORT = 64  # sequences longer than this are identified as listings, not listed
-_SMALL_ARRAY = 1 << 16  # bytes of an array whose content is hashed (mean/std tables, say)
 
 
 def canonical(value: Any) -> Any:
@@ -97,7 +93,7 @@ def _state(value: Any, depth: int, seen: set[int]) -> Any:
             return [_state(v, inner, seen) for v in value]
         return sequence_identity(value, _file_tokens(value))
     if hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape"):
-        return _array_state(value)
+        return item_token(value)  # its dtype, shape and bytes
     if isinstance(value, functools.partial):
         return {"partial": _state(value.func, inner, seen), "args": _state(value.args, inner, seen),
                 "keywords": _state(value.keywords, inner, seen)}
@@ -179,25 +175,6 @@ def _code_digest(code: types.CodeType) -> str:
                      for c in code.co_consts)
     return short_digest(code.co_code + consts.encode("utf-8", "backslashreplace")
                         + repr(code.co_names).encode())
-
-
-def _array_state(value: Any) -> Any:
-    state = {"array": str(value.dtype), "shape": [int(n) for n in value.shape]}
-    try:
-        small = _nbytes(value) <= _SMALL_ARRAY
-        data = np.ascontiguousarray(as_array(value)).data.cast("B") if small else None
-    except (TypeError, ValueError, RuntimeError):
-        data = None
-    if data is not None:
-        state["sha256"] = short_digest(data)
-    return state
-
-
-def _nbytes(value: Any) -> int:
-    size = getattr(value, "nbytes", None)
-    if size is None and hasattr(value, "element_size"):
-        size = value.element_size() * value.numel()
-    return int(size or 0)
 
 
 def _dumps(value: Any) -> str:

@@ -14,7 +14,7 @@ from ._current import run_failed
 from ._custom import CustomSpec
 from ._failures import FailureBudget
 from ._features import feature, register_feature
-from ._identity import describe_difference, listing_identity, sequence_identity
+from ._identity import describe_difference, item_token, listing_identity, sequence_identity
 from ._merge import BranchEnd, Merge, MergeChooser, MergePolicy
 from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender, apply_hooks, node_for
 from ._options import RunOptions, RunPlan
@@ -76,6 +76,7 @@ __all__ = [
     "current_epoch",
     "describe_difference",
     "feature",
+    "item_token",
     "label_stage",
     "listing_identity",
     "node_for",

@@ -116,7 +116,12 @@ def item_token(item: Any) -> str:
 def _array_token(item: Any) -> str:
     import numpy as np
 
-    value = item.detach().cpu().numpy() if hasattr(item, "detach") else np.asarray(item)
+    try:
+        value = item.detach().cpu().numpy() if hasattr(item, "detach") else np.asarray(item)
+    except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16)
+        value = None
+    if value is None or value.dtype.hasobject:  # (objects: their bytes are addresses)
+        return f"array({item.dtype},{list(item.shape)})"
     digest = short_digest(np.ascontiguousarray(value).tobytes())
     return f"array({value.dtype},{list(value.shape)},{digest})"
 

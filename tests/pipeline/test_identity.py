@@ -166,3 +166,16 @@ def test_a_range_is_identified_by_its_bounds() -> None:
     with pytest.raises(ConfigError, match="item 0 is '1' here, '0' in the state"):
         Pipeline(range(1, 1001)).batch(4).load_state_dict(state)
     assert sequence_identity(range(10**9))["items"] == 10**9  # nothing listed one by one
+
+
+def test_an_array_item_is_identified_by_its_bytes_where_they_say_what_it_holds() -> None:
+    import numpy as np
+
+    from asyncflow.pipeline import item_token
+
+    torch = pytest.importorskip("torch")
+    assert item_token(np.arange(3)) != item_token(np.arange(1, 4))
+    assert item_token(np.arange(3)) == item_token(torch.arange(3))  # the same bytes
+    # bfloat16 has no numpy dtype, an object array's bytes are addresses: type and shape
+    assert item_token(torch.zeros(2, dtype=torch.bfloat16)) == "array(torch.bfloat16,[2])"
+    assert item_token(np.array([object()])) == "array(object,[1])"
