@@ -26,7 +26,7 @@ import numpy as np
 
 from .._errors import SourceError
 from ._format import HEADER_BYTES, block_rows
-from ._reader import Identity, Reader
+from ._reader import Reader, Stamps
 
 __all__ = ["ALL_CHECKED", "BlockSums", "Checks"]
 
@@ -71,15 +71,15 @@ class Checks:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._identity: Identity | None = None
+        self._stamps: Stamps | None = None
         self._done: list[np.ndarray] = []
         self._complete = False
-        self._damaged: dict[Identity, str] = {}
+        self._damaged: dict[Stamps, str] = {}
 
-    def damage(self, identity: Identity) -> str | None:
-        """Why the files of ``identity`` (``_reader.Reader.identity``) were found damaged in an
+    def damage(self, stamps: Stamps) -> str | None:
+        """Why the files of ``stamps`` (``_reader.Reader.stamps``) were found damaged in an
         earlier epoch, else None."""
-        return self._damaged.get(identity)
+        return self._damaged.get(stamps)
 
     def verify(self, reader: Reader, rows: int | slice | np.ndarray,
                arrays: Sequence[np.ndarray] | None = None) -> None:
@@ -116,12 +116,12 @@ class Checks:
     def complete(self, reader: Reader) -> bool:
         """Whether every block of ``reader``'s files has been checked (reads check nothing)."""
         with self._lock:
-            return self._identity == reader.identity and self._complete
+            return self._stamps == reader.stamps and self._complete
 
     def _record(self, reader: Reader) -> list[np.ndarray] | None:
         with self._lock:
-            if self._identity != reader.identity:
-                self._identity = reader.identity
+            if self._stamps != reader.stamps:
+                self._stamps = reader.stamps
                 self._done = [np.zeros(len(s), dtype=bool) for s in reader.sums]
                 self._complete = False
             return None if self._complete else self._done
@@ -136,7 +136,7 @@ class Checks:
         rows = f"row {first}" if first == last else f"rows {first}-{last}"
         why = (f"{reader.manifest['files'][index]} (field {field.name}) is damaged: {rows}, "
                f"bytes {start}-{stop - 1} of the file, do not match their checksum")
-        self._damaged[reader.identity] = why
+        self._damaged[reader.stamps] = why
         return SourceError(f"cache {reader.path}: {why}; its next epoch rebuilds it")
 
 

@@ -44,7 +44,7 @@ from ._checks import ALL_CHECKED, Checks
 from ._fingerprint import describe_change
 from ._format import MANIFEST, CacheInvalid, leftovers, read_manifest, remove_cache, remove_path
 from ._lock import WriterLock, take_lock
-from ._reader import Reader, files_match, identity_of
+from ._reader import Reader, files_match, stamps_of
 from ._replay import BufferPool, KeptMapping, permutation, replay
 from ._upstream import Upstream, stream, take
 from ._writer import Writer
@@ -127,9 +127,9 @@ class CacheSource:
             manifest = read_manifest(self.path)
             if self._mismatch(manifest) is not None:
                 return False
-            identity = identity_of(self.path, manifest)
-            return (self.checks.damage(identity) is None and identity not in self.refused
-                    and files_match(self.path, manifest, identity))
+            stamps = stamps_of(self.path, manifest)
+            return (self.checks.damage(stamps) is None and stamps not in self.refused
+                    and files_match(self.path, manifest, stamps))
         except (FileNotFoundError, CacheInvalid):
             return False
 
@@ -204,8 +204,8 @@ class CacheSource:
                 for item in chunk:
                     yield item
         except SourceError:
-            if self.checks.damage(reader.identity) is not None:
-                await run_thread(self._discard, reader.identity)
+            if self.checks.damage(reader.stamps) is not None:
+                await run_thread(self._discard, reader.stamps)
             raise
 
     def _mismatch(self, manifest: dict[str, Any]) -> str | None:
@@ -226,7 +226,7 @@ class CacheSource:
     def _open(self, say_why: bool) -> Reader | None:
         try:
             reader = Reader.open(self.path)
-            why = self._mismatch(reader.manifest) or self.checks.damage(reader.identity)
+            why = self._mismatch(reader.manifest) or self.checks.damage(reader.stamps)
             if why is not None:
                 raise CacheInvalid(why)
         except FileNotFoundError:
@@ -249,22 +249,22 @@ class CacheSource:
     def _refuse(self) -> None:
         """Remember the files of a cache found unusable, so :meth:`ready` says no to them."""
         with contextlib.suppress(FileNotFoundError, CacheInvalid):
-            self.refused.add(identity_of(self.path, read_manifest(self.path)))
+            self.refused.add(stamps_of(self.path, read_manifest(self.path)))
 
-    def _discard(self, identity: Any) -> None:
+    def _discard(self, stamps: Any) -> None:
         """Take a damaged cache out of use on disk (its manifest, the mark of a finished
         cache, is removed), so that the next epoch rebuilds it in any process, not only in
         this one. Only under the writer lock, and only while the files are still those
-        found damaged (``identity``; ``None``: those :meth:`_refuse` noted): a writer's new
+        found damaged (``stamps``; ``None``: those :meth:`_refuse` noted): a writer's new
         cache is never removed."""
         lock = WriterLock(self.path)
         if not lock.acquire():
             return  # a writer is at work: it replaces the cache anyway
         try:
-            now = identity_of(self.path, read_manifest(self.path))
-            if now == identity or (identity is None and now in self.refused):
+            now = stamps_of(self.path, read_manifest(self.path))
+            if now == stamps or (stamps is None and now in self.refused):
                 (self.path / MANIFEST).unlink()
-                why = (identity is not None and self.checks.damage(identity)) or "damaged"
+                why = (stamps is not None and self.checks.damage(stamps)) or "damaged"
                 log.warning("cache %s cannot be used: %s; its manifest is removed, "
                             "rebuilding it in the next epoch (of any process)", self.path, why)
         except (FileNotFoundError, CacheInvalid):

@@ -32,10 +32,11 @@ from ._format import (
 )
 from ._schema import Field
 
-__all__ = ["Identity", "Reader", "field_array", "files_match", "identity_of", "map_shared"]
+__all__ = ["Reader", "Stamps", "field_array", "files_match", "map_shared", "stamps_of"]
 
-#: Per field file: device, inode, size and modification time.
-Identity = tuple[tuple[int, int, int, int], ...]
+#: Per field file: device, inode, size and modification time (which file it is: a cache's
+#: files are never written in place).
+Stamps = tuple[tuple[int, int, int, int], ...]
 
 # MAP_NORESERVE keeps a private mapping of a cache larger than RAM from being refused by the
 # kernel's overcommit check; Python's mmap module does not name the flag.
@@ -59,8 +60,8 @@ class Reader:
     maps: tuple[mmap.mmap | None, ...]
     copy: bool
     #: Per field file: device, inode, size and modification time. A rebuilt cache is new
-    #: files renamed into place, so a changed identity means other content.
-    identity: Identity = ()
+    #: files renamed into place, so other stamps mean other content.
+    stamps: Stamps = ()
     #: Per field: the CRC-32 of each block of its data, and the rows of one block (0: the
     #: field holds no bytes). See _checks.py.
     sums: tuple[np.ndarray, ...] = ()
@@ -103,15 +104,15 @@ class Reader:
         if (structure is None) != (not fields) or len(files) != len(fields):
             raise CacheInvalid("its manifest does not match its fields")
         tables = _tables(manifest, fields)
-        arrays, maps, identity, sums, copy = [], [], [], [], False
+        arrays, maps, stamps, sums, copy = [], [], [], [], False
         for i, (name, field) in enumerate(zip(files, fields, strict=True)):
             array, mm, stat = _map(path / name, field, count)
             arrays.append(array)
             maps.append(mm)
-            identity.append(_identity(stat))
+            stamps.append(_stamp(stat))
             sums.append(_read_table(path / table_name(i), field, count, tables[i]))
             copy = copy or not array.flags.writeable
-        return cls(path, manifest, fields, tuple(arrays), tuple(maps), copy, tuple(identity),
+        return cls(path, manifest, fields, tuple(arrays), tuple(maps), copy, tuple(stamps),
                    tuple(sums), tuple(block_rows(f.sample_bytes) for f in fields))
 
     def prefetch(self, rows: range | np.ndarray) -> None:
@@ -226,27 +227,27 @@ def _read_table(file: Path, field: Field, count: int, crc: int) -> np.ndarray:
     return np.frombuffer(data, dtype="<u4")
 
 
-def identity_of(path: Path, manifest: dict[str, Any]) -> Identity:
-    """:attr:`Reader.identity` of the cache at ``path`` now, from a ``stat`` of each file.
+def stamps_of(path: Path, manifest: dict[str, Any]) -> Stamps:
+    """:attr:`Reader.stamps` of the cache at ``path`` now, from a ``stat`` of each file.
 
     Raises:
         CacheInvalid: A file is missing, or the manifest does not list its files.
     """
     try:
-        return tuple(_identity(os.stat(path / str(name))) for name in manifest["files"])
+        return tuple(_stamp(os.stat(path / str(name))) for name in manifest["files"])
     except (OSError, KeyError, TypeError) as exc:
         raise CacheInvalid(f"its files cannot be found ({exc})") from None
 
 
-def files_match(path: Path, manifest: dict[str, Any], identity: Identity) -> bool:
-    """Whether the field files at ``path``, of ``identity`` (from :func:`identity_of`), have
+def files_match(path: Path, manifest: dict[str, Any], stamps: Stamps) -> bool:
+    """Whether the field files at ``path``, of ``stamps`` (from :func:`stamps_of`), have
     the sizes and start with the ``.npy`` headers ``manifest`` gives them: a truncated cache or
     a damaged header is found without mapping the files (one short read each)."""
     try:
         fields = [Field.from_json(f) for f in manifest["fields"]]
         count = int(manifest["count"])
         expected = [HEADER_BYTES + count * f.sample_bytes for f in fields]
-        if expected != [size for _, _, size, _ in identity]:
+        if expected != [size for _, _, size, _ in stamps]:
             return False
         for name, field in zip(manifest["files"], fields, strict=True):
             with open(path / str(name), "rb") as fh:
@@ -257,7 +258,7 @@ def files_match(path: Path, manifest: dict[str, Any], identity: Identity) -> boo
     return True
 
 
-def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:
+def _stamp(stat: os.stat_result) -> tuple[int, int, int, int]:
     return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
@@ -282,15 +283,15 @@ def map_shared(reader: Reader) -> tuple[np.ndarray, ...]:
     them. Raises :class:`CacheInvalid` when a file is no longer the one ``reader`` checked.
     """
     arrays = []
-    for name, field, array, identity in zip(
-        reader.manifest["files"], reader.fields, reader.arrays, reader.identity, strict=True
+    for name, field, array, stamp in zip(
+        reader.manifest["files"], reader.fields, reader.arrays, reader.stamps, strict=True
     ):
         if array.nbytes == 0:
             arrays.append(array)
             continue
         with _open_field(reader.path / name) as fh:
             stat = os.fstat(fh.fileno())
-            if _identity(stat) != identity:
+            if _stamp(stat) != stamp:
                 raise CacheInvalid(f"{name} changed while it was being opened")
             mm = mmap.mmap(fh.fileno(), stat.st_size, flags=mmap.MAP_SHARED,
                            prot=mmap.PROT_READ)

@@ -33,7 +33,7 @@ from .._recycle import PoolStats, Recycler
 from ..pipeline.seeding import epoch_rng
 from ._checks import Checks
 from ._format import CacheInvalid
-from ._reader import Identity, Reader, map_shared
+from ._reader import Reader, Stamps, map_shared
 from ._schema import Field, unflatten
 
 __all__ = ["BufferPool", "Deferred", "KeptMapping", "finish", "permutation", "replay"]
@@ -132,7 +132,7 @@ class KeptMapping:
     out, ran at half its speed for that alone. This keeps one shared read-only mapping of the
     same files, with torch views of it; read-only, it is safe to keep, as nothing can write
     through it. A rebuilt cache is new files renamed into place: when the epoch's reader
-    has other files than the kept ones (:attr:`Reader.identity`), they are mapped anew.
+    has other files than the kept ones (:attr:`Reader.stamps`), they are mapped anew.
 
     It holds one open descriptor per field while its pipeline lives; one is shared by a
     cached pipeline and its shuffled copies, in any threads.
@@ -140,7 +140,7 @@ class KeptMapping:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._identity: Identity | None = None
+        self._stamps: Stamps | None = None
         self._sources: tuple[Any, ...] = ()
         self._arrays: tuple[np.ndarray, ...] = ()
 
@@ -148,7 +148,7 @@ class KeptMapping:
         """The kept mapping of ``reader``'s files as numpy arrays, and the views to gather
         rows from (both ``reader.arrays`` when the files changed again while being mapped)."""
         with self._lock:
-            if self._identity != reader.identity:
+            if self._stamps != reader.stamps:
                 try:
                     arrays = map_shared(reader)
                 except (CacheInvalid, OSError):
@@ -157,7 +157,7 @@ class KeptMapping:
                 self._sources = tuple(
                     _torch_view(a) if a.dtype in _TORCH_DTYPES else a for a in arrays
                 )
-                self._identity = reader.identity
+                self._stamps = reader.stamps
             return self._arrays, self._sources
 
 
