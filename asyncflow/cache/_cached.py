@@ -168,16 +168,16 @@ def _upstream_stages(upstream: Pipeline[Any], plan: RunPlan) -> Iterator[StageSp
 
 
 def _description(pipe: Pipeline[Any]) -> list[dict[str, Any]]:
-    """``pipe.describe()``, each entry with the ``state`` of its source or stage function (see
+    """``pipe.describe()``, each entry with ``what`` its source or stage function is (see
     :func:`describe_value`): the listing a source holds, the options a decode function carries."""
     stages = pipe.describe()
     if not stages:
         return stages
-    stages[0] = {**stages[0], "state": describe_value(pipe.source)}
+    stages[0] = {**stages[0], "what": describe_value(pipe.source)}
     for i, spec in enumerate(pipe.stages, start=1):
         fn = getattr(spec, "fn", None) or getattr(spec, "factory", None)
         if fn is not None and i < len(stages):
-            stages[i] = {**stages[i], "state": describe_value(fn)}
+            stages[i] = {**stages[i], "what": describe_value(fn)}
     return stages
 
 

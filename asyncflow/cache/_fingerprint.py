@@ -18,7 +18,6 @@ files it names as its content, in parts that say where two listings first differ
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import re
@@ -70,10 +69,10 @@ def describe_value(value: Any, depth: int = _DEPTH) -> Any:
     leave out what does not change its output, such as a seed it does not use, or the
     counters its runs keep).
     """
-    return _state(value, depth, set())
+    return _what(value, depth, set())
 
 
-def _state(value: Any, depth: int, seen: set[int]) -> Any:
+def _what(value: Any, depth: int, seen: set[int]) -> Any:
     if isinstance(value, str | PurePath):
         text = canonical(value) if isinstance(value, str) else str(value)
         found = file_stat(value)
@@ -87,26 +86,26 @@ def _state(value: Any, depth: int, seen: set[int]) -> Any:
     seen = seen | {id(value)}
     inner = depth - 1
     if isinstance(value, Mapping):
-        return {str(k): _state(v, inner, seen) for k, v in value.items()}
+        return {str(k): _what(v, inner, seen) for k, v in value.items()}
     if isinstance(value, list | tuple):
         if len(value) <= _SHORT:
-            return [_state(v, inner, seen) for v in value]
+            return [_what(v, inner, seen) for v in value]
         return sequence_identity(value, _file_tokens(value))
     if hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape"):
         return item_token(value)  # its dtype, shape and bytes
     if isinstance(value, functools.partial):
-        return {"partial": _state(value.func, inner, seen), "args": _state(value.args, inner, seen),
-                "keywords": _state(value.keywords, inner, seen)}
+        return {"partial": _what(value.func, inner, seen), "args": _what(value.args, inner, seen),
+                "keywords": _what(value.keywords, inner, seen)}
     if isinstance(value, types.MethodType):
         func = value.__func__
         return {"method": func.__qualname__, "code": _code_digest(func.__code__),
-                "self": _state(value.__self__, inner, seen)}
+                "self": _what(value.__self__, inner, seen)}
     if isinstance(value, types.FunctionType):
         closure = [c.cell_contents for c in value.__closure__ or () if _filled(c)]
         return {"function": f"{value.__module__}.{value.__qualname__}",
                 "code": _code_digest(value.__code__),
-                "defaults": _state(value.__defaults__, inner, seen),
-                "closure": _state(closure, inner, seen)}
+                "defaults": _what(value.__defaults__, inner, seen),
+                "closure": _what(closure, inner, seen)}
     describe = getattr(value, "describe", None)
     if callable(describe) and not isinstance(value, type | types.ModuleType):
         try:
@@ -114,7 +113,7 @@ def _state(value: Any, depth: int, seen: set[int]) -> Any:
         except TypeError:  # a describe() that needs arguments is another protocol
             pass
         else:
-            return {"object": _type_name(value), "describe": _state(described, inner, seen)}
+            return {"object": _type_name(value), "describe": _what(described, inner, seen)}
     attrs = getattr(value, "__dict__", None)
     if isinstance(attrs, dict) and not isinstance(value, type | types.ModuleType):
         public = {k: v for k, v in attrs.items() if not k.startswith("_")}
@@ -122,7 +121,7 @@ def _state(value: Any, depth: int, seen: set[int]) -> Any:
             # a sampler's (or any epoch-aware object's) epoch says where its runs are, not
             # what it lists: iterating the upstream before .cache() must not rebuild it
             public.pop("epoch", None)
-        return {"object": _type_name(value), **{k: _state(v, inner, seen)
+        return {"object": _type_name(value), **{k: _what(v, inner, seen)
                                                 for k, v in sorted(public.items())}}
     return canonical(value)
 
@@ -182,9 +181,9 @@ def _dumps(value: Any) -> str:
 
 
 def upstream_fingerprint(description: Any, key: Any = None) -> str:
-    """The SHA-256 (hex) of the canonical JSON of ``description`` and ``key``."""
+    """The digest (``short_digest``) of the canonical JSON of ``description`` and ``key``."""
     payload = _dumps({"upstream": canonical(description), "key": canonical(key)})
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+    return short_digest(payload.encode("utf-8"))
 
 
 def summarize(description: Any) -> Any:

@@ -57,7 +57,7 @@ def test_the_same_pipeline_has_the_same_fingerprint_in_another_process(tmp_path:
     )
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True).stdout.strip() for _ in range(2)]
-    assert runs[0] == runs[1] and len(runs[0]) == 64
+    assert runs[0] == runs[1] and len(runs[0]) == 16
 
 
 def fp(pipe: Pipeline, key: Any = None) -> str:
@@ -83,8 +83,8 @@ def test_describe_value_looks_inside_functions_objects_and_arrays() -> None:
     def decode(path: str) -> str:
         return f"{path}@{size}"
 
-    state = describe_value(decode)
-    assert state["function"].endswith("decode") and state["closure"] == [224]
+    what = describe_value(decode)
+    assert what["function"].endswith("decode") and what["closure"] == [224]
     decoder = Decoder(5)
     decoder._calls = 7
     assert describe_value(decoder) == {"object": f"{__name__}.Decoder", "size": 5}
@@ -129,7 +129,7 @@ def test_summaries_stay_small_and_changes_are_described() -> None:
 
 def test_summaries_mask_secrets() -> None:
     url = "https://user:pw@bucket.s3.amazonaws.com/a.jpg?X-Amz-Signature=abcdef"
-    summary = summarize([{"kind": "source", "state": [url]}])
+    summary = summarize([{"kind": "source", "what": [url]}])
     assert "pw" not in str(summary) and "abcdef" not in str(summary)
     assert "bucket.s3.amazonaws.com/a.jpg" in str(summary)
 
@@ -137,19 +137,19 @@ def test_summaries_mask_secrets() -> None:
 def test_a_changed_listing_is_described_where_it_first_differs() -> None:
     def listing(root: str) -> Any:
         samples = [(f"{root}/cat/{i:04d}.jpg", i % 3) for i in range(500)]
-        return summarize([{"kind": "source", "state": describe_value(samples)}])
+        return summarize([{"kind": "source", "what": describe_value(samples)}])
 
     old, new = listing("/tmp/tmpAAAA/images"), listing("/tmp/tmpBBBB/images")
     assert describe_value([(1, 2)] * 100)["parts"][0][1] == "(1,2)"
     assert describe_change(old, new) == (  # a dataset moved: other paths
-        "upstream[0]['state']: the listing differs from items 0-15: item 0 is "
+        "upstream[0]['what']: the listing differs from items 0-15: item 0 is "
         "\"('/tmp/tmpBBBB/images/cat/0000.jpg',0)\" here, "
         "\"('/tmp/tmpAAAA/images/cat/0000.jpg',0)\" in the cache")
     relabelled = [(f"/tmp/tmpAAAA/images/cat/{i:04d}.jpg", i % 3) for i in range(500)]
     relabelled[250] = (relabelled[250][0], 2)
-    inside = summarize([{"kind": "source", "state": describe_value(relabelled)}])
+    inside = summarize([{"kind": "source", "what": describe_value(relabelled)}])
     assert describe_change(old, inside) == (
-        "upstream[0]['state']: the listing differs in items 240-255 (from "
+        "upstream[0]['what']: the listing differs in items 240-255 (from "
         "\"('/tmp/tmpAAAA/images/cat/0240.jpg',0)\"): their names differ")
     long = describe_value([("x" * 300, 1)] * 100)
     assert len(long["parts"][0][1]) == 80 and "..." in long["parts"][0][1]
@@ -158,7 +158,7 @@ def test_a_changed_listing_is_described_where_it_first_differs() -> None:
 def test_the_entries_kept_of_a_long_listing_mask_secrets() -> None:
     urls = [f"https://user:pw@bucket.s3.amazonaws.com/{i}.jpg?X-Amz-Signature=abcdef"
             for i in range(100)]
-    for summary in (summarize([{"kind": "source", "state": describe_value(urls)}]),
+    for summary in (summarize([{"kind": "source", "what": describe_value(urls)}]),
                     summarize([{"kind": "source", "listing": urls}])):
         text = str(summary)
         assert "pw@" not in text and "abcdef" not in text, text
@@ -200,7 +200,7 @@ def test_a_file_changed_in_place_is_described(tmp_path: Path) -> None:
     _rewrite(files[70], b"y" * 10)  # the same size, a new modification time
     change = describe_change(old, summarize(_description(Pipeline(listing))))
     assert change.startswith(  # the name is cut to 80 characters where the path is long
-        "upstream[0]['state']: the same names, but the content of a file in items 68-71 ")
+        "upstream[0]['what']: the same names, but the content of a file in items 68-71 ")
     assert change.endswith("068.jpg',0)\") changed"), change
 
 
@@ -210,7 +210,7 @@ def test_a_short_listing_names_the_changed_file(tmp_path: Path) -> None:
     old = summarize(_description(Pipeline([str(file)])))
     _rewrite(file, b"x" * 12)
     change = describe_change(old, summarize(_description(Pipeline([str(file)]))))
-    assert change == "upstream[0]['state'][0]['bytes']: 10 -> 12"
+    assert change == "upstream[0]['what'][0]['bytes']: 10 -> 12"
 
 
 def test_names_that_are_not_local_files_are_left_as_they_are(tmp_path: Path) -> None:
