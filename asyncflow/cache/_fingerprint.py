@@ -34,7 +34,7 @@ __all__ = ["canonical", "describe_change", "describe_value", "file_stat", "summa
            "upstream_fingerprint"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-_SUMMARY_LIMIT = 256  # characters of JSON a value may take in the manifest before it is hashed
+_SUMMARY_LIMIT = 256  # characters of a string, or of a list's JSON, kept whole in the manifest
 _DEPTH = 4  # how deep describe_value() looks into objects
 _SHORT = 64  # sequences longer than this are identified as listings, not listed
 
@@ -196,26 +196,16 @@ def summarize(description: Any) -> Any:
     def shrink(v: Any) -> Any:
         if _is_listing(v):
             return v
-        text = _dumps(v)
-        if len(text) <= _SUMMARY_LIMIT:
-            return _redacted(v)
         if isinstance(v, dict):
             return {k: shrink(x) for k, x in v.items()}
         if isinstance(v, list):
-            return [shrink(x) for x in v] if len(v) <= 16 else sequence_identity(v)
-        return {"sha256": short_digest(text.encode("utf-8")), "items": len(text)}
+            short = len(v) <= 16 or len(_dumps(v)) <= _SUMMARY_LIMIT
+            return [shrink(x) for x in v] if short else sequence_identity(v)
+        if isinstance(v, str) and len(v) > _SUMMARY_LIMIT:
+            return {"sha256": short_digest(v.encode("utf-8")), "items": len(v)}
+        return redact(v) if isinstance(v, str) else v
 
     return shrink(value)
-
-
-def _redacted(value: Any) -> Any:
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, dict):
-        return {k: _redacted(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_redacted(v) for v in value]
-    return value
 
 
 def describe_change(old: Any, new: Any, where: str = "upstream") -> str:

@@ -115,6 +115,8 @@ def test_summaries_stay_small_and_changes_are_described() -> None:
     summary = summarize(description)  # the listing as a resume state identifies it
     assert len(str(summary)) < 4000 and summary[1] == {"kind": "map", "size": 224}
     assert summary[0]["listing"]["items"] == 5000
+    assert summarize({"text": "x" * 1000})["text"]["items"] == 1000  # a long string: hashed
+    assert summarize({"few": list(range(40))}) == {"few": list(range(40))}  # short: whole
     changed = summarize([description[0], {"kind": "map", "size": 256}])
     assert describe_change(summary, changed) == "upstream[1]['size']: 224 -> 256"
     longer = summarize([{"kind": "source", "listing": [f"f{i}" for i in range(5001)]},
