@@ -91,27 +91,25 @@ class PoolReader(ABC):
             while slot.conn.poll() and self._receive(slot):
                 pass
 
+    def _next_job(self, slot: Slot) -> Job | None:
+        """The oldest job of ``slot``, taken from it: the one its worker answered."""
+        with self._lock:
+            return slot.jobs.popleft() if slot.jobs else None
+
     def _result(self, slot: Slot, payload: bytes, segments: list[tuple[str, int]]) -> None:
-        try:
+        job = self._next_job(slot)
+        try:  # loaded in any case: that unlinks its segments
             _, values, failures, elapsed = _segments.loads(payload, segments)
         except Exception as exc:
-            values, failures, elapsed = [], [], 0.0
-            error: BaseException | None = exc
-        else:
-            error = None
-        with self._lock:
-            job = slot.jobs.popleft() if slot.jobs else None
-        if job is None:
+            if job is not None:
+                settle(job, None, exc)
             return
-        if error is not None:
-            settle(job, None, error)
-            return
-        settle(job, merge(job, values, failures, elapsed), None)
+        if job is not None:
+            settle(job, merge(job, values, failures, elapsed), None)
 
     def _unloadable(self, slot: Slot, text: str) -> None:
         """The worker could not unpickle a job: send it again by value, or fail its items."""
-        with self._lock:
-            job = slot.jobs.popleft() if slot.jobs else None
+        job = self._next_job(slot)
         if job is None:
             return
         if not job.by_value:

@@ -118,10 +118,8 @@ class FlatMapNode:
                 result = self.fn(item)
                 if inspect.isawaitable(result):
                     result = await result
-                if hasattr(result, "__aiter__"):
-                    it, chunk, done, error = result, list[Any](), False, None
-                else:
-                    it, chunk, done, error = iter(result), [], False, None
+                it = result if hasattr(result, "__aiter__") else iter(result)
+                chunk, done, error = list[Any](), False, None
             else:
                 it, chunk, done, error = await ctx.run_sync(
                     _expand_start, self.fn, item, SOURCE_CHUNK
