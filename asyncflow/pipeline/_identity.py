@@ -11,7 +11,9 @@ changed.
 
 A source says what it lists by a ``listing_identity()`` method returning
 :func:`listing_identity`'s dict; a sequence without one is identified by
-:func:`sequence_identity`.
+:func:`sequence_identity`. A cache (``asyncflow/cache/_fingerprint.py``) identifies a long
+list in its upstream so too, each item's files by their size and modification time as its
+content, and says where two differ with :func:`describe_difference`.
 """
 
 from __future__ import annotations
