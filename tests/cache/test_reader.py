@@ -132,6 +132,21 @@ def test_damaged_caches_are_refused(tmp_path: Path, damage: Any, message: str) -
         Reader.open(tmp_path / "c")
 
 
+def test_the_manifest_is_signed_by_the_checksum_of_a_resume_state(tmp_path: Path) -> None:
+    """Issue 24: one checksum of a plain-JSON record. A cache of format version 2 (its
+    manifest signed by its own CRC-32, its listings identified otherwise) is refused by its
+    version, saying so."""
+    from asyncflow.pipeline import state_checksum
+
+    write(tmp_path / "c", batches(10, 4))
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert manifest.pop("check") == state_checksum(manifest) and manifest["version"] == 3
+    older = dict(manifest, version=2, manifest_crc32=7)
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(older))
+    with pytest.raises(CacheInvalid, match="it has format version 2, this asyncflow writes 3"):
+        Reader.open(tmp_path / "c")
+
+
 def _append(path: Path) -> None:
     with path.open("ab") as fh:
         fh.write(b"x")
