@@ -1,5 +1,6 @@
 """The run's event loop: making it, cancelling what a crashed run left on it, and stopping
-the runs still going at interpreter exit."""
+the runs still going at interpreter exit; and the one way a future is settled or a waiter
+woken, on its loop or from another thread (:func:`settle`, :func:`settle_soon`)."""
 
 from __future__ import annotations
 
