@@ -10,8 +10,8 @@ delivered. Hedges are budgeted: each request earns ``Retry.hedge`` of one (0.15 
 and a hedge spends one, so they never add more than that share of a host's requests, counted
 over the run (a budget saved in the middle of a run pays for the stragglers at its end, when no
 new request earns any). None are sent to a host that throttled in the last two seconds, nor
-before it has answered :data:`MIN_SAMPLES` requests; a request sent before then is hedged once
-it is late by the estimate taken later.
+before it has answered ``_latency.MIN_SAMPLES`` requests (:mod:`._latency` keeps the
+latencies); a request sent before then is hedged once it is late by the estimate taken later.
 """
 
 from __future__ import annotations
@@ -22,61 +22,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from .._errors import SourceError
+from ._latency import Latencies
 from ._retry import Transient
 
-__all__ = ["MAX_HEDGES", "MIN_SAMPLES", "RECHECK", "HedgedHost", "Latencies", "race"]
+__all__ = ["MAX_HEDGES", "RECHECK", "HedgedHost", "race"]
 
 T = TypeVar("T")
 
 log = logging.getLogger("asyncflow.sources")
 
-MIN_SAMPLES = 32
-_KEEP = 512  # the latencies a quantile is taken over: the host's recent behaviour
-_EVERY = 32  # the quantiles are recomputed after this many new samples
-#: A request is never late before this many times the median latency: below it, lateness is
-#: more likely this process's own queueing than the host's tail.
-MEDIAN_FLOOR = 2.0
 #: Seconds between looks at a request that has no estimate yet, or cannot be hedged now.
 RECHECK = 0.1
 #: Hedges of one try at most: a second goes when the first is late as well.
 MAX_HEDGES = 2
-
-
-class Latencies:
-    """The recent latencies of one host's requests, and the quantiles hedging needs."""
-
-    __slots__ = ("_added", "_median", "_quantile", "_ring", "_sorted")
-
-    def __init__(self) -> None:
-        self._ring: list[float] = []
-        self._added = 0
-        self._sorted: list[float] = []
-        self._quantile = 0.0
-        self._median = 0.0
-
-    def add(self, seconds: float) -> None:
-        """One request's time, from its start to its whole body."""
-        if len(self._ring) < _KEEP:
-            self._ring.append(seconds)
-        else:
-            self._ring[self._added % _KEEP] = seconds
-        self._added += 1
-        if self._added % _EVERY == 0 or self._added == MIN_SAMPLES:
-            self._sorted = sorted(self._ring)
-
-    def median(self) -> float:
-        """The median of the recent latencies (0 until :data:`MIN_SAMPLES` were seen)."""
-        ranked = self._sorted
-        return ranked[len(ranked) // 2] if len(ranked) >= MIN_SAMPLES else 0.0
-
-    def hedge_after(self, quantile: float) -> float | None:
-        """Seconds after which a request is late: ``quantile`` of the recent ones, at least
-        twice the median; ``None`` until :data:`MIN_SAMPLES` have been seen."""
-        ranked = self._sorted
-        if len(ranked) < MIN_SAMPLES:
-            return None
-        at = ranked[min(len(ranked) - 1, int(quantile * len(ranked)))]
-        return max(at, MEDIAN_FLOOR * ranked[len(ranked) // 2])
 
 
 class HedgedHost(Protocol):
@@ -174,7 +132,7 @@ class _Hedge(Generic[T]):
             return
         except SourceError:
             return
-        gate.latencies.add(loop.time() - start)
+        gate.latencies.add(loop.time() - start)  # in the quantiles only: no number in send order
         if self.won:  # another hedge delivered first
             return
         self.result, self.won = result, True

@@ -21,7 +21,7 @@ import aiohttp
 from .._redact import Operation, redact_url
 from ._http_body import body
 from ._http_ranges import Changed, Resume, open_from, stream
-from ._http_session import http_session, session_limit, with_session
+from ._http_session import http_session, with_session
 from ._limiter import limiter_for
 from ._manifest import remote_entries
 from ._objects import ObjectInfo
@@ -102,7 +102,7 @@ class HttpTransport:
         host = host_of(url)
 
         async def retrying(session: aiohttp.ClientSession) -> bytes:
-            gate = await limiter_for(host, host, session_limit(session))
+            gate = await limiter_for(host, host)
 
             def attempt() -> Awaitable[bytes]:
                 return _fetch_once(session, url, what, retry, timeout, partial)

@@ -13,8 +13,8 @@ another try becomes :class:`~asyncflow.sources._retry.Transient`, anything else 
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import TypeVar
 
 import aiohttp
@@ -22,7 +22,8 @@ from yarl import URL
 
 from .._errors import SourceError, SourcePermissionError
 from .._redact import describe_exception, redact_url
-from .._scope import RunScope, current_scope
+from .._scope import current_scope
+from ._objects import connections, shared
 from ._retry import Retry, Timeout, Transient, failed_answer
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
     "get",
     "http_session",
     "new_session",
-    "session_limit",
     "translate",
     "with_session",
 ]
@@ -40,18 +40,17 @@ T = TypeVar("T")
 
 HTTP_KEY = "asyncflow.http"
 MAX_REDIRECTS = 5
-DEFAULT_CONNECTIONS = 256
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
-def new_session(connections: int = DEFAULT_CONNECTIONS) -> aiohttp.ClientSession:
+def new_session() -> aiohttp.ClientSession:
     """A session with a bounded connection pool and a DNS cache; use it as a context manager.
 
-    Requests above ``connections`` wait for a free connection; that wait does not count
-    against :attr:`Timeout.connect`, so thousands of queued requests never time out merely
-    for being queued.
+    Requests above :func:`~._objects.connections` wait for a free connection; that wait
+    does not count against :attr:`Timeout.connect`, so thousands of queued requests never
+    time out merely for being queued.
     """
-    connector = aiohttp.TCPConnector(limit=connections, ttl_dns_cache=300, use_dns_cache=True)
+    connector = aiohttp.TCPConnector(limit=connections(), ttl_dns_cache=300, use_dns_cache=True)
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=None),
@@ -65,22 +64,9 @@ def new_session(connections: int = DEFAULT_CONNECTIONS) -> aiohttp.ClientSession
     )
 
 
-def session_limit(session: aiohttp.ClientSession) -> int:
-    """The most connections ``session`` opens at once: the ceiling of each host's window."""
-    connector = session.connector
-    limit = connector.limit if connector is not None else 0
-    return limit or DEFAULT_CONNECTIONS
-
-
-@asynccontextmanager
-async def http_session() -> AsyncIterator[aiohttp.ClientSession]:
+def http_session() -> AbstractAsyncContextManager[aiohttp.ClientSession]:
     """The running pipeline's shared session, or a private one for the duration of the block."""
-    scope = current_scope()
-    if scope is not None:
-        yield await _scope_session(scope)
-        return
-    async with new_session() as session:
-        yield session
+    return shared(HTTP_KEY, new_session)
 
 
 async def with_session(use: Callable[[aiohttp.ClientSession], Awaitable[T]]) -> T:
@@ -92,12 +78,7 @@ async def with_session(use: Callable[[aiohttp.ClientSession], Awaitable[T]]) -> 
     if scope is None:
         async with new_session() as session:
             return await use(session)
-    return await use(await _scope_session(scope))
-
-
-def _scope_session(scope: RunScope) -> Awaitable[aiohttp.ClientSession]:
-    connections = scope.settings.get("connections") or DEFAULT_CONNECTIONS
-    return scope.get(HTTP_KEY, lambda: new_session(connections))
+    return await use(await scope.get(HTTP_KEY, new_session))
 
 
 @functools.lru_cache(maxsize=64)

@@ -20,10 +20,10 @@ it the window:
 - gives a throttled request's place back at once, so its wait holds no slot, and serves
   retried requests before fresh ones, so that no object starves behind newcomers;
 - doubles at most once per median of its answers, stops growing while they queue, and
-  shrinks when they queue long (:mod:`._queueing`): past what the host, or this process,
+  shrinks when they queue long (:mod:`._latency`): past what the host, or this process,
   serves at once, a larger window adds only waiting.
 
-The limiters of a run live in its scope (one :class:`Hosts` per run), and each adds a line to
+The limiters of a run live in its scope (a dict by host key), and each adds a line to
 the run's ``stats().notes``: its window, requests, throttles and hedges.
 """
 
@@ -37,13 +37,13 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from .._scope import current_scope
-from ._hedge import Latencies, race
+from ._hedge import race
+from ._latency import DOUBLE_BELOW, GROW_BELOW, SHRINK_ABOVE, Latencies
+from ._objects import connections
 from ._pace import Pace
-from ._queueing import DOUBLE_BELOW, GROW_BELOW, SHRINK_ABOVE, Queueing
 from ._retry import Retry, Transient
 
-__all__ = ["HOSTS_KEY", "INITIAL_WINDOW", "PACED_WINDOW", "HostLimiter", "Hosts",
-           "limiter_for"]
+__all__ = ["HOSTS_KEY", "INITIAL_WINDOW", "PACED_WINDOW", "HostLimiter", "limiter_for"]
 
 T = TypeVar("T")
 
@@ -72,9 +72,10 @@ class HostLimiter:
         self.window = float(min(INITIAL_WINDOW, ceiling))
         self.in_flight = 0
         self.requests = self.throttled = self.hedges = self.hedges_won = 0
-        self.latencies = Latencies()
-        self.queueing = Queueing(int(self.window))
-        # The window at most doubles between two medians (:mod:`._queueing`), so that slow
+        # One record serves hedging, the pace and the window (:mod:`._latency`); the first
+        # window's answers are left out of its medians (the connections' set-up).
+        self.latencies = Latencies(int(self.window))
+        # The window at most doubles between two medians (:mod:`._latency`), so that slow
         # start cannot outrun the signal that it has grown past what the host serves.
         self._grow_cap = 2 * self.window
         loop = asyncio.get_running_loop()
@@ -165,14 +166,13 @@ class HostLimiter:
     def _release(self, seq: int, elapsed: float, *, ok: bool, throttled: bool) -> None:
         if ok:
             now = self.last_success = self._time()
-            self.latencies.add(elapsed)
-            if self.queueing.add(seq, elapsed, now):
-                self._judge(self.queueing.ratio)
+            if self.latencies.add(elapsed, seq, now):
+                self._judge(self.latencies.ratio)
             waiting = bool(self._retried or self._fresh)
             self.pace.answered(now, limiting=waiting, window=self.window,
                                latency=self.latencies.median())
             limits = self.in_flight >= int(self.window) or (waiting and self.pace.rate is None)
-            if limits and not self.queueing.queued:
+            if limits and not self.latencies.queued:
                 # Grow only a window that limits (not the pace): a host asked for less
                 # proves nothing; nor one whose answers queue.
                 self.window = min(float(self.ceiling), self._grow_cap,
@@ -195,7 +195,7 @@ class HostLimiter:
         answers do not wait (slow start), grow by a quarter while they wait a little (and slow
         start ends), and shrinks when they wait long, twice in a row (:meth:`_drain`)."""
         if ratio > SHRINK_ABOVE:
-            if self.queueing.drain:
+            if self.latencies.drain:
                 self._drain(ratio)
         elif ratio < DOUBLE_BELOW:
             self._grow_cap = max(self._grow_cap, 2 * self.window)
@@ -210,7 +210,7 @@ class HostLimiter:
         if smaller < self.window:
             self.window = smaller
             self._slow_start = False
-            self.queueing.restart(self._sent)
+            self.latencies.restart(self._sent)
 
     def throttle(self, seq: int | None = None) -> None:
         """A request numbered ``seq`` (``None``: a hedge, just sent) was throttled."""
@@ -223,7 +223,7 @@ class HostLimiter:
             self.window = max(1.0, self.window / 2)
             self._slow_start = False
             self._recovered = self._sent
-            self.queueing.restart(self._sent)
+            self.latencies.restart(self._sent)
 
     def _give_back(self) -> None:
         self.in_flight -= 1
@@ -277,7 +277,7 @@ class HostLimiter:
 
     def report(self) -> str:
         """One line for ``stats().notes``."""
-        phase = ("queueing" if self.queueing.queued else
+        phase = ("queueing" if self.latencies.queued else
                  "growing" if self._slow_start else "adapting")
         paced = self.pace.rate
         pace = f", paced at {paced:,.0f}/s" if paced is not None else ""
@@ -288,41 +288,27 @@ class HostLimiter:
         return line
 
 
-class Hosts:
-    """The limiters of one run (or one ``sources.session()``), by host key."""
-
-    def __init__(self, ceiling: int) -> None:
-        self.ceiling = ceiling
-        self._limiters: dict[str, HostLimiter] = {}
-
-    def get(self, key: str, name: str) -> HostLimiter:
-        """The limiter of ``key``, made on first use (labelled ``name``)."""
-        limiter = self._limiters.get(key)
-        if limiter is None:
-            limiter = self._limiters[key] = HostLimiter(name, self.ceiling)
-        return limiter
-
-    def report(self) -> list[str]:
-        """A line per host that was read (any thread: the dict is copied in one step)."""
-        return [limiter.report() for limiter in list(self._limiters.values()) if limiter.requests]
-
-
-async def limiter_for(key: str, name: str, ceiling: int) -> HostLimiter:
-    """The running pipeline's (or session's) limiter for ``key``; a private one outside.
+async def limiter_for(key: str, name: str) -> HostLimiter:
+    """The running pipeline's (or session's) limiter for ``key``, made on first use; a
+    private one outside. Its window's ceiling is the connection pool's size
+    (``_objects.connections``).
 
     Args:
         key: The host (or S3 bucket and prefix) the window is kept for.
         name: Its label in ``stats().notes``, free of credentials.
-        ceiling: The connection limit, used when the scope's limiters are first made.
     """
     scope = current_scope()
     if scope is None:
-        return HostLimiter(name, ceiling)
+        return HostLimiter(name, connections())
 
-    def open_hosts() -> contextlib.nullcontext[Hosts]:
-        hosts = Hosts(ceiling)
-        scope.add_report(hosts.report)
-        return contextlib.nullcontext(hosts)
+    def open_hosts() -> contextlib.nullcontext[dict[str, HostLimiter]]:
+        made: dict[str, HostLimiter] = {}
+        # Any thread may ask for the report: the dict is copied in one step.
+        scope.add_report(lambda: [gate.report() for gate in list(made.values()) if gate.requests])
+        return contextlib.nullcontext(made)
 
     hosts = await scope.get(HOSTS_KEY, open_hosts)
-    return hosts.get(key, name)
+    limiter = hosts.get(key)
+    if limiter is None:
+        limiter = hosts[key] = HostLimiter(name, connections())
+    return limiter

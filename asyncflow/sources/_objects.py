@@ -1,4 +1,5 @@
-"""What every transport shares and none owns: a listed object, and a URL's scheme.
+"""What every transport shares and none owns: a listed object, a URL's scheme, and the
+clients a run (or ``sources.session()``) shares: :func:`shared` and :func:`connections`.
 
 Kept apart from :mod:`._transport`, which picks a transport (and so imports every one of
 them), so that the transports themselves and the manifest reader import only this.
@@ -7,13 +8,21 @@ them), so that the transports themselves and the manifest reader import only thi
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .._redact import redact_url
+from .._scope import current_scope
 
-__all__ = ["DEFAULT_SCHEMES", "ObjectInfo", "scheme_of"]
+__all__ = ["DEFAULT_CONNECTIONS", "DEFAULT_SCHEMES", "ObjectInfo", "connections", "scheme_of",
+           "shared"]
+
+T = TypeVar("T")
 
 DEFAULT_SCHEMES = frozenset({"file", "http", "https", "s3"})
+DEFAULT_CONNECTIONS = 256
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*):")
 
 
@@ -46,3 +55,28 @@ def scheme_of(url: str) -> str:
     if match is None or ("://" not in url and match.group(1).lower() != "file"):
         return "file"
     return match.group(1).lower()
+
+
+def connections() -> int:
+    """The most connections a shared client opens at once, which is also each host's
+    ceiling: the run's (or session's) ``connections`` setting, else
+    :data:`DEFAULT_CONNECTIONS`."""
+    scope = current_scope()
+    found = scope.settings.get("connections") if scope is not None else None
+    return found or DEFAULT_CONNECTIONS
+
+
+@asynccontextmanager
+async def shared(key: str, make: Callable[[], AbstractAsyncContextManager[T]]) -> AsyncIterator[T]:
+    """The running pipeline's (or session's) client ``make()``, entered on first use and
+    kept under ``key`` until the run stops; outside any, a private one for the block.
+
+    Cancellation:
+        As ``RunScope.get`` while the client is made; a private client is closed on exit.
+    """
+    scope = current_scope()
+    if scope is not None:
+        yield await scope.get(key, make)
+        return
+    async with make() as client:
+        yield client

@@ -58,8 +58,7 @@ class Pace:
     All times are the event loop's clock.
     """
 
-    __slots__ = ("_answers", "_first", "_held", "_hold_until", "_limit", "_next", "gap",
-                 "last_throttle")
+    __slots__ = ("_answers", "_first", "_held", "_hold_until", "_limit", "_next", "gap")
 
     def __init__(self) -> None:
         self._answers: deque[float] = deque()  # when the recent answers came
@@ -69,7 +68,6 @@ class Pace:
         self._hold_until = float("-inf")  # the pace stays at or below the limit until then
         self._next = float("-inf")  # the next start's slot on the virtual clock
         self.gap = 0.0  # seconds between starts; 0: not paced
-        self.last_throttle = float("-inf")
 
     def delay(self, now: float) -> float:
         """Seconds until the next start may go (0 or less: now)."""
@@ -109,7 +107,6 @@ class Pace:
     def throttled(self, now: float, *, decrease: bool) -> None:
         """The host throttled a request; ``decrease``: the first throttle of a window's worth
         of requests, which sets the pace anew."""
-        self.last_throttle = now
         rate = self.delivered(now)
         if not decrease:
             return

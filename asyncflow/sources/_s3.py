@@ -9,8 +9,8 @@ final error) covers HTTP and S3 alike. :class:`S3Transport` is the ``s3`` scheme
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncGenerator, Awaitable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiohttp
@@ -31,15 +31,13 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from .._errors import SourceError, SourcePermissionError
 from .._redact import Operation, describe_exception, redact_url
-from .._scope import current_scope
 from ._limiter import limiter_for
-from ._objects import ObjectInfo
+from ._objects import ObjectInfo, connections, shared
 from ._retry import Retry, Timeout, Transient, failed_answer, with_retries
 from ._retry_stream import retry_stream
 
 __all__ = ["S3Transport", "list_page", "s3_client", "split_s3_url", "stream"]
 
-DEFAULT_CONNECTIONS = 256
 _CHUNK = 256 * 1024
 _NOT_FOUND = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404"})
 _DENIED = frozenset({
@@ -67,10 +65,9 @@ def split_s3_url(url: str) -> tuple[str, str]:
     """``("bucket", "key/of/object")`` from ``"s3://bucket/key/of/object"``.
 
     The key is taken verbatim: S3 keys may hold ``?``, ``#`` and ``%``, so nothing is
-    unquoted or cut off.
+    unquoted or cut off. ``url`` is one the ``s3`` transport was given: it starts with
+    ``s3://`` (``_transport.transport_for`` routes no other).
     """
-    if not url.lower().startswith("s3://"):
-        raise SourceError(f"not an s3:// URL: {redact_url(url)!r}")
     bucket, _, key = url[5:].partition("/")
     if not bucket:
         raise SourceError(f"{redact_url(url)}: no bucket in the URL")
@@ -82,21 +79,9 @@ def split_s3_url(url: str) -> tuple[str, str]:
     return bucket, key
 
 
-def _client_key(endpoint_url: str | None, timeout: Timeout) -> str:
-    return f"asyncflow.s3|{endpoint_url or ''}|{timeout.connect}|{timeout.read}"
-
-
-def _connections() -> int:
-    scope = current_scope()
-    connections = scope.settings.get("connections") if scope is not None else None
-    return connections or DEFAULT_CONNECTIONS
-
-
-def _new_client(
-    endpoint_url: str | None, timeout: Timeout, connections: int = DEFAULT_CONNECTIONS
-) -> AbstractAsyncContextManager[Any]:
+def _new_client(endpoint_url: str | None, timeout: Timeout) -> AbstractAsyncContextManager[Any]:
     config = AioConfig(
-        max_pool_connections=connections,
+        max_pool_connections=connections(),
         connect_timeout=timeout.connect,
         read_timeout=timeout.read,
         retries={"total_max_attempts": 1, "mode": "standard"},
@@ -104,16 +89,10 @@ def _new_client(
     return get_session().create_client("s3", endpoint_url=endpoint_url, config=config)  # type: ignore[no-any-return]
 
 
-@asynccontextmanager
-async def s3_client(endpoint_url: str | None, timeout: Timeout) -> AsyncIterator[Any]:
+def s3_client(endpoint_url: str | None, timeout: Timeout) -> AbstractAsyncContextManager[Any]:
     """The running pipeline's client for this endpoint, or a private one for the block."""
-    scope = current_scope()
-    if scope is not None:
-        key = _client_key(endpoint_url, timeout)
-        yield await scope.get(key, lambda: _new_client(endpoint_url, timeout, _connections()))
-        return
-    async with _new_client(endpoint_url, timeout) as client:
-        yield client
+    key = f"asyncflow.s3|{endpoint_url or ''}|{timeout.connect}|{timeout.read}"
+    return shared(key, lambda: _new_client(endpoint_url, timeout))
 
 
 def _error_code(exc: ClientError) -> tuple[str, int | None]:
@@ -176,8 +155,7 @@ def _check_resumed(resp: dict[str, Any], offset: int, resume: S3Resume, what: ob
 
 
 async def stream(
-    client: Any, url: str, offset: int, *, what: object, retry: Retry,
-    resume: S3Resume | None = None,
+    client: Any, url: str, offset: int, *, what: object, retry: Retry, resume: S3Resume
 ) -> AsyncGenerator[bytes, None]:
     """One try at the object's bytes from ``offset`` on, in chunks (raises ``Transient``).
 
@@ -190,7 +168,7 @@ async def stream(
     """
     bucket, key = split_s3_url(url)
     extra: dict[str, Any] = {"Range": f"bytes={offset}-"} if offset else {}
-    if offset and resume is not None and resume.etag:
+    if offset and resume.etag:
         extra["IfMatch"] = resume.etag
     try:
         resp = await client.get_object(Bucket=bucket, Key=key, **extra)
@@ -199,19 +177,17 @@ async def stream(
             return  # resumed exactly at the end: nothing is left
         if offset and _error_code(exc)[0] in ("PreconditionFailed", "412"):
             raise SourceError(f"{what}: the object changed while it was being read (its "
-                              f"ETag is no longer {resume.etag if resume else '?'}); a "
+                              f"ETag is no longer {resume.etag}); a "
                               "resumed read would splice two versions") from None
         raise _translate(exc, what, retry) from None
     except _SDK_ERRORS as exc:
         raise _translate(exc, what, retry) from None
-    if resume is not None:
-        if not offset:
-            resume.etag = resp.get("ETag")
-            length = resp.get("ContentLength")
-            resume.total = length if isinstance(length, int) else None
-        else:
-            _check_resumed(resp, offset, resume, what)
     expected = resp.get("ContentLength")
+    if not offset:
+        resume.etag = resp.get("ETag")
+        resume.total = expected if isinstance(expected, int) else None
+    else:
+        _check_resumed(resp, offset, resume, what)
     got = 0
     async with resp["Body"] as body:
         try:
@@ -259,8 +235,7 @@ class S3Transport:
         prefix = key.split("/", 1)[0] + "/" if "/" in key else ""
         host = f"s3://{bucket}/{prefix}"
         async with s3_client(self.endpoint_url, timeout) as client:
-            gate = await limiter_for(f"{self.endpoint_url or ''}|{host}", redact_url(host),
-                                     _connections())
+            gate = await limiter_for(f"{self.endpoint_url or ''}|{host}", redact_url(host))
 
             def attempt() -> Awaitable[bytes]:
                 return _get_once(client, url, what, retry)

@@ -1,5 +1,5 @@
-"""The per-host adaptive window (``_limiter``) and the latencies hedging reads (``_hedge``),
-driven directly, without a server."""
+"""The per-host adaptive window (``_limiter``) and the latencies that hedging, the pace and
+the window read (``_latency``), driven directly, without a server."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import pytest
 
 from asyncflow import Retry, SourceError, Timeout
 from asyncflow._scope import RunScope, use_scope
-from asyncflow.sources._hedge import MIN_SAMPLES, Latencies
+from asyncflow.sources._latency import BASE_SPAN, GROUP, MIN_SAMPLES, Latencies
 from asyncflow.sources._limiter import INITIAL_WINDOW, HostLimiter, limiter_for
 from asyncflow.sources._pace import MIN_GAP
-from asyncflow.sources._queueing import BASE_SPAN, GROUP, Queueing
 from asyncflow.sources._retry import Transient, with_retries
 
 RETRY = Retry(backoff=0)
@@ -30,6 +29,9 @@ async def throttled() -> str:
 
 async def test_window_grows_by_one_per_success_while_full_then_halves_on_throttle() -> None:
     gate = HostLimiter("http://h", ceiling=256)
+    # Answers that take no time: no queue, however busy the machine that runs the test (its
+    # own event loop's delays would otherwise pass for the host's queueing, and shrink it).
+    gate._time = lambda: 0.0
     assert gate.window == INITIAL_WINDOW
     # A host asked for less than its window proves nothing: the window stays.
     for _ in range(5):
@@ -197,9 +199,9 @@ async def test_patience_counts_from_the_hosts_last_success(async_leak_check: Non
 async def test_limiters_are_shared_within_a_scope_and_reported() -> None:
     scope = RunScope()
     with use_scope(scope):
-        one = await limiter_for("http://h:1", "http://h:1", 256)
-        assert await limiter_for("http://h:1", "http://h:1", 256) is one
-        other = await limiter_for("http://h:2", "http://h:2", 256)
+        one = await limiter_for("http://h:1", "http://h:1")
+        assert await limiter_for("http://h:1", "http://h:1") is one
+        other = await limiter_for("http://h:2", "http://h:2")
         assert other is not one
         await one.run(ok, retried=False, retry=RETRY)
     assert scope.reports() == [
@@ -277,14 +279,14 @@ async def test_a_rate_limited_host_is_paced_with_few_rejections(async_leak_check
 
 
 def test_queueing_compares_each_groups_median_with_the_lowest_of_late() -> None:
-    q = Queueing(first=GROUP)
+    q = Latencies(first=GROUP)
     seq = itertools.count()
     # The first window's answers (connection set-up) are not counted.
-    assert not any(q.add(next(seq), 5.0, now=0.0) for _ in range(GROUP))
+    assert not any(q.add(5.0, next(seq), now=0.0) for _ in range(GROUP))
 
     def group(seconds: float, now: float, slow: int = 0) -> bool:
         """A group of requests sent one after another; the ``slow`` last answer last."""
-        done = [q.add(next(seq), 10.0 if i >= GROUP - slow else seconds, now)
+        done = [q.add(10.0 if i >= GROUP - slow else seconds, next(seq), now)
                 for i in range(GROUP)]
         # Settled by the answer past half the group's, without waiting for its tail.
         assert done == [i == GROUP // 2 for i in range(GROUP)]
@@ -301,7 +303,7 @@ def test_queueing_compares_each_groups_median_with_the_lowest_of_late() -> None:
     # A window change: only requests sent after it count.
     sent = next(seq)
     q.restart(sent + 10)
-    assert not any(q.add(sent + i, 1.0, now=3.5) for i in range(10))
+    assert not any(q.add(1.0, sent + i, now=3.5) for i in range(10))
     seq = itertools.count(-(-(sent + 10) // GROUP) * GROUP)  # the next whole group
     assert group(0.030, now=4.0) and q.ratio == pytest.approx(3.0)
     # The base is the lowest median of the last BASE_SPAN seconds: a host that slowed down
@@ -310,10 +312,21 @@ def test_queueing_compares_each_groups_median_with_the_lowest_of_late() -> None:
 
 
 def test_a_groups_quickest_answers_alone_do_not_make_the_base() -> None:
-    q = Queueing(first=0)
+    q = Latencies(first=0)
     # The later half of a burst answers first, and quickest: half a group settles nothing.
-    assert not any(q.add(i, 0.001, now=0.0) for i in range(GROUP // 2, GROUP))
-    assert q.add(0, 0.010, now=0.0)  # past half: the median is the slowest answer so far
-    assert not any(q.add(i, 0.010, now=0.1) for i in range(1, GROUP // 2))  # settled
-    assert not any(q.add(i, 0.010, now=0.2) for i in range(GROUP, GROUP + GROUP // 2))
-    assert q.add(GROUP + GROUP // 2, 0.010, now=0.2) and q.ratio == 1.0
+    assert not any(q.add(0.001, i, now=0.0) for i in range(GROUP // 2, GROUP))
+    assert q.add(0.010, 0, now=0.0)  # past half: the median is the slowest answer so far
+    assert not any(q.add(0.010, i, now=0.1) for i in range(1, GROUP // 2))  # settled
+    assert not any(q.add(0.010, i, now=0.2) for i in range(GROUP, GROUP + GROUP // 2))
+    assert q.add(0.010, GROUP + GROUP // 2, now=0.2) and q.ratio == 1.0
+
+
+def test_one_record_serves_hedging_the_pace_and_the_window() -> None:
+    lat = Latencies(first=0)
+    # A hedge has no number in send order: its time counts in the quantiles, in no median.
+    assert not any(lat.add(0.5) for _ in range(MIN_SAMPLES))
+    assert lat.median() == 0.5 and lat.hedge_after(0.9) == 1.0 and lat.ratio == 1.0
+    # A request in send order counts in both.
+    settled = [lat.add(0.01, seq, now=0.0) for seq in range(GROUP)]
+    assert settled == [seq == GROUP // 2 for seq in range(GROUP)]
+    assert lat.median() == 0.01 and lat.ratio == 1.0 and not lat.queued
