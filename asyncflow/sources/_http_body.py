@@ -1,20 +1,20 @@
 """HTTP bodies: Content-Length checked, gzip and deflate decoded, read whole or not at all.
 
 A server may encode a body although asked not to; aiohttp's own decoder does not notice a
-gzip stream cut short, so bodies are decoded here, and must reach the end of their stream.
+gzip stream cut short, so bodies are decoded here (:mod:`._inflate`), and must reach the end
+of their stream.
 """
 
 from __future__ import annotations
 
 import re
-import zlib
 from collections.abc import AsyncGenerator
-from typing import Any
 
 import aiohttp
 
 from .._errors import SourceError
 from ._http_session import translate
+from ._inflate import Inflater
 from ._retry import Timeout, Transient
 
 __all__ = ["MAX_CONTENT_LENGTH", "body", "coding", "content_length"]
@@ -40,45 +40,12 @@ def coding(resp: aiohttp.ClientResponse) -> str:
     return resp.headers.get("Content-Encoding", "").strip().lower() or "identity"
 
 
-class _Decoder:
-    """Inflates a gzip or deflate body, and proves that it reached the end of its stream."""
-
-    __slots__ = ("_inflater", "_wbits", "name")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._wbits = 31 if name.endswith("gzip") else 0
-        self._inflater: Any = None  # until the first byte: an empty body is a whole one
-
-    def feed(self, data: bytes, what: object) -> bytes:
-        if self._inflater is None:  # deflate is zlib-wrapped (RFC 9110); some servers send it raw
-            wrapped = len(data) > 1 and data[0] & 0x0F == 8 and int.from_bytes(data[:2]) % 31 == 0
-            self._wbits = self._wbits or (15 if wrapped else -15)
-            self._inflater = zlib.decompressobj(self._wbits)
-        out = []
-        while data:
-            if self._inflater.eof:
-                if self._wbits != 31:
-                    raise SourceError(f"{what}: data after the end of the {self.name} stream")
-                self._inflater = zlib.decompressobj(31)  # gzip members may follow one another
-            try:
-                out.append(self._inflater.decompress(data))
-            except zlib.error as exc:
-                raise SourceError(f"{what}: corrupt {self.name} body ({exc})") from None
-            data = self._inflater.unused_data if self._inflater.eof else b""
-        return b"".join(out)
-
-    def finish(self) -> None:
-        if self._inflater is not None and not self._inflater.eof:
-            raise Transient(f"{self.name} body ends before the end of its stream")
-
-
-def _decoder(resp: aiohttp.ClientResponse, what: object) -> _Decoder | None:
+def _inflater(resp: aiohttp.ClientResponse, what: object) -> Inflater | None:
     name = coding(resp)
     if name == "identity":
         return None
     if name in ("gzip", "x-gzip", "deflate"):
-        return _Decoder(name)
+        return Inflater(what, name)
     raise SourceError(f"{what}: unsupported Content-Encoding {name[:40]!r}")
 
 
@@ -86,18 +53,20 @@ async def body(
     resp: aiohttp.ClientResponse, expected: int | None, what: object, timeout: Timeout
 ) -> AsyncGenerator[bytes, None]:
     """The decoded body in chunks; raises :class:`Transient` unless all of it arrived."""
-    decoder = _decoder(resp, what)
+    inflater = _inflater(resp, what)
     got = 0
     try:
         async for chunk in resp.content.iter_chunked(_CHUNK):
             got += len(chunk)
-            if decoder is not None:
-                chunk = decoder.feed(chunk, what)
-            if chunk:
+            if inflater is None:
                 yield chunk
+                continue
+            inflater.push(chunk)
+            while data := inflater.pull():
+                yield data
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise translate(exc, what, timeout) from None
     if expected is not None and got != expected:
         raise Transient(f"body truncated: got {got} of {expected} bytes")
-    if decoder is not None:
-        decoder.finish()
+    if inflater is not None and inflater.cut:
+        raise Transient(f"{inflater.coding} body ends before the end of its stream")

@@ -1,7 +1,7 @@
 """Sans-I/O decoding of a tar shard: raw bytes in, checked members out.
 
 :class:`ShardDecoder` never awaits and never blocks: ``_tar.py`` pushes the shard's bytes into
-it on the event loop and runs :meth:`ShardDecoder.pump` (gzip inflation, ``_gunzip.py``, and
+it on the event loop and runs :meth:`ShardDecoder.pump` (gzip inflation, ``_inflate.py``, and
 header parsing) in a worker thread, one short call at a time, so that no thread ever waits on
 the loop.
 
@@ -30,7 +30,7 @@ import tarfile
 from collections.abc import Callable
 
 from .._errors import SourceError
-from ._gunzip import Gunzip
+from ._inflate import Inflater
 
 __all__ = ["Event", "ShardDecoder", "unsafe_reason"]
 
@@ -280,7 +280,7 @@ class ShardDecoder:
         self._max = max_member_bytes
         self._raw: list[bytes] = []
         self._head = b""  # the first bytes, until they tell whether the shard is gzip
-        self._gzip: Gunzip | None = None
+        self._gzip: Inflater | None = None
         self._tar: _TarParser | None = None
         self._finished = False
         self.error: SourceError | None = None
@@ -336,8 +336,9 @@ class ShardDecoder:
                 break
             tar.push(data)
         if self._finished:
-            if self._gzip is not None:
-                self._gzip.close()
+            if self._gzip is not None and self._gzip.cut:
+                raise SourceError(f"{self._what}: gzip stream ends early at compressed byte "
+                                  f"{self._gzip.raw} (truncated shard)")
             tar.close()
         return False
 
@@ -349,7 +350,7 @@ class ShardDecoder:
             return None
         unit = ""
         if self._head[:2] == b"\x1f\x8b":
-            self._gzip = Gunzip(self._what)
+            self._gzip = Inflater(self._what)
             unit = " of the inflated tar"
         self._tar = _TarParser(self._what, self._max, unit)
         self._raw, self._head = [self._head], b""
