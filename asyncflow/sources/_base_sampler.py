@@ -48,12 +48,10 @@ class Sampler(abc.ABC):
         return list(flatten(self._blocks(self.epoch if epoch is None else epoch)))
 
     def __iter__(self) -> Iterator[int]:
-        self._check()
+        # Raise now if an order cannot be drawn (the dataset has become empty, say): _blocks
+        # checks when called and draws only when read.
+        self._blocks(self.next_epoch)
         return self._walk()
-
-    def _check(self) -> None:
-        """Raise now if an order cannot be drawn (the dataset has become empty, say)."""
-        return None  # every order can be drawn, unless a subclass says otherwise
 
     def _walk(self) -> Iterator[int]:
         # The iteration (and its epoch) begins at its first index, not at iter(): torch's

@@ -131,9 +131,6 @@ class RandomSampler(Sampler):
         if n == 0:
             check_num_samples(0)
 
-    def _check(self) -> None:
-        self._check_drawable(read_length(self.data_source))
-
     def _blocks(self, epoch: int) -> Iterator[Block]:
         n = read_length(self.data_source)
         self._check_drawable(n)
