@@ -42,6 +42,7 @@ HELPER_THREADS = 4
 #: The label of a helper's call (what a stop reports, should it still run).
 HELPER = "helper"
 
+
 def _settle_concurrent(fut: Future[Any], result: Any, error: BaseException | None) -> None:
     if not fut.set_running_or_notify_cancel():
         return
@@ -98,7 +99,7 @@ class WorkerPool:
             its thread.
         """
         fut = loop.create_future()
-        self._put((_settle_on, (loop, fut), label, fn, args), helper=False)
+        self._put((settle_soon, (loop, fut), label, fn, args), helper=False)
         return fut
 
     def submit_helper(
@@ -111,7 +112,7 @@ class WorkerPool:
             As :meth:`submit`: the call still runs (once its turn comes, if queued).
         """
         fut = loop.create_future()
-        self._put((_settle_on, (loop, fut), HELPER, fn, args), helper=True)
+        self._put((settle_soon, (loop, fut), HELPER, fn, args), helper=True)
         return fut
 
     def _put(self, job: tuple[Any, ...], *, helper: bool) -> None:
@@ -143,6 +144,7 @@ class WorkerPool:
             job = self._jobs.get()
             if job is None:
                 return
+            # settle(*where, ...): settle_soon with (loop, future), or a concurrent future's
             settle, where, label, fn, args, helper = job
             self._busy[ident] = label
             result, error = None, None
@@ -159,7 +161,7 @@ class WorkerPool:
                         self._helping += 1
                         self._reserve_thread()
                         self._jobs.put((*self._waiting.popleft(), True))
-            settle(where, result, error)
+            settle(*where, result, error)
             del where, result, error, job, args
 
     def statistics(self) -> PoolStats:
@@ -179,18 +181,13 @@ class WorkerPool:
             threads = list(self._threads)
             waiting, self._waiting = list(self._waiting), collections.deque()
         for settle, where, *_ in waiting:
-            settle(where, None, RuntimeError("worker pool is shut down"))
+            settle(*where, None, RuntimeError("worker pool is shut down"))
         for _ in threads:
             self._jobs.put(None)
         deadline = time.monotonic() + timeout
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         return [self._busy.get(t.ident or 0, "?") for t in threads if t.is_alive()]
-
-
-def _settle_on(where: tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]], result: Any,
-               error: BaseException | None) -> None:
-    settle_soon(*where, result, error)
 
 
 class _Executor(ThreadPoolExecutor):
@@ -208,7 +205,7 @@ class _Executor(ThreadPoolExecutor):
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         fut: Future[T] = Future()
         call = functools.partial(fn, *args, **kwargs)
-        self._pool._put((_settle_concurrent, fut, HELPER, call, ()), helper=True)
+        self._pool._put((_settle_concurrent, (fut,), HELPER, call, ()), helper=True)
         return fut
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
