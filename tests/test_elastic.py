@@ -17,7 +17,7 @@ import pytest
 
 from asyncflow import ConfigError, Pipeline, Split
 from asyncflow.pipeline import state_checksum as _checksum
-from asyncflow.pipeline._span import span_json
+from asyncflow.pipeline._span import Span
 from asyncflow.ranks import Share
 from asyncflow.ranks._elastic import remaining, settled_of
 
@@ -31,7 +31,7 @@ def no_torchrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def _state(share: Share[int], settled: list[int]) -> dict[str, Any]:
     """What ``pipe.state_dict()`` holds for a pipeline over ``share`` that settled the local
     positions ``settled``: only the parts elastic resume reads, with a valid checksum."""
-    body = {"positions": span_json(list(settled)), "split": share.split_state()}
+    body = {"positions": Span.of(0, list(settled)).to_json(), "split": share.split_state()}
     saved: dict[str, Any] = json.loads(json.dumps({**body, "check": _checksum(body)}))
     return saved
 

@@ -64,7 +64,7 @@ def test_an_item_is_keyed_by_its_list_index_on_any_rank(remainder: str, shuffle:
 
 def test_a_resumed_share_keys_the_items_left_by_their_list_index() -> None:
     from asyncflow.pipeline import state_checksum as _checksum
-    from asyncflow.pipeline._span import span_json
+    from asyncflow.pipeline._span import Span
 
     rng = random.Random(0)
     for shuffle in (False, True):
@@ -74,7 +74,7 @@ def test_a_resumed_share_keys_the_items_left_by_their_list_index() -> None:
             pairs = _keyed(share)
             settled = [j for j in range(len(pairs)) if rng.random() < 0.4]
             done |= {pairs[j][0] for j in settled}
-            body = {"positions": span_json(settled), "split": share.split_state()}
+            body = {"positions": Span.of(0, settled).to_json(), "split": share.split_state()}
             states.append(json.loads(json.dumps({**body, "check": _checksum(body)})))
         left = []
         for rank in range(2):

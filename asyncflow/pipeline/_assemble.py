@@ -29,7 +29,7 @@ from .._errors import ConfigError, check_budget, check_int
 from ._ledger import Ledger
 from ._node import NodeContext, Receiver, Sender, node_for
 from ._protocols import Assembler, PositionedAssembler
-from ._span import Span
+from ._span import GrowingSpan, Span, runs
 from ._spec import StageSpec
 from ._stats import ItemGroup
 from ._traits import StageTraits, check_flags
@@ -103,9 +103,7 @@ class AssembleLedger(Ledger):
         self.first_out = 0
         self.dead: list[int] = []
         self.dead_positions: list[int] = []
-        self.base = 0
-        self.done: list[tuple[int, int]] = []
-        self.positions = Span()
+        self.positions = GrowingSpan()  # settled rows, an earlier run's included
         #: Set when a message held several rows: such a run cannot be resumed.
         self.grouped = False
 
@@ -129,49 +127,42 @@ class AssembleLedger(Ledger):
                 self.dead_positions.extend(positions)
         self.grew(1)
 
-    def _settled(self, outputs: Span) -> tuple[list[int], list[int]]:
-        first, end = self.first_out, self.first_out + len(self.outputs)
-        ordinals, positions = list(self.dead), list(self.dead_positions)
-        for low, high in outputs.intervals():
-            for rows, places in self.outputs[max(low, first) - first : min(high, end) - first]:
+    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
+        ordinals, places = self.dead, self.dead_positions
+        self.dead, self.dead_positions = [], []
+        first, listed = self.first_out, len(self.outputs)
+        for a, b in outputs:
+            for rows, settled in self.outputs[max(a - first, 0) : max(b - first, 0)]:
                 ordinals.extend(rows)
-                positions.extend(places)
-        return ordinals, positions
-
-    def settled_inputs(self, outputs: Span) -> Span:
-        return Span.of(self.base, self._settled(outputs)[0], self.done)
+                places.extend(settled)
+        self.positions.add(runs(places))
+        drop = min(listed, mark - first)
+        if drop > 0:
+            del self.outputs[:drop]
+            self.first_out += drop
+        return runs(ordinals)
 
     def inputs_of(self, ordinal: int) -> list[int]:
         index = ordinal - self.first_out
         return list(self.outputs[index][0]) if 0 <= index < len(self.outputs) else []
 
-    def compact(self, outputs: Span, inputs: Span) -> None:
-        drop = min(len(self.outputs), outputs.mark - self.first_out)
-        places = list(self.dead_positions)
-        if drop > 0:
-            for _, settled in self.outputs[:drop]:
-                places.extend(settled)
-            del self.outputs[:drop]
-            self.first_out += drop
-        if places:
-            self.positions = Span.of(self.positions.mark, places, self.positions.ranges)
-        self.dead, self.dead_positions = [], []
-        self.base = inputs.mark
-        self.done = list(inputs.ranges)
+    def lowest(self, ordinal: int) -> int:
+        start = max(0, ordinal - self.first_out)
+        return min((min(rows, default=ordinal) for rows, _ in self.outputs[start:]),
+                   default=1 << 62)
 
-    def get_state(self, outputs: Span) -> dict[str, Any] | None:
+    def get_state(self) -> dict[str, Any] | None:
         if self.grouped:
             raise ConfigError(
                 "this pipeline cannot be resumed: its assemble stage received several rows "
                 "in one message (an ItemGroup); unbatch() them before assemble()"
             )
-        positions = self.positions
-        places = self._settled(outputs)[1]
-        return {"rows": Span.of(positions.mark, places, positions.ranges).to_json()}
+        return {"rows": self.positions.to_json()}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self.positions = Span.from_json(state.get("rows"), "the assemble stage's settled rows")
-        self.assembler.resume(self.positions)  # before the run starts: before any claim
+        positions = Span.from_json(state.get("rows"), "the assemble stage's settled rows")
+        self.positions.add(positions.intervals())
+        self.assembler.resume(positions)  # before the run starts: before any claim
 
 
 @node_for(AssembleSpec)

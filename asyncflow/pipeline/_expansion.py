@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from .._errors import ConfigError
 from ._ledger import FixedLedger, Ledger
-from ._span import Span, is_count, runs, span_json
+from ._span import Span, is_count, runs
 
 __all__ = ["SplitLedger", "check_partial"]
 
@@ -35,26 +34,17 @@ class SplitLedger(Ledger):
         self.sources: list[int] = []  # the input of each output from ``first_out`` on
         self.indices: list[int] = []  # its index in that input's expansion
         self.first_out = 0
-        # input -> [next index, ended, skip Span | None, outputs made,
-        #           indices settled and dropped from ``sources`` by compaction]
+        # input -> [next index, ended, skip Span | None, outputs made]
         self.open: dict[int, list[Any]] = {}
-        self.base = 0
-        self.done: list[tuple[int, int]] = []  # settled inputs above the base
         self.partial: dict[tuple[tuple[int, int], ...], Span] = {}
         self.key_of: Any = None  # names an input by its source positions (resume only)
         self._keys: dict[int, list[list[int]]] = {}  # an open input's key, once asked
         #: The batch ledger this unbatch splits the outputs of, if it follows one directly:
         #: its outputs then settle that batch's inputs one by one (no partials needed).
         self.batch: FixedLedger | None = None
-        self._cache: tuple[Span, list[int], Counter[int]] | None = None
-        #: Bumped by every change to the records: the last answers below stay good until.
-        self._stamp = 0
-        self._memo: tuple[int, Span, Span] | None = None  # settled_inputs
-        self._state_memo: tuple[int, Span, list[Any]] | None = None  # get_state's partials
-        # Walked incrementally (``settle``): per open input, the indices of its settled
-        # outputs; the inputs ended since the last walk; those a resumed run skips in part;
-        # each partial input's saved entry, until its settled outputs change.
-        self._settling = False
+        # Per open input, the indices of its settled outputs; the inputs ended since the
+        # last walk; those a resumed run skips in part; each partial input's saved entry,
+        # until its settled outputs change.
         self._got: dict[int, list[int]] = {}
         self._ended: list[int] = []
         self._skipping: set[int] = set()
@@ -71,8 +61,7 @@ class SplitLedger(Ledger):
             with self.lock:
                 if self.partial and self.key_of is not None:
                     skip = self.partial.pop(self.key_of(ordinal), None)
-                self.open[ordinal] = [0, False, skip, 0, []]
-                self._stamp += 1
+                self.open[ordinal] = [0, False, skip, 0]
                 if skip is not None:
                     self._skipping.add(ordinal)
                     self._version += 1
@@ -87,8 +76,6 @@ class SplitLedger(Ledger):
             state = self.open.get(ordinal)
             if state is None or not self.on:  # the run stopped (``Lineage.freeze``)
                 return values
-            self._cache = None
-            self._stamp += 1
             index, skip = state[0], state[2]
             state[0] = index + len(values)
             if skip is not None and any(True for _ in skip.within(index, state[0])):
@@ -106,85 +93,15 @@ class SplitLedger(Ledger):
         """Input ``ordinal``'s expansion has ended (or failed): it makes no more outputs."""
         with self.lock:
             if self.on and ordinal in self.open:
-                self._cache = None
-                self._stamp += 1
                 self.open[ordinal][1] = True
-                if self._settling:
-                    self._ended.append(ordinal)
-
-    def _slices(self, outputs: Span) -> list[tuple[int, int]]:
-        """The settled outputs still listed, as index ranges into :attr:`sources`."""
-        first = self.first_out
-        return [(low - first, high - first)
-                for low, high in outputs.clip(first, first + len(self.sources))]
-
-    def _settled(self, outputs: Span) -> tuple[list[int], Counter[int]]:
-        """The settled inputs, and per input its settled outputs still listed; the last
-        answer is kept for the same ``outputs``."""
-        cache = self._cache
-        if cache is not None and cache[0] is outputs:
-            return cache[1], cache[2]
-        sources = self.sources
-        listed: list[int] = []
-        for low, high in self._slices(outputs):
-            listed += sources[low:high]
-        counts: Counter[int] = Counter(listed)
-        settled = [o for o, state in self.open.items()
-                   if state[1] and counts[o] + len(state[4]) == state[3]]
-        self._cache = (outputs, settled, counts)
-        return settled, counts
-
-    def settled_inputs(self, outputs: Span) -> Span:
-        memo = self._memo
-        if memo is not None and memo[0] == self._stamp and memo[1] == outputs:
-            return memo[2]
-        settled, _ = self._settled(outputs)
-        inputs = Span.of(self.base, list(settled), self.done)
-        self._memo = (self._stamp, outputs, inputs)
-        return inputs
-
-    def settled_elements(self, outputs: Span) -> Span:
-        """The settled inputs of :attr:`batch`: element ``j`` of batch ``n`` is its input
-        ``n * size + j``."""
-        assert self.batch is not None
-        size, clamp = self.batch.size, self.batch._clamp
-        settled, _ = self._settled(outputs)
-        ranges = [(clamp(a * size), clamp(b * size)) for a, b in self.done]
-        ranges.extend((clamp(o * size), clamp((o + 1) * size)) for o in settled)
-        if self.batch.dropped is not None:
-            ranges.extend(self.batch.dropped.ranges)
-        elements = [o * size + j for o, state in self.open.items() for j in state[4]]
-        for low, high in self._slices(outputs):
-            elements.extend(o * size + j for o, j in
-                            zip(self.sources[low:high], self.indices[low:high], strict=True))
-        return Span.of(clamp(self.base * size), elements, ranges)
+                self._ended.append(ordinal)
 
     def inputs_of(self, ordinal: int) -> list[int]:
         index = ordinal - self.first_out
         return [self.sources[index]] if 0 <= index < len(self.sources) else []
 
-    def compact(self, outputs: Span, inputs: Span) -> None:
-        settled, _ = self._settled(outputs)
-        self._cache = None
-        self._stamp += 1
-        drop = min(len(self.sources), outputs.mark - self.first_out)
-        if drop > 0:
-            open_ = self.open
-            for o, j in zip(self.sources[:drop], self.indices[:drop], strict=True):
-                state = open_.get(o)
-                if state is not None and o not in inputs:
-                    state[4].append(j)  # an input settled in part keeps its count
-            del self.sources[:drop], self.indices[:drop]
-            self.first_out += drop
-        for o in settled:
-            del self.open[o]
-            self._keys.pop(o, None)
-        self.base = inputs.mark
-        self.done = list(inputs.ranges)
-
-    def start_settling(self) -> None:
-        self._settling = True
-        self._ended = [o for o, state in self.open.items() if state[1]]
+    def lowest(self, ordinal: int) -> int:
+        return min(self.sources[max(0, ordinal - self.first_out):], default=self.taken)
 
     def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
         first, sources, indices = self.first_out, self.sources, self.indices
@@ -205,6 +122,8 @@ class SplitLedger(Ledger):
                     known.append(j)
                 entries.pop(o, None)
                 touched.append(o)
+        if self.batch is not None:  # element ``j`` of batch ``o`` is its input o * size + j
+            self.batch.elements += self._elements(outputs, self.batch.size)
         settled = []
         for o in set(touched):
             state = open_.get(o)
@@ -217,27 +136,22 @@ class SplitLedger(Ledger):
                 self._skipping.discard(o)
         drop = min(listed, mark - first)
         if drop > 0:
-            for o, j in zip(sources[:drop], indices[:drop], strict=True):
-                state = open_.get(o)
-                if state is not None:
-                    state[4].append(j)  # as compact() keeps it, should the walk go back
             del sources[:drop], indices[:drop]
             self.first_out += drop
-        self._cache = None
-        self._stamp += 1
         return runs(settled)
 
-    def stop_settling(self, inputs: Span) -> None:
-        self._settling = False
-        self._got.clear()
-        self._entries.clear()
-        self._rows = None
-        self._cache = None
-        self._stamp += 1
-        self.base, self.done = inputs.mark, list(inputs.ranges)
+    def _elements(self, outputs: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+        """The batch's inputs that ``outputs`` are (``batch().unbatch()``)."""
+        first, listed = self.first_out, len(self.sources)
+        elements = []
+        for a, b in outputs:
+            low, high = max(a - first, 0), min(b - first, listed)
+            elements += [o * size + j for o, j in zip(self.sources[low:high],
+                                                      self.indices[low:high], strict=True)]
+        return runs(elements)
 
     def _settled_partials(self) -> tuple[list[dict[str, Any]], str]:
-        """The inputs expanded in part, walked incrementally, and their canonical JSON text
+        """The inputs expanded in part, and their canonical JSON text
         (``_text``): an input's entry is made once per change of its settled outputs."""
         rows = self._rows
         if rows is None or rows[0] != self._version:
@@ -281,49 +195,14 @@ class SplitLedger(Ledger):
             key = self._keys[o] = [list(r) for r in self.key_of(o)]
         return key
 
-    def get_state(self, outputs: Span) -> dict[str, Any] | None:
+    def get_state(self) -> dict[str, Any] | None:
         if self.batch is not None:
             return None  # its batch's inputs are settled one by one
-        if self._settling:
-            partial, text = self._settled_partials()
-            self.state_text = text if partial else None
-            return {"partial": partial} if partial else None
-        self.state_text = None
-        memo = self._state_memo
-        if memo is None or memo[0] != self._stamp or memo[1] != outputs:
-            memo = self._state_memo = (self._stamp, outputs, self._partials(outputs))
-        # copies: the caller may keep or change what it is given
-        partial = [{"input": [r[:] for r in entry["input"]],
-                    "done": {"mark": entry["done"]["mark"],
-                             "ranges": [r[:] for r in entry["done"]["ranges"]]}}
-                   for entry in memo[2]]
+        partial, text = self._settled_partials()
+        self.state_text = text if partial else None
         return {"partial": partial} if partial else None
 
-    def _partials(self, outputs: Span) -> list[Any]:
-        """The inputs expanded in part, as :meth:`get_state` saves them."""
-        settled, counts = self._settled(outputs)
-        done = set(settled)
-        wanted = {o for o, state in self.open.items()
-                  if o not in done and (counts[o] or state[4] or state[2] is not None)}
-        partial = []
-        if wanted:
-            found: dict[int, list[int]] = {o: list(self.open[o][4]) for o in wanted}
-            for low, high in self._slices(outputs):
-                for o, j in zip(self.sources[low:high], self.indices[low:high], strict=True):
-                    if o in wanted:
-                        found[o].append(j)
-            for o in sorted(wanted):
-                skip = self.open[o][2]
-                settled_json = (span_json(found[o]) if skip is None
-                                else Span.of(0, found[o]).union(skip).to_json())
-                partial.append({"input": [r[:] for r in self._key(o)], "done": settled_json})
-        # partials of an earlier run not yet met again stay saved
-        partial.extend({"input": [list(r) for r in key], "done": span.to_json()}
-                       for key, span in self.partial.items())
-        return partial
-
     def set_state(self, state: dict[str, Any]) -> None:
-        self._stamp += 1
         self._version += 1
         for entry in state.get("partial", ()):
             key = tuple((int(a), int(b)) for a, b in entry["input"])

@@ -2,20 +2,17 @@
 
 A node numbers what it reads (input ordinals: 0, 1, ... in the order it takes items from its
 input channel) and what it writes (output ordinals, in the order the items enter its output
-channel). Its ledger answers one question, :meth:`Ledger.settled_inputs`: given the outputs
-that are *settled* (delivered to the consumer, or settled further down), which inputs are?
-An input is settled when every output made from it is, including an input that made none (a
-filtered or failed item, a dropped last batch).
+channel). Its ledger answers one question, :meth:`Ledger.settle`: given the outputs *settled*
+since it was last asked (delivered to the consumer, or settled further down), which inputs
+are settled now? An input is settled when every output made from it is, including an input
+that made none (a filtered or failed item, a dropped last batch).
 
-The records a ledger keeps cover only what is in flight: :meth:`Ledger.compact` drops those
-that are settled, and the run compacts its ledgers as the consumer advances (see
-:class:`~asyncflow.pipeline._lineage.Lineage`). Records are written on the run's loop, *before*
-the items they describe are put out; reading and compacting take the run's lineage lock.
-
-Most ledgers can also be walked *incrementally* (:meth:`Ledger.settle`): given only the
-outputs settled since the last walk, they return the inputs that this settles, and drop the
-records behind them. A state taken while the consumer reads then costs what changed since the
-last one, not a walk over everything in flight (the lineage keeps the settled sets).
+The run's lineage (:class:`~asyncflow.pipeline._lineage.Lineage`) keeps each ledger's settled
+inputs and asks it only about what changed, so a state taken while the consumer reads costs
+what settled since the last one, not a walk over everything in flight. A ledger keeps records
+only of what is in flight: it drops those of outputs below the watermark it is given. Records
+are written on the run's loop, *before* the items they describe are put out; reading and
+dropping them take the run's lineage lock.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._portable import FAILED
-from ._span import Span, runs
+from ._span import runs
 
 __all__ = ["FixedLedger", "Ledger", "MapLedger", "Passthrough", "ShuffleLedger"]
 
@@ -55,61 +52,43 @@ class Ledger(abc.ABC):
         self.grew: Callable[[int], None] = _ignore  # the run's compaction trigger
 
     @abc.abstractmethod
-    def settled_inputs(self, outputs: Span) -> Span:
-        """The settled inputs, given the settled outputs (lock held)."""
+    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
+        """The inputs that ``outputs`` settle (lock held): ``outputs`` are the outputs
+        settled since the last call (``[start, end)`` ranges, none given before); returns
+        ranges, in any order (one given before may come again). Records of outputs below
+        ``mark`` are dropped: every output below it is settled, and no output from it on
+        is traced (:meth:`~asyncflow.pipeline._lineage.Lineage.hold`)."""
 
     @abc.abstractmethod
     def inputs_of(self, ordinal: int) -> list[int]:
         """The inputs output ``ordinal`` was made from (lock held)."""
 
-    def compact(self, outputs: Span, inputs: Span) -> None:
-        """Drop the records of settled outputs (lock held); ``inputs`` is what
-        :meth:`settled_inputs` returned for ``outputs``."""
-        return None  # a hook: nothing to do by default
+    def lowest(self, ordinal: int) -> int:
+        """An input ordinal at or below every input of the outputs from ``ordinal`` on
+        still recorded (lock held): the records upstream a trace of those may need. This
+        default keeps every record upstream."""
+        return 0
 
-    def get_state(self, outputs: Span) -> dict[str, Any] | None:
-        """Extras to save beyond the settled positions, given the settled outputs (lock
-        held)."""
+    def get_state(self) -> dict[str, Any] | None:
+        """Extras to save beyond the settled positions, as of the last walk (lock held)."""
         return None
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`get_state` saved, before the run starts."""
         return None  # a hook: nothing to do by default
 
-    def start_settling(self) -> None:
-        """The lineage walks this ledger with :meth:`settle` from now on (lock held)."""
-        return None  # a hook: nothing to do by default
-
-    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
-        """The incremental walk (lock held): ``outputs`` are the outputs settled since the
-        last call (``[start, end)`` ranges, none given before), ``mark`` the new watermark
-        of all settled outputs; returns the inputs this settles (ranges, any order; one
-        given before may come again). Records of outputs below ``mark`` are dropped.
-
-        This default asks :meth:`settled_inputs` for the outputs below ``mark`` and the new
-        ranges, and drops records with :meth:`compact`; the engine's own ledgers answer
-        from their records directly."""
-        below = Span(mark)
-        self.compact(below, self.settled_inputs(below))
-        return self.settled_inputs(Span(mark, outputs)).intervals()
-
-    def stop_settling(self, inputs: Span) -> None:
-        """Back to :meth:`settled_inputs` and :meth:`compact` (a journal holds records
-        back): ``inputs`` are the inputs settled so far (lock held)."""
-        return None  # a hook: nothing to do by default
-
 
 class Passthrough(Ledger):
     """Output ``n`` is input ``n`` (prefetch, an ordered map that cannot skip items)."""
 
-    def settled_inputs(self, outputs: Span) -> Span:
+    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
         return outputs
 
     def inputs_of(self, ordinal: int) -> list[int]:
         return [ordinal]
 
-    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
-        return outputs
+    def lowest(self, ordinal: int) -> int:
+        return ordinal
 
 
 class FixedLedger(Ledger):
@@ -118,46 +97,44 @@ class FixedLedger(Ledger):
 
     Attributes:
         taken: Inputs read so far (``None``: not counted; the source clamps instead).
+        elements: Inputs settled one by one, not yet given by :meth:`settle`: an
+            ``unbatch`` right after this batch settles them element by element
+            (``SplitLedger.batch``).
     """
 
     def __init__(self, size: int, *, counted: bool = True) -> None:
         super().__init__()
         self.size = size
         self.taken: int | None = 0 if counted else None
-        self.dropped: Span | None = None
-        self._dropped_settled = False  # ``dropped`` given by :meth:`settle`
+        self.elements: list[tuple[int, int]] = []
 
     def take(self, count: int) -> None:
         if self.taken is not None:
             self.taken += count
 
     def drop_rest(self, count: int) -> None:
-        """The last ``count`` inputs make no output (``drop_last``)."""
+        """The last ``count`` inputs make no output (``drop_last``): settled now."""
         if self.taken is not None and count:
             with self.lock:
                 if self.on:
-                    self.dropped = Span(0, [(self.taken - count, self.taken)])
+                    self.elements.append((self.taken - count, self.taken))
 
     def _clamp(self, ordinal: int) -> int:
         return ordinal if self.taken is None else min(ordinal, self.taken)
 
-    def settled_inputs(self, outputs: Span) -> Span:
-        size = self.size
-        ranges = [(self._clamp(a * size), self._clamp(b * size)) for a, b in outputs.ranges]
-        if self.dropped is not None:
-            ranges.extend(self.dropped.ranges)
-        return Span(self._clamp(outputs.mark * size), ranges)
+    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
+        size, clamp = self.size, self._clamp
+        inputs = [(clamp(a * size), clamp(b * size)) for a, b in outputs]
+        if self.elements:
+            inputs += self.elements
+            self.elements = []
+        return inputs
 
     def inputs_of(self, ordinal: int) -> list[int]:
         return list(range(self._clamp(ordinal * self.size), self._clamp((ordinal + 1) * self.size)))
 
-    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
-        size, clamp = self.size, self._clamp
-        inputs = [(clamp(a * size), clamp(b * size)) for a, b in outputs]
-        if self.dropped is not None and not self._dropped_settled:
-            self._dropped_settled = True
-            inputs.extend(self.dropped.ranges)
-        return inputs
+    def lowest(self, ordinal: int) -> int:
+        return self._clamp(ordinal * self.size)
 
 
 class MapLedger(Ledger):
@@ -180,12 +157,8 @@ class MapLedger(Ledger):
         self.taken = 0
         self.sources: list[int] = []  # the input of each output from ``first_out`` on
         self.first_out = 0
-        self.dead: list[int] = []
-        self.base = 0  # every input below it is settled
-        self.done: list[tuple[int, int]] = []  # settled inputs above the base
+        self.dead: list[int] = []  # inputs that made no output, until settled
         self.starts: dict[int, int] = {}  # id(chunk) -> its first input, until emitted
-        # the last answer of settled_inputs, with everything it was computed from
-        self._memo: tuple[Any, ...] | None = None
 
     @classmethod
     def of(cls, spec: Any, concurrency: int, budget: float) -> MapLedger:
@@ -218,7 +191,7 @@ class MapLedger(Ledger):
         with self.lock:
             if not self.on:  # the run stopped meanwhile (``Lineage.freeze``)
                 return None
-            # the first output's ordinal: compaction may drop records before ``undo``
+            # the first output's ordinal: settling may drop records before ``undo``
             token = (self.first_out + len(self.sources), len(self.dead), first)
             if self.is_filter or failures:
                 keep = self.is_filter
@@ -243,38 +216,16 @@ class MapLedger(Ledger):
         if self.in_order:
             self.taken = first
 
-    def settled_inputs(self, outputs: Span) -> Span:
-        if self.identity:
-            return outputs
-        first, sources = self.first_out, self.sources
-        # A state taken again with nothing changed (the consumer paused) reuses the answer:
-        # comparing the records is a fraction of recomputing it.
-        memo = self._memo
-        if (memo is not None and memo[0] == outputs and memo[1] == first
-                and memo[2] == self.base and memo[3] == sources and memo[4] == self.dead
-                and memo[5] == self.done):
-            return memo[6]  # type: ignore[no-any-return]
-        ordinals = list(self.dead)
-        for low, high in outputs.clip(first, first + len(sources)):
-            ordinals += sources[low - first : high - first]
-        inputs = Span.of(self.base, ordinals, self.done)
-        self._memo = (outputs, first, self.base, sources[:], self.dead[:], self.done[:], inputs)
-        return inputs
-
     def inputs_of(self, ordinal: int) -> list[int]:
         if self.identity:
             return [ordinal]
         index = ordinal - self.first_out
         return [self.sources[index]] if 0 <= index < len(self.sources) else []
 
-    def compact(self, outputs: Span, inputs: Span) -> None:
-        drop = min(len(self.sources), outputs.mark - self.first_out)
-        if drop > 0:
-            del self.sources[:drop]
-            self.first_out += drop
-        self.dead = []  # settled: in ``inputs`` now
-        self.base = inputs.mark
-        self.done = list(inputs.ranges)
+    def lowest(self, ordinal: int) -> int:
+        if self.identity:
+            return ordinal
+        return min(self.sources[max(0, ordinal - self.first_out):], default=self.taken)
 
     def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
         if self.identity:
@@ -291,9 +242,6 @@ class MapLedger(Ledger):
             del sources[:drop]
             self.first_out += drop
         return runs(ordinals)
-
-    def stop_settling(self, inputs: Span) -> None:
-        self.base, self.done = inputs.mark, list(inputs.ranges)
 
 
 class ShuffleLedger(MapLedger):

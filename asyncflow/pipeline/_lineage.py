@@ -6,12 +6,11 @@ settled source positions: a :class:`Span` (a watermark plus the ranges settled a
 which a resumed run skips. The source's ledger (``_source_ledger.py``, re-exported here) turns
 source ordinals into positions.
 
-Nodes write their records on the run's loop; :meth:`Lineage.snapshot` reads them in the
-consumer's thread. Both hold :attr:`Lineage.lock` (an ``RLock``), briefly. When every ledger
-can be walked incrementally (``Ledger.settle``: the engine's own stages, a plain source), the
-lineage keeps each one's settled inputs (:class:`GrowingSpan`) and a snapshot walks only what
-settled since the last one; otherwise each snapshot walks what is in flight, the ledgers
-being compacted as the consumer advances.
+Nodes write their records on the run's loop; :meth:`Lineage.snapshot_texts` reads them in
+the consumer's thread. Both hold :attr:`Lineage.lock` (an ``RLock``), briefly. The lineage
+keeps each ledger's settled inputs (:class:`GrowingSpan`), so that a walk (a snapshot, or one
+every few hundred records as the consumer advances) gives each ledger only what settled since
+the last one, and the ledgers drop the records behind it.
 """
 
 from __future__ import annotations
@@ -22,18 +21,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._expansion import SplitLedger
-from ._ledger import FixedLedger, Ledger, MapLedger, Passthrough, ShuffleLedger
+from ._ledger import FixedLedger, Ledger
 from ._protocols import SettlingNode, StatefulNode, TracingNode
 from ._source_ledger import SourceLedger, SourcePlan, received
 from ._span import GrowingSpan, Span
 
 __all__ = ["Lineage", "SourceLedger", "SourcePlan", "node_ledger", "received"]
 
-#: Records written between compactions (amortizes their cost to O(1) a record).
+#: Records written between walks (amortizes their cost to O(1) a record).
 _COMPACT_EVERY = 512
-
-#: The ledgers walked incrementally (exactly these types: a subclass may answer otherwise).
-_SETTLING = (SourceLedger, Passthrough, FixedLedger, MapLedger, ShuffleLedger, SplitLedger)
 
 
 def node_ledger(node: Any, per: int | None) -> Ledger | None:
@@ -51,20 +47,28 @@ def node_ledger(node: Any, per: int | None) -> Ledger | None:
 
 
 class _NodeAdapter(Ledger):
-    """A custom node's own ``settled_inputs`` / ``inputs_of`` / ``get_state`` / ``set_state``."""
+    """A custom node's own ``settled_inputs`` / ``inputs_of`` / ``get_state`` / ``set_state``.
+
+    The node answers for every settled output at once: the adapter keeps them, and gives
+    the lineage the node's whole answer each time (the lineage keeps only what is new)."""
 
     def __init__(self, node: SettlingNode) -> None:
         super().__init__()
         self.node = node
+        self.outputs = GrowingSpan()
 
-    def settled_inputs(self, outputs: Span) -> Span:
-        return self.node.settled_inputs(outputs)
+    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
+        self.outputs.add(outputs)
+        return self.node.settled_inputs(self.outputs.span()).intervals()
+
+    def lowest(self, ordinal: int) -> int:
+        return self.node.settled_inputs(Span(ordinal)).mark
 
     def inputs_of(self, ordinal: int) -> list[int]:
         node = self.node
         return list(node.inputs_of(ordinal)) if isinstance(node, TracingNode) else []
 
-    def get_state(self, outputs: Span) -> dict[str, Any] | None:
+    def get_state(self) -> dict[str, Any] | None:
         return self.node.get_state() if isinstance(self.node, StatefulNode) else None
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -88,13 +92,11 @@ class Lineage:
         self.missing: str | None = None
         self._floor: Callable[[], int] | None = None
         self._grown = 0
-        self._compacted = False
         self._held: int | None = None  # outputs from it on are kept for trace()
-        # The incremental walk (``None``: not chosen yet; chosen at the first walk): the last
-        # stage's settled outputs, then each ledger's settled inputs (index for index).
-        self._settling: bool | None = None
+        # The last stage's settled outputs, then each ledger's settled inputs (index for
+        # index): a walk gives each ledger what is new in the set after it.
         self._outputs = GrowingSpan()
-        self._inputs: list[GrowingSpan] = []
+        self._inputs = [GrowingSpan()]
 
     def attach(
         self, names: Sequence[str], nodes: Sequence[Any], specs: Sequence[Any], *,
@@ -132,7 +134,7 @@ class Lineage:
                     ledger.batch = before  # batch().unbatch(): element j of batch n is
                     # the batch's input n * size + j
         self.ledgers, self.names = ledgers, kept
-        self._settling = None  # chosen again, for these ledgers, at the first walk
+        self._outputs, self._inputs = GrowingSpan(), [GrowingSpan() for _ in ledgers]
         if self.missing is None:
             for name, ledger in zip(kept, ledgers, strict=True):
                 if name in self.source.plan.nodes:
@@ -162,26 +164,6 @@ class Lineage:
             self._grown = 0
             self.compact(self._floor())
 
-    def _walk(self, delivered: int | Span) -> list[Span]:
-        """Per ledger, its settled outputs (lock held), given the last one's (or a count);
-        the last entry: the settled source positions."""
-        outputs = Span(delivered) if isinstance(delivered, int) else delivered
-        settled: list[Span] = [outputs] * len(self.ledgers)
-        index = len(self.ledgers) - 1
-        while index >= 0:
-            ledger = self.ledgers[index]
-            settled[index] = outputs
-            inputs = ledger.settled_inputs(outputs)
-            if isinstance(ledger, SplitLedger) and ledger.batch is not None:
-                settled[index - 1] = inputs  # the batch's settled outputs
-                outputs = ledger.settled_elements(outputs)
-                index -= 2
-                continue
-            outputs = inputs
-            index -= 1
-        settled.append(outputs)
-        return settled
-
     @property
     def resumed(self) -> SourcePlan:
         """Where this run's source started: the positions a resumed run leaves out."""
@@ -190,51 +172,38 @@ class Lineage:
     def hold(self, ordinal: int) -> None:
         """Keep the records of outputs ``ordinal`` and later until the next call, whatever
         the consumer has received: a journal (``asyncflow/_journal.py``) calls it with the
-        next output it will :meth:`trace`, so that compaction never outruns it."""
+        next output it will :meth:`trace`, so that the walks never drop those."""
         with self.lock:
             self._held = ordinal
-            if self._settling:  # the incremental walk drops records as soon as settled
-                for ledger, inputs in zip(self.ledgers, self._inputs, strict=True):
-                    ledger.stop_settling(inputs.span())
-                self._compacted = True
-            self._settling = False
 
     def trace(self, ordinal: int) -> list[int] | None:
         """The source positions behind the run's output ``ordinal``, in the order its
         stages took them (an item of a batch in its row's order); ``None`` when a stage keeps
         no ledger (:attr:`missing`). Only outputs :meth:`hold` keeps are surely still traced.
         """
-        if self.missing is not None:
-            return None
+        return None if self.missing is not None else self._behind(len(self.ledgers), ordinal)
+
+    def _behind(self, count: int, ordinal: int) -> list[int]:
+        """The source positions behind output ``ordinal`` of ledger ``count - 1``, in the
+        order its stages took them."""
         with self.lock:
             ordinals = [ordinal]
-            for ledger in reversed(self.ledgers):
-                ordinals = [i for o in ordinals for i in ledger.inputs_of(o)]
+            for ledger in reversed(self.ledgers[:count]):
+                ordinals = (ledger.inputs_of(ordinals[0]) if len(ordinals) == 1 else
+                            [i for o in ordinals for i in ledger.inputs_of(o)])
         return ordinals
 
     def compact(self, delivered: int) -> None:
-        """Drop every record settled once ``delivered`` items have been received."""
-        if self._held is not None:
-            delivered = min(delivered, self._held)
+        """Settle what ``delivered`` items received settle, and drop the records behind it."""
         if self.missing is not None or delivered <= 0:
             return
         with self.lock:
-            if self._incremental():
-                self._settle(Span(delivered))
-                return
-            settled = self._walk(delivered)
-            self._compacted = True
-            for index, ledger in enumerate(self.ledgers):
-                ledger.compact(settled[index], settled[index - 1])
+            self._settle(Span(delivered))
 
     def key_of(self, index: int, ordinal: int) -> tuple[tuple[int, int], ...]:
         """The source positions behind output ``ordinal`` of ledger ``index``, as sorted
         ``(start, end)`` ranges (how a partial expansion is named)."""
-        with self.lock:
-            ordinals = [ordinal]
-            for ledger in reversed(self.ledgers[: index + 1]):
-                ordinals = (ledger.inputs_of(ordinals[0]) if len(ordinals) == 1 else
-                            [i for o in ordinals for i in ledger.inputs_of(o)])
+        ordinals = self._behind(index + 1, ordinal)
         if len(ordinals) == 1:
             return ((ordinals[0], ordinals[0] + 1),)
         span = Span.of(0, ordinals)
@@ -269,54 +238,22 @@ class Lineage:
         if self.missing is not None:
             raise LookupError(self.missing)
         with self.lock:
-            if self._incremental():
-                return self._settled_snapshot(outputs)
-            settled = self._walk(outputs)
+            self._settle(outputs)
             extras = {}
-            for index, ledger in enumerate(self.ledgers):
-                state = ledger.get_state(settled[index])
+            for name, ledger in zip(self.names, self.ledgers, strict=True):
+                state = ledger.get_state()
                 if state is not None:
-                    extras[self.names[index]] = state
-            if self._grown or not self._compacted:  # records came since the last time
-                self._grown, self._compacted = 0, True
-                for index, ledger in enumerate(self.ledgers):
-                    ledger.compact(settled[index], settled[index - 1])
-        return settled[-1], extras
-
-    # -- the incremental walk -----------------------------------------------------------
-
-    def _incremental(self) -> bool:
-        """Whether walks are incremental: chosen at the first (lock held), if every ledger
-        is of a kind that settles incrementally and no journal holds records back."""
-        if self._settling is None:
-            self._settling = self._held is None and all(
-                type(ledger) in _SETTLING
-                and not (isinstance(ledger, SplitLedger) and ledger.batch is not None)
-                for ledger in self.ledgers
-            )
-            if self._settling:
-                self._outputs, self._inputs = GrowingSpan(), [GrowingSpan() for _ in self.ledgers]
-                for ledger in self.ledgers:
-                    ledger.start_settling()
-        return self._settling
+                    extras[name] = state
+            return self._inputs[0].span(), extras
 
     def _settle(self, outputs: Span) -> None:
         """Settle ``outputs`` of the last stage (lock held): each ledger is given only what
-        settled since the last walk, and drops the records behind it."""
+        settled since the last walk, and drops the records behind it (but those a trace
+        may need: :meth:`hold`)."""
         above = self._outputs
         fresh = above.add(outputs.intervals())
+        held = self._held
+        keep = above.mark if held is None else min(above.mark, held)
         for ledger, inputs in zip(reversed(self.ledgers), reversed(self._inputs), strict=True):
-            fresh = inputs.add(ledger.settle(fresh, above.mark))
-            above = inputs
-
-    def _settled_snapshot(self, outputs: Span) -> tuple[Span, dict[str, dict[str, Any]]]:
-        """:meth:`snapshot_of` by the incremental walk (lock held). Ledgers of this walk
-        keep what their extras need themselves: they are given no settled outputs."""
-        self._settle(outputs)
-        extras = {}
-        for index, ledger in enumerate(self.ledgers):
-            if type(ledger).get_state is not Ledger.get_state:
-                state = ledger.get_state(Span())
-                if state is not None:
-                    extras[self.names[index]] = state
-        return self._inputs[0].span(), extras
+            fresh = inputs.add(ledger.settle(fresh, keep))
+            keep = inputs.mark if held is None else min(inputs.mark, ledger.lowest(keep))

@@ -30,7 +30,7 @@ from typing import Any
 from .._errors import ConfigError
 from ._merge_epochs import BranchLineage, Era, Track, add_run, branch_at, count_on, tracks_of
 from ._source_ledger import SourceLedger, SourcePlan
-from ._span import Span
+from ._span import GrowingSpan, Span
 
 __all__ = ["END", "PASS", "SKIP", "TAKE", "MergeLedger", "branch_at", "tracks_of"]
 
@@ -59,6 +59,7 @@ class MergeLedger(SourceLedger):
         self.tracks = tracks if tracks is not None else [Track() for _ in range(branches)]
         self.picks: list[tuple[int, Era, int, int]] = []  # (branch, era, item, ordinal) from
         self.first_out = 0  # this output ordinal on
+        self.settled = GrowingSpan()  # the outputs settled
         self._on = False  # until the run's lineage says whether it keeps records
         self._keeps: bool | None = None
 
@@ -195,8 +196,15 @@ class MergeLedger(SourceLedger):
                 ordinals.setdefault(era, []).append(ordinal)
         return items, ordinals
 
-    def compact(self, outputs: Span, inputs: Span) -> None:
-        drop = min(len(self.picks), outputs.mark - self.first_out)
+    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
+        """The positions (merge outputs) newly settled; the picks below ``mark`` are
+        folded into their eras' settled items."""
+        self.settled.add(outputs)
+        self._drop(mark)
+        return super().settle(outputs, mark)
+
+    def _drop(self, mark: int) -> None:
+        drop = min(len(self.picks), mark - self.first_out)
         if drop <= 0:
             return
         items: dict[Era, list[int]] = {}
@@ -211,8 +219,8 @@ class MergeLedger(SourceLedger):
         for track in self.tracks:
             track.fold()
 
-    def get_state(self, outputs: Span) -> dict[str, Any] | None:
-        items, ordinals = self._per_era(outputs)
+    def get_state(self) -> dict[str, Any] | None:
+        items, ordinals = self._per_era(self.settled.span())
         branches = []
         for track in self.tracks:
             done = [list(run) for run in track.done]

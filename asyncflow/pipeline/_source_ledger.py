@@ -49,7 +49,6 @@ class SourceLedger(Ledger):
         super().__init__()
         self.plan = plan
         self.emitted = 0  # ordinals put out so far (settled outputs beyond do not exist)
-        self._memo: tuple[Span, int, SourcePlan, Span] | None = None  # the last answer
         self._split: tuple[SourcePlan, list[int], list[tuple[int, int, int]]] | None = None
         self._plan_settled = False  # the plan's skipped positions given by settle()
         self._beyond: list[tuple[int, int]] = []  # settled ordinals not yet emitted
@@ -85,23 +84,6 @@ class SourceLedger(Ledger):
                 start = stop
             index += 1
         return out
-
-    def settled_inputs(self, outputs: Span) -> Span:
-        """The settled positions, given the settled ordinals."""
-        emitted, plan = self.emitted, self.plan
-        memo = self._memo
-        if memo is not None and memo[1] == emitted and memo[2] is plan and memo[0] == outputs:
-            return memo[3]
-        ranges = [*plan.skip.ranges, (0, plan.base)]
-        if not plan.skip.ranges:  # ordinals follow the positions from the base, no gap
-            base = plan.base
-            ranges += [(base + low, base + high) for low, high in outputs.clip(0, emitted)]
-        else:
-            for start, end in outputs.clip(0, emitted):
-                ranges.extend(self.positions(start, end))
-        inputs = Span(0, ranges)
-        self._memo = (outputs, emitted, plan, inputs)
-        return inputs
 
     def inputs_of(self, ordinal: int) -> list[int]:
         if ordinal >= self.emitted:

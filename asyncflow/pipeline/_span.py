@@ -13,7 +13,7 @@ from typing import Any
 
 from .._errors import ConfigError
 
-__all__ = ["GrowingSpan", "Span", "is_count", "runs", "span_json"]
+__all__ = ["GrowingSpan", "Span", "is_count", "runs"]
 
 
 class Span:
@@ -108,36 +108,6 @@ class Span:
                 return
             if high > start:
                 yield max(low, start), min(high, end)
-
-    def clip(self, start: int, end: int) -> list[tuple[int, int]]:
-        """The parts of ``[start, end)`` that are in the set, in order: :meth:`within` as a
-        list, found by bisection (only the first and last range are cut)."""
-        out: list[tuple[int, int]] = []
-        if start >= end:
-            return out
-        if start < self.mark:
-            out.append((start, min(end, self.mark)))
-            start = self.mark
-            if start >= end:
-                return out
-        ranges, starts = self.ranges, self._starts
-        low = bisect.bisect_right(starts, start) - 1
-        if low < 0 or ranges[low][1] <= start:
-            low += 1
-        high = bisect.bisect_left(starts, end)
-        if low >= high:
-            return out
-        pieces = list(ranges[low:high])
-        first, last = pieces[0]
-        if first < start:
-            pieces[0] = (start, last)
-        first, last = pieces[-1]
-        if last > end:
-            pieces[-1] = (first, end)
-        if out:
-            out.extend(pieces)
-            return out
-        return pieces
 
     def gaps(self, start: int, end: int) -> Iterator[tuple[int, int]]:
         """The parts of ``[start, end)`` that are not in the set, in order."""
@@ -267,18 +237,3 @@ def runs(ordinals: list[int]) -> list[tuple[int, int]]:
 def is_count(value: Any) -> bool:
     """Whether ``value`` is an int >= 0 (not a bool): a position or a count in a state."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def span_json(indices: list[int]) -> dict[str, Any]:
-    """``Span.of(0, indices).to_json()`` for a few unique indices, quicker."""
-    indices.sort()
-    mark = 0
-    while mark < len(indices) and indices[mark] == mark:
-        mark += 1
-    ranges: list[list[int]] = []
-    for index in indices[mark:]:
-        if ranges and ranges[-1][1] == index:
-            ranges[-1][1] += 1
-        else:
-            ranges.append([index, index + 1])
-    return {"mark": mark, "ranges": ranges}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from asyncflow.pipeline._ledger import FixedLedger, MapLedger
+from types import SimpleNamespace
+
+from asyncflow.pipeline._ledger import MapLedger
 from asyncflow.pipeline._lineage import Lineage
 from asyncflow.pipeline._offload import FAILED
 
@@ -10,10 +12,11 @@ from asyncflow.pipeline._offload import FAILED
 def _lineage() -> Lineage:
     """source -> map (item 3 failed) -> batch(2): 10 positions, 9 mapped, 5 batches."""
     lineage = Lineage()
-    mapped, batched = MapLedger(in_order=True), FixedLedger(2, counted=False)
-    lineage.ledgers, lineage.names = [lineage.source, mapped, batched], ["source", "m", "b"]
-    for ledger in lineage.ledgers:
-        ledger.lock = lineage.lock
+    mapped = MapLedger(in_order=True)
+    nodes = [SimpleNamespace(ledger=lineage.source), SimpleNamespace(ledger=mapped),
+             SimpleNamespace()]  # the batch: a FixedLedger from its items_per_output
+    lineage.attach(["source", "m", "b"], nodes,
+                   [SimpleNamespace(items_per_output=None), SimpleNamespace(items_per_output=2)])
     lineage.source.emitted = 10
     values = [FAILED if i == 3 else i for i in range(10)]
     mapped.emit(list(range(10)), values, [(3, ValueError("3"))])

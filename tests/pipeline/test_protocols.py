@@ -124,12 +124,12 @@ def test_a_custom_nodes_ledger_uses_only_what_it_declares() -> None:
     assert isinstance(bare, hooks.SettlingNode) and not isinstance(bare, hooks.StatefulNode)
     ledger = node_ledger(bare, None)
     assert ledger is not None
-    assert ledger.settled_inputs(Span(6)).mark == 3
-    assert ledger.inputs_of(5) == [] and ledger.get_state(Span(0)) is None
+    assert ledger.settle([(0, 6)], 6) == [(0, 3)] and ledger.lowest(6) == 3
+    assert ledger.inputs_of(5) == [] and ledger.get_state() is None
     ledger.set_state({"n": 2})  # a node without set_state: nothing to restore
     ledger = node_ledger(full, None)
     assert ledger is not None
-    assert ledger.inputs_of(5) == [2] and ledger.get_state(Span(0)) == {"n": 1}
+    assert ledger.inputs_of(5) == [2] and ledger.get_state() == {"n": 1}
     ledger.set_state({"n": 2})
     assert full.restored == {"n": 2}
     assert node_ledger(object(), None) is None

@@ -110,12 +110,14 @@ def test_the_ledger_maps_a_batch_to_its_rows_and_compacts() -> None:
     ledger.released([0, 1, 2], [2, 0, 1], True)
     ledger.released([4, 5], [5, 4], True)
     assert ledger.inputs_of(0) == [0, 1, 2] and ledger.inputs_of(1) == [4, 5]
-    assert ledger.settled_inputs(Span(0)) == Span(0, [(3, 4)])
-    assert ledger.settled_inputs(Span(1)) == Span(4)
-    assert ledger.get_state(Span(1)) == {"rows": {"mark": 4, "ranges": []}}
-    ledger.compact(Span(1), Span(4))
+    assert ledger.settle([], 0) == [(3, 4)]  # the failed row, at once
+    assert ledger.get_state() == {"rows": {"mark": 0, "ranges": [[3, 4]]}}
+    assert ledger.inputs_of(0) == [0, 1, 2]  # not dropped: below no settled output
+    assert ledger.settle([(0, 1)], 1) == [(0, 3)]
+    assert ledger.get_state() == {"rows": {"mark": 4, "ranges": []}}
     assert ledger.inputs_of(0) == [] and ledger.inputs_of(1) == [4, 5]
-    assert ledger.get_state(Span(2)) == {"rows": {"mark": 6, "ranges": []}}
+    assert ledger.settle([(1, 2)], 2) == [(4, 6)]
+    assert ledger.get_state() == {"rows": {"mark": 6, "ranges": []}}
 
 
 def test_an_assembler_without_positions_is_refused_by_name() -> None:

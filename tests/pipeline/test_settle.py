@@ -1,6 +1,6 @@
-"""The incremental walk of a run's ledgers (``Ledger.settle``, ``GrowingSpan``) against the
-full one (``settled_inputs``, ``compact``): the same settled inputs, the same extras, the
-same states."""
+"""The walk of a run's ledgers (``Ledger.settle``, ``GrowingSpan``): each ledger's settled
+inputs and extras against a model of its records, and states taken while the consumer reads
+resume exactly."""
 
 from __future__ import annotations
 
@@ -54,93 +54,105 @@ def _grow(rng: random.Random, settled: set[int], end: int) -> Span:
     return Span.of(0, sorted(settled))
 
 
-class _Twins:
-    """Two ledgers given the same records: one walked in full, one incrementally."""
+class _Walk:
+    """A ledger walked as the lineage walks it: given what settled since the last walk."""
 
-    def __init__(self, walked: Any, settling: Any) -> None:
-        self.walked, self.settling = walked, settling
-        settling.start_settling()
+    def __init__(self, ledger: Any) -> None:
+        self.ledger = ledger
         self.outputs, self.inputs = GrowingSpan(), GrowingSpan()
 
-    def check(self, outputs: Span, compact: bool) -> Span:
-        answer: Span = self.walked.settled_inputs(outputs)
-        if compact:
-            self.walked.compact(outputs, answer)
+    def check(self, outputs: Span, expected: set[int]) -> None:
+        """Settle ``outputs`` (every settled output); the settled inputs are ``expected``."""
         fresh = self.outputs.add(outputs.intervals())
-        self.inputs.add(self.settling.settle(fresh, self.outputs.mark))
-        assert self.inputs.span() == answer
-        return answer
+        self.inputs.add(self.ledger.settle(fresh, self.outputs.mark))
+        assert self.inputs.span() == Span.of(0, sorted(expected))
 
 
 @pytest.mark.parametrize("seed", range(20))
 @pytest.mark.parametrize("kind", ["filter", "unordered", "shuffle"])
-def test_map_ledgers_settle_as_they_walk(seed: int, kind: str) -> None:
+def test_map_ledgers_settle_what_their_outputs_settle(seed: int, kind: str) -> None:
+    """An input is settled once its output is, or at once when it made none; records of
+    settled outputs are dropped as the mark passes them."""
     rng = random.Random(seed)
-
-    def make() -> MapLedger:
-        if kind == "shuffle":
-            return ShuffleLedger()
-        return MapLedger(in_order=kind == "filter", is_filter=kind == "filter")
-
-    twins = _Twins(make(), make())
+    if kind == "shuffle":
+        ledger: MapLedger = ShuffleLedger()
+    else:
+        ledger = MapLedger(in_order=kind == "filter", is_filter=kind == "filter")
+    walk = _Walk(ledger)
+    made: list[int] = []  # the input of each output
+    dead: set[int] = set()  # inputs that made none
     settled: set[int] = set()
     taken = 0
     for _ in range(300):
-        roll = rng.random()
-        if roll < 0.5:
+        if rng.random() < 0.5:
             size = rng.randrange(1, 4)
-            for ledger in (twins.walked, twins.settling):
-                if kind == "shuffle":
-                    order = list(range(taken, taken + size))
-                    random.Random(taken).shuffle(order)
-                    ledger.record(order)
-                elif kind == "filter":
-                    ledger.emit([0] * size, [(taken + i) % 3 != 0 for i in range(size)], [])
-                else:
-                    items = [0] * size
-                    ledger.take(items)
-                    values = [0 if (taken + i) % 4 else None for i in range(size)]
-                    failures = [(i, ValueError()) for i, v in enumerate(values) if v is None]
-                    ledger.emit(items, [FAILED if v is None else v for v in values], failures)
+            if kind == "shuffle":
+                order = list(range(taken, taken + size))
+                random.Random(taken).shuffle(order)
+                ledger.record(order)
+                made += order
+            elif kind == "filter":
+                keep = [(taken + i) % 3 != 0 for i in range(size)]
+                ledger.emit([0] * size, keep, [])
+                made += [taken + i for i in range(size) if keep[i]]
+                dead |= {taken + i for i in range(size) if not keep[i]}
+            else:
+                items = [0] * size
+                ledger.take(items)
+                values = [0 if (taken + i) % 4 else None for i in range(size)]
+                failures = [(i, ValueError()) for i, v in enumerate(values) if v is None]
+                ledger.emit(items, [FAILED if v is None else v for v in values], failures)
+                made += [taken + i for i in range(size) if values[i] is not None]
+                dead |= {taken + i for i in range(size) if values[i] is None}
             taken += size
         else:
-            outputs = _grow(rng, settled, len(twins.walked.sources) + twins.walked.first_out)
-            twins.check(outputs, compact=rng.random() < 0.3)
+            outputs = _grow(rng, settled, len(made))
+            walk.check(outputs, dead | {made[o] for o in settled})
+            assert ledger.first_out == outputs.mark  # the records below it dropped
+            assert all(ledger.inputs_of(o) == [made[o]] for o in range(outputs.mark, len(made)))
 
 
 @pytest.mark.parametrize("seed", range(30))
-def test_split_ledger_settles_as_it_walks(seed: int) -> None:
-    """The settled inputs, and the partial expansions (extras) with their JSON text."""
+def test_split_ledger_settles_inputs_and_saves_partials(seed: int) -> None:
+    """An input is settled once it ended and all its outputs are; one settled in part is
+    saved with its settled indices (extras), and the JSON text kept is that of the extras."""
     rng = random.Random(seed)
-    twins = _Twins(SplitLedger(), SplitLedger())
-
-    def key_of(ordinal: int) -> tuple[tuple[int, int], ...]:
-        return ((ordinal * 2, ordinal * 2 + 1),)
-
-    twins.walked.key_of = twins.settling.key_of = key_of
-
+    ledger = SplitLedger()
+    ledger.key_of = lambda ordinal: ((ordinal * 2, ordinal * 2 + 1),)
+    walk = _Walk(ledger)
+    made: list[tuple[int, int]] = []  # (input, index) of each output
+    outputs_of: dict[int, int] = {}  # input -> outputs made
+    ended: set[int] = set()
     settled: set[int] = set()
     opened: list[int] = []
     for _ in range(300):
         roll = rng.random()
         if roll < 0.2 or not opened:
-            opened.append(twins.walked.begin())
-            twins.settling.begin()
+            opened.append(ledger.begin())
+            outputs_of[opened[-1]] = 0
         elif roll < 0.5:
             ordinal, count = rng.choice(opened), rng.randrange(3)
-            twins.walked.keep(ordinal, [0] * count)
-            twins.settling.keep(ordinal, [0] * count)
+            ledger.keep(ordinal, [0] * count)
+            made += [(ordinal, outputs_of[ordinal] + j) for j in range(count)]
+            outputs_of[ordinal] += count
         elif roll < 0.6:
             ordinal = opened.pop(rng.randrange(len(opened)))
-            twins.walked.end(ordinal)
-            twins.settling.end(ordinal)
+            ledger.end(ordinal)
+            ended.add(ordinal)
         else:
-            last = twins.walked.first_out + len(twins.walked.sources)
-            outputs = _grow(rng, settled, last)
-            twins.check(outputs, compact=rng.random() < 0.3)
-            state = twins.walked.get_state(outputs)
-            assert twins.settling.get_state(Span()) == state
-            text = twins.settling.state_text
+            outputs = _grow(rng, settled, len(made))
+            waiting = {i for n, (i, _) in enumerate(made) if n not in settled}
+            expected = ended - waiting
+            walk.check(outputs, expected)
+            done: dict[int, list[int]] = {}
+            for n in sorted(settled):
+                if made[n][0] not in expected:
+                    done.setdefault(made[n][0], []).append(made[n][1])
+            partial = [{"input": [[o * 2, o * 2 + 1]], "done": Span.of(0, done[o]).to_json()}
+                       for o in sorted(done)]
+            state = ledger.get_state()
+            assert state == ({"partial": partial} if partial else None)
+            text = ledger.state_text
             assert (text is None) == (state is None)
             if state is not None:
                 assert text == json.dumps(state, sort_keys=True, separators=(",", ":"))
@@ -154,12 +166,11 @@ def test_split_ledger_keeps_a_resumed_runs_partials() -> None:
     ledger = SplitLedger()
     ledger.set_state(saved)
     ledger.key_of = lambda ordinal: ((ordinal * 4, ordinal * 4 + 1),)
-    ledger.start_settling()
-    assert ledger.get_state(Span()) == saved
+    assert ledger.get_state() == saved
     ordinal = ledger.begin()  # input 0: positions [0, 1), not saved
     ordinal = ledger.begin()  # input 1: positions [4, 5), saved: index 1 settled
     assert ledger.keep(ordinal, ["a", "b", "c"]) == ["a", "c"]
-    state = ledger.get_state(Span())
+    state = ledger.get_state()
     assert state == {"partial": [
         {"input": [[4, 5]], "done": {"mark": 0, "ranges": [[1, 2]]}},
         {"input": [[8, 9]], "done": {"mark": 1, "ranges": []}}]}
@@ -167,25 +178,29 @@ def test_split_ledger_keeps_a_resumed_runs_partials() -> None:
 
 
 @pytest.mark.parametrize("counted", [True, False])
-def test_fixed_ledger_settles_as_it_walks(counted: bool) -> None:
-    twins = _Twins(FixedLedger(4, counted=counted), FixedLedger(4, counted=counted))
-    for ledger in (twins.walked, twins.settling):
-        ledger.take(14)
-        ledger.drop_rest(2)
-    for outputs in (Span(1), Span(1, [(2, 3)]), Span(3)):
-        twins.check(outputs, compact=False)
+def test_fixed_ledger_settles_whole_batches_and_the_dropped_rest(counted: bool) -> None:
+    walk = _Walk(FixedLedger(4, counted=counted))
+    walk.ledger.take(14)
+    walk.ledger.drop_rest(2)  # counted: inputs 12 and 13 make no batch, settled at once
+    rest = {12, 13} if counted else set()
+    walk.check(Span(1), set(range(4)) | rest)
+    walk.check(Span(1, [(2, 3)]), set(range(4)) | set(range(8, 12)) | rest)
+    walk.check(Span(3), set(range(14 if counted else 12)))
 
 
-def test_source_ledger_settles_as_it_walks() -> None:
+def test_source_ledger_settles_positions() -> None:
     """A resumed run's source: ordinals map to the positions not skipped; ordinals not
     emitted yet wait."""
     plan = SourcePlan(first=0, skip=Span(3, [(5, 7), (9, 10), (12, 20)]))
-    twins = _Twins(SourceLedger(plan), SourceLedger(plan))
+    walk = _Walk(SourceLedger(plan))
+    skipped = {0, 1, 2, 5, 6, 9, *range(12, 20)}
+    positions = [3, 4, 7, 8, 10, 11, 20, 21, 22]  # of ordinals 0..8
     for emitted, outputs in [(2, Span(0, [(1, 4)])), (6, Span(5)), (7, Span(5, [(8, 9)])),
                              (9, Span(9))]:
-        twins.walked.emitted = twins.settling.emitted = emitted
-        twins.check(outputs, compact=False)
-    assert twins.settling.positions(0, 9) == [(3, 5), (7, 9), (10, 12), (20, 23)]
+        walk.ledger.emitted = emitted
+        walk.check(outputs, skipped | {positions[o] for o in range(9)
+                                       if o in outputs and o < emitted})
+    assert walk.ledger.positions(0, 9) == [(3, 5), (7, 9), (10, 12), (20, 23)]
 
 
 def test_undo_after_compaction_forgets_the_right_records() -> None:
@@ -226,54 +241,52 @@ def _resumed(state: dict[str, Any]) -> list[int]:
     return _items(list(pipe))
 
 
-@pytest.mark.parametrize(("walk", "hold_at"), [("settling", None), ("settling", 30),
-                                               ("full", None)])
-def test_states_taken_while_reading_resume_exactly(
-    walk: str, hold_at: int | None, monkeypatch: pytest.MonkeyPatch, leak_check: None
-) -> None:
+@pytest.mark.parametrize("traced", [False, True])
+def test_states_taken_while_reading_resume_exactly(traced: bool, leak_check: None) -> None:
     """A state taken after each batch (each walk settles only what changed since the last
-    one), also after a switch to the full walk mid-run (``hold``, as a journal does), and
-    with the full walk only: one taken early and the last both resume with exactly the
-    items not delivered yet."""
-    if walk == "full":
-        monkeypatch.setattr(_lineage, "_SETTLING", ())
+    one), also while records are held for a trace ten batches behind (``hold``, as a
+    journal does: each traced batch gives its own positions): one taken early and the last
+    both resume with exactly the items not delivered yet."""
     everything = _items(list(_pipeline()))
     pipe = _pipeline()
     delivered: list[list[int]] = []
     states = []
     with pipe.open() as run:
+        lineage = pipe._last[0].lineage
         for step, batch in enumerate(itertools.islice(run, 90)):
             delivered.append(batch)
-            if step == hold_at:
-                pipe._last[0].lineage.hold(1 << 62)
+            if traced:
+                lineage.hold(max(0, step - 10))
             state = pipe.state_dict()
             assert state["check"] == _checksum({k: v for k, v in state.items() if k != "check"})
             states.append(state)
-        assert pipe._last[0].lineage._settling is (hold_at is None and walk == "settling")
+            if traced and step >= 10:  # items are their positions (flat_map repeats some)
+                assert sorted(lineage.trace(step - 10) or ()) == sorted(delivered[step - 10])
     assert any(state["nodes"] for state in states)  # partial expansions were saved
     for step in (20, 89):
         assert sorted(_items(delivered[: step + 1]) + _resumed(states[step])) == everything
 
 
-class _Pairs(Ledger):
-    """A ledger with no incremental walk of its own: output ``n`` is inputs ``2n, 2n + 1``."""
+class _Pairs:
+    """A custom node's own walk (``SettlingNode``): output ``n`` is inputs ``2n, 2n + 1``."""
 
-    def settled_inputs(self, outputs: Span) -> Span:
+    @staticmethod
+    def settled_inputs(outputs: Span) -> Span:
         return Span(outputs.mark * 2, [(a * 2, b * 2) for a, b in outputs.ranges])
 
-    def inputs_of(self, ordinal: int) -> list[int]:
-        return [ordinal * 2, ordinal * 2 + 1]
 
-
-def test_a_ledger_without_its_own_walk_settles_through_settled_inputs() -> None:
-    twins = _Twins(_Pairs(), _Pairs())
+def test_a_custom_node_settles_through_its_settled_inputs() -> None:
+    ledger = _lineage.node_ledger(_Pairs(), None)
+    assert ledger is not None
+    walk = _Walk(ledger)
     for outputs in (Span(0, [(2, 3)]), Span(1, [(2, 3), (5, 7)]), Span(3, [(5, 7)]), Span(8)):
-        twins.check(outputs, compact=False)
+        walk.check(outputs, {i for o in range(8) if o in outputs for i in (o * 2, o * 2 + 1)})
+    assert ledger.lowest(3) == 6  # what a trace of outputs 3 and later may need upstream
 
 
 def test_ledgers_and_channels_must_answer_what_the_engine_asks() -> None:
     class Half(Ledger):  # no inputs_of
-        def settled_inputs(self, outputs: Span) -> Span:
+        def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
             return outputs
 
     with pytest.raises(TypeError, match="inputs_of"):
