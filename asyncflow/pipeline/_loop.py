@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import multiprocessing.util  # noqa: F401  (why: see _stop_all_at_exit)
 import os
 import time
@@ -61,8 +60,10 @@ def settle_soon(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], resul
                 error: BaseException | None = None) -> None:
     """From any thread: :func:`settle` ``fut`` (of ``loop``) there; nothing when ``loop`` is
     closed (nobody waits on it any more: its run abandoned the call)."""
-    with contextlib.suppress(RuntimeError):
+    try:  # not contextlib.suppress: a wake-up per chunk handed to a consumer comes here
         loop.call_soon_threadsafe(settle, fut, result, error)
+    except RuntimeError:
+        pass
 
 
 #: Runs started and not yet garbage-collected (``Runtime`` objects).
