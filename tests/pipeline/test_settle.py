@@ -14,6 +14,7 @@ import pytest
 from asyncflow import Pipeline
 from asyncflow.pipeline import _lineage
 from asyncflow.pipeline import state_checksum as _checksum
+from asyncflow.pipeline._assemble import AssembleLedger
 from asyncflow.pipeline._channel import ChannelBase
 from asyncflow.pipeline._expansion import SplitLedger
 from asyncflow.pipeline._ledger import FixedLedger, Ledger, MapLedger, ShuffleLedger
@@ -293,3 +294,27 @@ def test_ledgers_and_channels_must_answer_what_the_engine_asks() -> None:
         Half()  # type: ignore[abstract]
     with pytest.raises(TypeError, match="_readers_ready"):
         ChannelBase(4)  # type: ignore[abstract]
+
+
+def test_lowest_bounds_the_inputs_a_trace_may_need() -> None:
+    """``lowest(n)``: at or below every input of the outputs from ``n`` on still recorded,
+    what a journal's ``hold`` keeps upstream."""
+    unordered = MapLedger(in_order=False)
+    first, second = [0, 0, 0], [0, 0]
+    unordered.take(first)
+    unordered.take(second)
+    unordered.emit(second, [1, 2], [])  # outputs 0, 1: inputs 3, 4
+    unordered.emit(first, [1, 2, 3], [])  # outputs 2, 3, 4: inputs 0, 1, 2
+    assert [unordered.lowest(n) for n in (0, 2, 4, 5)] == [0, 0, 2, 5]
+    assert MapLedger(in_order=True, identity=True).lowest(7) == 7
+    batches = FixedLedger(4)
+    batches.take(10)
+    assert batches.lowest(2) == 8 and batches.lowest(3) == 10  # clamped to what was taken
+    split = SplitLedger()
+    for ordinal in (split.begin(), split.begin()):
+        split.keep(ordinal, [0, 0])
+    assert [split.lowest(n) for n in (0, 2, 4)] == [0, 1, 2]
+    rows = AssembleLedger(None)
+    rows.released([5, 2], [5, 2], True)
+    rows.released([0, 7], [0, 7], True)
+    assert [rows.lowest(n) for n in (0, 1)] == [0, 0] and rows.lowest(2) > 7
