@@ -56,8 +56,8 @@ class Ledger(abc.ABC):
         """The inputs that ``outputs`` settle (lock held): ``outputs`` are the outputs
         settled since the last call (``[start, end)`` ranges, none given before); returns
         ranges, in any order (one given before may come again). Records of outputs below
-        ``mark`` are dropped: every output below it is settled, and no output from it on
-        is traced (:meth:`~asyncflow.pipeline._lineage.Lineage.hold`)."""
+        ``mark`` are dropped: every output below it is settled, and none of them is to be
+        traced any more (:meth:`~asyncflow.pipeline._lineage.Lineage.hold`)."""
 
     @abc.abstractmethod
     def inputs_of(self, ordinal: int) -> list[int]:
