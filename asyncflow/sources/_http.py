@@ -21,7 +21,7 @@ import aiohttp
 from .._redact import Operation, redact_url
 from ._http_body import body
 from ._http_ranges import Changed, Resume, open_from, stream
-from ._http_session import http_session, with_session
+from ._http_session import http_session
 from ._limiter import limiter_for
 from ._manifest import remote_entries
 from ._objects import ObjectInfo
@@ -101,7 +101,7 @@ class HttpTransport:
         partial = _Partial()
         host = host_of(url)
 
-        async def retrying(session: aiohttp.ClientSession) -> bytes:
+        async with http_session() as session:
             gate = await limiter_for(host, host)
 
             def attempt() -> Awaitable[bytes]:
@@ -114,8 +114,6 @@ class HttpTransport:
 
             return await with_retries(attempt, what=what, retry=retry, timeout=timeout,
                                       gate=gate, hedge=hedge)
-
-        return await with_session(retrying)
 
     def stream(self, url: str, *, retry: Retry, timeout: Timeout) -> AsyncGenerator[bytes, None]:
         """The body in chunks; a broken try resumes at the byte where it stopped."""

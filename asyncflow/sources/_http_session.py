@@ -13,16 +13,14 @@ another try becomes :class:`~asyncflow.sources._retry.Transient`, anything else 
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import TypeVar
 
 import aiohttp
 from yarl import URL
 
 from .._errors import SourceError, SourcePermissionError
 from .._redact import describe_exception, redact_url
-from .._scope import current_scope
 from ._objects import connections, shared
 from ._retry import Retry, Timeout, Transient, failed_answer
 
@@ -33,10 +31,7 @@ __all__ = [
     "http_session",
     "new_session",
     "translate",
-    "with_session",
 ]
-
-T = TypeVar("T")
 
 HTTP_KEY = "asyncflow.http"
 MAX_REDIRECTS = 5
@@ -67,18 +62,6 @@ def new_session() -> aiohttp.ClientSession:
 def http_session() -> AbstractAsyncContextManager[aiohttp.ClientSession]:
     """The running pipeline's shared session, or a private one for the duration of the block."""
     return shared(HTTP_KEY, new_session)
-
-
-async def with_session(use: Callable[[aiohttp.ClientSession], Awaitable[T]]) -> T:
-    """``use(session)`` on the running pipeline's session, or on a private one closed after.
-
-    No context manager is entered inside a run: this runs once per object read.
-    """
-    scope = current_scope()
-    if scope is None:
-        async with new_session() as session:
-            return await use(session)
-    return await use(await scope.get(HTTP_KEY, new_session))
 
 
 @functools.lru_cache(maxsize=64)
