@@ -20,7 +20,7 @@ from typing import Any
 from ._errors import SourceError, SourceNotFound, SourcePermissionError, check_int
 from ._redact import redact_url
 
-__all__ = ["Blob", "check_max_bytes", "describe_size", "read_regular"]
+__all__ = ["Blob", "check_max_bytes", "describe_size", "os_error", "read_regular"]
 
 _CHUNK = 1 << 20
 _KINDS = (
@@ -88,21 +88,27 @@ def read_regular(path: str | os.PathLike[str], label: str, max_bytes: int | None
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError as exc:
-        raise SourceNotFound(f"{label}: no such file") from exc
-    except PermissionError as exc:
-        raise SourcePermissionError(f"{label}: permission denied") from exc
     except OSError as exc:
-        raise SourceError(f"{label}: {exc.strerror or exc}") from exc
+        raise os_error(exc, label) from exc
     try:
         info = os.fstat(fd)
         _check_regular(info.st_mode, label)
         _check_size(info.st_size, label, max_bytes)
         return _read_capped(fd, info.st_size, label, max_bytes)
     except OSError as exc:
-        raise SourceError(f"{label}: {exc.strerror or exc}") from exc
+        raise os_error(exc, label) from exc
     finally:
         os.close(fd)
+
+
+def os_error(exc: OSError, label: str) -> SourceError:
+    """The asyncflow error for an OS error on the file ``label`` names: not found, refused,
+    or another failure."""
+    if isinstance(exc, FileNotFoundError):
+        return SourceNotFound(f"{label}: no such file")
+    if isinstance(exc, PermissionError):
+        return SourcePermissionError(f"{label}: permission denied")
+    return SourceError(f"{label}: {exc.strerror or exc}")
 
 
 def _check_regular(mode: int, label: str) -> None:

@@ -24,8 +24,8 @@ from urllib.parse import unquote, urlsplit
 
 import aiofiles.threadpool
 
-from .._blob import read_regular
-from .._errors import SourceError, SourceNotFound, SourcePermissionError
+from .._blob import os_error, read_regular
+from .._errors import SourceError, SourceNotFound
 from .._redact import redact_url
 from ..pipeline import run_thread
 from ._manifest import MANIFEST_SUFFIXES, local_entries
@@ -48,15 +48,6 @@ def file_path(url: str) -> str:
     if not path:
         raise SourceError(f"{redact_url(url)}: no path in the URL")
     return path
-
-
-def _translate(exc: OSError, path: str) -> SourceError:
-    reason = exc.strerror or type(exc).__name__
-    if isinstance(exc, FileNotFoundError):
-        return SourceNotFound(f"{path}: {reason}")
-    if isinstance(exc, PermissionError):
-        return SourcePermissionError(f"{path}: {reason}")
-    return SourceError(f"{path}: {reason}")
 
 
 class _Opening:
@@ -143,7 +134,7 @@ async def stream_file(path: str) -> AsyncGenerator[bytes, None]:
             while chunk := await fh.read(_CHUNK):
                 yield chunk
     except OSError as exc:
-        raise _translate(exc, path) from exc
+        raise os_error(exc, path) from exc
 
 
 def _walk(root: str) -> list[tuple[str, int]]:

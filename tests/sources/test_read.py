@@ -38,6 +38,16 @@ async def test_missing_file(tmp_path: pathlib.Path) -> None:
     assert isinstance(info.value, FileNotFoundError)
 
 
+async def test_a_missing_file_streamed_fails_as_one_read_whole(tmp_path: pathlib.Path) -> None:
+    # One translation of OS errors (``_blob.os_error``) for whole reads and streams alike.
+    missing = tmp_path / "missing.tar"
+    with pytest.raises(SourceNotFound) as whole:
+        await asyncflow.read_bytes(missing)
+    with pytest.raises(SourceNotFound) as streamed:
+        await anext(sources.tar_members(missing))
+    assert str(streamed.value) == str(whole.value) == f"{missing}: no such file"
+
+
 async def test_a_directory_is_not_a_file(tmp_path: pathlib.Path) -> None:
     with pytest.raises(SourceError, match=str(tmp_path)):
         await asyncflow.read_bytes(tmp_path)
