@@ -15,6 +15,7 @@ import numpy as np
 from .._errors import ConfigError, check_int
 from ..pipeline import BranchEnd, Merge
 from ..pipeline.seeding import epoch_rng
+from ._orders import probabilities
 
 if TYPE_CHECKING:
     from ..pipeline import Pipeline
@@ -30,12 +31,10 @@ T = TypeVar("T")
 def _check_weights(weights: Sequence[float] | None, count: int) -> np.ndarray:
     if weights is None:
         return np.full(count, 1.0 / count)
-    w = np.asarray(weights, dtype=np.float64)
-    if w.shape != (count,):
+    p = probabilities(weights)  # checked as a WeightedRandomSampler's are
+    if p.shape != (count,):
         raise ConfigError(f"mix: {count} pipelines need {count} weights, got {list(weights)!r}")
-    if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-        raise ConfigError(f"mix: weights must be finite, >= 0 and not all 0, got {list(w)!r}")
-    return w / w.sum()  # type: ignore[no-any-return]
+    return p
 
 
 @dataclass(frozen=True, eq=False)

@@ -140,3 +140,10 @@ def test_picks_are_those_mix_made_before(
 def test_bad_arguments(args: tuple, kwargs: dict) -> None:
     with pytest.raises(ConfigError):
         mix(*args, **kwargs)
+
+
+@pytest.mark.parametrize("weights", [["a", "b"], [[1.0], [2.0]], [float("nan"), 1.0]])
+def test_weights_are_checked_as_a_weighted_samplers_are(weights: Any) -> None:
+    # One check of weights (``_orders.probabilities``): text was a bare numpy ValueError.
+    with pytest.raises(ConfigError, match="weights"):
+        mix([Pipeline([1]), Pipeline([2])], weights)
