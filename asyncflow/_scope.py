@@ -18,9 +18,9 @@ This module sits below both ``pipeline/`` and ``sources/`` so that neither impor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -49,7 +49,7 @@ class RunScope:
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
         self.settings: Mapping[str, Any] = MappingProxyType(dict(settings or {}))
-        self._stack = AsyncExitStack()
+        self._stack = contextlib.AsyncExitStack()
         self._resources: dict[str, Any] = {}
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._closed = False
@@ -67,7 +67,8 @@ class RunScope:
         """The lines of every report added, in order."""
         return [line for report in list(self._reports) for line in report()]
 
-    async def get(self, key: str, factory: Callable[[], AbstractAsyncContextManager[T]]) -> T:
+    async def get(self, key: str,
+                  factory: Callable[[], contextlib.AbstractAsyncContextManager[T]]) -> T:
         """Return the resource stored under ``key``, entering ``factory()`` on first use.
 
         Concurrent first calls for one key share a single creation.
@@ -182,22 +183,21 @@ def current_epoch() -> int | None:
     return _epoch.get()
 
 
-@contextmanager
-def use_scope(scope: RunScope | None) -> Iterator[None]:
+def use_scope(scope: RunScope | None) -> contextlib.AbstractContextManager[None]:
     """Make ``scope`` current for the block (and the tasks created inside it)."""
-    token = _current.set(scope)
-    try:
-        yield
-    finally:
-        _current.reset(token)
+    return _using(_current, scope)
 
 
-@contextmanager
-def use_epoch(epoch: int | None) -> Iterator[None]:
+def use_epoch(epoch: int | None) -> contextlib.AbstractContextManager[None]:
     """Make ``epoch`` the run's epoch for the block (and the tasks created inside it): the
     engine starts each stage task of a run so, with that stage's epoch."""
-    token = _epoch.set(epoch)
+    return _using(_epoch, epoch)
+
+
+@contextlib.contextmanager
+def _using(var: contextvars.ContextVar[T], value: T) -> Iterator[None]:
+    token = var.set(value)
     try:
         yield
     finally:
-        _epoch.reset(token)
+        var.reset(token)
