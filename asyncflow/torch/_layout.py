@@ -103,19 +103,18 @@ def needs_processes(loader: Loader) -> str | None:
     """
     if loader.worker_init_fn is not None:
         return "worker_init_fn runs in each worker process, as torch's"
+    return _by_worker(loader)
+
+
+def _by_worker(loader: Loader) -> str | None:
+    """Why what the loader delivers depends on the workers' identities, if it does: an
+    iterable dataset read by several workers, or a dataset that asks which worker it is in."""
     if loader._dataset_kind == _DatasetKind.Iterable and loader.num_workers > 1:
         return ("each worker process iterates its own copy of the IterableDataset and takes "
                 "its share through get_worker_info(), as torch's")
     if _asks_worker_info(loader.dataset, loader.collate_fn):
         return "the dataset asks torch's get_worker_info(), which only worker processes answer"
     return None
-
-
-def _delivers_by_worker(loader: Loader) -> bool:
-    """Whether what the loader delivers depends on the workers' identities: an iterable
-    dataset read by several workers, or a dataset that asks which worker it is in."""
-    return ((loader._dataset_kind == _DatasetKind.Iterable and loader.num_workers > 1)
-            or _asks_worker_info(loader.dataset, loader.collate_fn))
 
 
 def _asks_worker_info(*objects: Any) -> bool:
@@ -150,7 +149,7 @@ def choose(loader: Loader, fn: Any, spec: Processes, stage: str
         except ConfigError as exc:
             chosen, note = None, f"threads (workers='auto'): {exc}"
     if chosen is None:
-        if _delivers_by_worker(loader):  # then needs_processes said why
+        if _by_worker(loader) is not None:  # then needs_processes said why
             raise ConfigError(
                 f"{needed}, but worker processes cannot run it ({note}); on threads this "
                 "loader would not deliver the items torch's does. Make the dataset picklable, "
