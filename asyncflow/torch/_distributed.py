@@ -214,16 +214,13 @@ def gather_states(state: dict[str, Any], *, group: Any = None) -> list[dict[str,
         A collective: it blocks until every rank of ``group`` calls it, and cannot be
         interrupted; a rank that never calls it hangs the others until the group's timeout.
     """
-    local = worker_states(state) if _is_loader_state(state) else [state]
+    loader = isinstance(state, Mapping) and "iterable" in state and "batches" in state
+    local = worker_states(state) if loader else [state]
     if not (dist.is_available() and dist.is_initialized()):
         return local
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, local, group=group)
     return [dict(item) for states in gathered for item in states]
-
-
-def _is_loader_state(state: Any) -> bool:
-    return isinstance(state, Mapping) and "iterable" in state and "batches" in state
 
 
 def worker_states(loader_state: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -233,14 +233,6 @@ class _TransferNode:
                 ctx.produced(1)
 
 
-def _cpu_node_fn(device: torch.device, non_blocking: bool, then: Then | None) -> Any:
-    def move(batch: Any) -> Any:
-        moved = map_tensors(lambda t: t.to(device, non_blocking=non_blocking), batch)
-        return moved if then is None else then(moved)
-
-    return move
-
-
 def to_device(
     pipe: P,
     device: str | int | torch.device,
@@ -280,7 +272,11 @@ def to_device(
         return pipe if then is None else cast(P, pipe.map(then, name="to_device"))
     if dev.type != "cuda":
         # The items keep their type (tensors move), and the copy its class.
-        return cast(P, pipe.map(_cpu_node_fn(dev, non_blocking, then), name="to_device"))
+        def move(batch: Any) -> Any:
+            moved = map_tensors(lambda t: t.to(dev, non_blocking=non_blocking), batch)
+            return moved if then is None else then(moved)
+
+        return cast(P, pipe.map(move, name="to_device"))
     spec = CustomSpec(
         label="to_device",
         factory=functools.partial(
