@@ -44,12 +44,9 @@ class HedgedHost(Protocol):
     latencies: Latencies
     hedges_won: int
 
-    def may_hedge(self) -> bool:
-        """Whether a hedge is within the budget and the host has not throttled lately."""
-        ...
-
     def spend_hedge(self) -> bool:
-        """Take one hedge from the budget; ``False`` when none is left."""
+        """Take one hedge from the budget; ``False`` when none is left, or the host has
+        throttled lately."""
         ...
 
     def overdue(self, due: float, span: float, share: float) -> bool:
@@ -100,7 +97,7 @@ class _Hedge(Generic[T]):
             now = self._loop.time()
             wait = self._last + late - now
             if wait <= 0:
-                if self._tail(late) and gate.may_hedge() and gate.spend_hedge():
+                if self._tail(late) and gate.spend_hedge():
                     self.tasks.append(self._loop.create_task(self._run()))
                     self._last = now
                     if len(self.tasks) < MAX_HEDGES:

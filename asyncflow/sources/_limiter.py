@@ -71,6 +71,7 @@ class HostLimiter:
         self.ceiling = ceiling
         self.window = float(min(INITIAL_WINDOW, ceiling))
         self.in_flight = 0
+        # Requests sent: the next one's number in send order (see throttle()).
         self.requests = self.throttled = self.hedges = self.hedges_won = 0
         # One record serves hedging, the pace and the window (:mod:`._latency`); the first
         # window's answers are left out of its medians (the connections' set-up).
@@ -85,7 +86,6 @@ class HostLimiter:
         self.last_throttle = float("-inf")
         self._slow_start = True
         self._limit = float(ceiling)  # the window when the host last throttled
-        self._sent = 0  # requests sent, numbered; see throttle()
         self._recovered = 0  # throttles of requests numbered below this were answered already
         self._retried: deque[asyncio.Future[None]] = deque()
         self._fresh: deque[asyncio.Future[None]] = deque()
@@ -123,8 +123,7 @@ class HostLimiter:
             self.pace.started(now)
         else:
             await self._wait(self._retried if retried else self._fresh)
-        seq = self._sent
-        self._sent += 1
+        seq = self.requests
         self.requests += 1
         self._tokens += retry.hedge
         start = self._starts[seq] = self._time()
@@ -210,7 +209,7 @@ class HostLimiter:
         if smaller < self.window:
             self.window = smaller
             self._slow_start = False
-            self.latencies.restart(self._sent)
+            self.latencies.restart(self.requests)
 
     def throttle(self, seq: int | None = None) -> None:
         """A request numbered ``seq`` (``None``: a hedge, just sent) was throttled."""
@@ -222,8 +221,8 @@ class HostLimiter:
             self._limit = self.window
             self.window = max(1.0, self.window / 2)
             self._slow_start = False
-            self._recovered = self._sent
-            self.latencies.restart(self._sent)
+            self._recovered = self.requests
+            self.latencies.restart(self.requests)
 
     def _give_back(self) -> None:
         self.in_flight -= 1
@@ -251,10 +250,6 @@ class HostLimiter:
                 fut.set_result(None)
                 self.pace.started(now)
 
-    def may_hedge(self) -> bool:
-        """Whether a hedge is within the budget and the host has not throttled lately."""
-        return self._tokens >= 1.0 and self._time() - self.last_throttle >= HEDGE_QUIET
-
     def overdue(self, due: float, span: float, share: float) -> bool:
         """Whether more than ``share`` of the requests sent from ``due - span`` to ``due``
         (and more than one) are still in flight."""
@@ -268,8 +263,9 @@ class HostLimiter:
         return pending > share * total + 1
 
     def spend_hedge(self) -> bool:
-        """Take one hedge from the budget; ``False`` when none is left."""
-        if self._tokens < 1.0:
+        """Take one hedge from the budget; ``False`` when none is left, or the host has
+        throttled within :data:`HEDGE_QUIET` seconds."""
+        if self._tokens < 1.0 or self._time() - self.last_throttle < HEDGE_QUIET:
             return False
         self._tokens -= 1.0
         self.hedges += 1

@@ -10,7 +10,7 @@ final error) covers HTTP and S3 alike. :class:`S3Transport` is the ``s3`` scheme
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Awaitable, Mapping
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, aclosing
 from typing import Any
 
 import aiohttp
@@ -120,20 +120,6 @@ def _translate(exc: BaseException, what: object, retry: Retry) -> Exception:
     return Transient(f"connection failed ({describe_exception(exc)})")
 
 
-async def _get_once(client: Any, url: str, what: object, retry: Retry) -> bytes:
-    bucket, key = split_s3_url(url)
-    try:
-        resp = await client.get_object(Bucket=bucket, Key=key)
-        async with resp["Body"] as body:
-            data: bytes = await body.read()
-    except _SDK_ERRORS as exc:
-        raise _translate(exc, what, retry) from None
-    expected = resp.get("ContentLength")
-    if isinstance(expected, int) and len(data) != expected:
-        raise Transient(f"body truncated: got {len(data)} of {expected} bytes")
-    return data
-
-
 class S3Resume:
     """What the first answer said of an object (its ETag and size), which a resumed read must
     match: a resumed ``GetObject`` carries ``IfMatch``, so an object replaced between tries
@@ -198,6 +184,12 @@ async def stream(
             raise _translate(exc, what, retry) from None
     if isinstance(expected, int) and got != expected:
         raise Transient(f"body truncated: got {got} of {expected} bytes")
+
+
+async def _get_once(client: Any, url: str, what: object, retry: Retry) -> bytes:
+    """The whole object in one try: :func:`stream` from byte 0, joined."""
+    async with aclosing(stream(client, url, 0, what=what, retry=retry, resume=S3Resume())) as it:
+        return b"".join([chunk async for chunk in it])
 
 
 async def list_page(
