@@ -33,7 +33,6 @@ __all__ = [
     "describe_item",
     "format_exception",
     "redact",
-    "redact_text",
     "redact_url",
 ]
 
@@ -114,10 +113,6 @@ def redact(text: str) -> str:
             text = text.replace(secret, MASK)
     text = _AWS_KEY_ID.sub(MASK, text)
     return _BASE64_RUN.sub(_mask_if_secret, text)
-
-
-#: The same function, under the name the sources have used.
-redact_text = redact
 
 
 def _mask_pairs(text: str) -> str:

@@ -6,7 +6,7 @@ import pytest
 
 import asyncflow
 from asyncflow import SourceError
-from asyncflow._redact import Operation, describe_exception, redact_text, redact_url
+from asyncflow._redact import Operation, describe_exception, redact, redact_url
 
 
 @pytest.mark.parametrize(
@@ -40,7 +40,7 @@ def test_redact_url(url: str, shown: str) -> None:
 
 def test_redact_text_masks_urls_keys_and_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SESSION_TOKEN", "FwoGZXIvYXdzEXAMPLESESSIONTOKEN")
-    text = redact_text(
+    text = redact(
         "GET https://u:pw@h/x?sig=abc failed; key AKIAIOSFODNN7EXAMPLE secret "
         "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY token FwoGZXIvYXdzEXAMPLESESSIONTOKEN "
         "password=hunter2"
@@ -52,7 +52,7 @@ def test_redact_text_masks_urls_keys_and_pairs(monkeypatch: pytest.MonkeyPatch) 
 
 def test_redact_text_keeps_hex_digests() -> None:
     etag = "0123456789abcdef0123456789abcdef01234567"
-    assert etag in redact_text(f"etag {etag} mismatch")
+    assert etag in redact(f"etag {etag} mismatch")
 
 
 def test_describe_exception() -> None:
