@@ -31,7 +31,7 @@ T = TypeVar("T")
 def _check_weights(weights: Sequence[float] | None, count: int) -> np.ndarray:
     if weights is None:
         return np.full(count, 1.0 / count)
-    p = probabilities(weights)  # checked as a WeightedRandomSampler's are
+    p = probabilities(weights, "mix: ")  # checked as a WeightedRandomSampler's are
     if p.shape != (count,):
         raise ConfigError(f"mix: {count} pipelines need {count} weights, got {list(weights)!r}")
     return p

@@ -75,21 +75,23 @@ def check_seed(seed: int | None) -> int:
     return fresh_seed() if seed is None else check_int("seed", seed, None, allow_none=True)
 
 
-def probabilities(weights: Any) -> npt.NDArray[np.float64]:
+def probabilities(weights: Any, who: str = "") -> npt.NDArray[np.float64]:
     """``weights`` as probabilities, checked as torch checks them (and more: see
-    :class:`~asyncflow.WeightedRandomSampler`)."""
+    :class:`~asyncflow.WeightedRandomSampler`); an error's message starts with ``who``
+    (``"mix: "``), where given."""
     try:
         w = np.asarray(weights, dtype=np.float64)
     except (TypeError, ValueError) as exc:
         raise ConfigTypeError(
-            f"weights should be a 1d sequence of numbers, got {type(weights).__name__}"
+            f"{who}weights should be a 1d sequence of numbers, got {type(weights).__name__}"
         ) from exc
     if w.ndim != 1:
         raise ConfigError(
-            f"weights should be a 1d sequence but given weights have shape {tuple(w.shape)}"
+            f"{who}weights should be a 1d sequence but given weights have shape "
+            f"{tuple(w.shape)}"
         )
     if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-        raise ConfigError("weights must be finite, >= 0, and not all zero")
+        raise ConfigError(f"{who}weights must be finite, >= 0, and not all zero")
     p: npt.NDArray[np.float64] = w / w.sum()
     return p
 

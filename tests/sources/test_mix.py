@@ -145,5 +145,11 @@ def test_bad_arguments(args: tuple, kwargs: dict) -> None:
 @pytest.mark.parametrize("weights", [["a", "b"], [[1.0], [2.0]], [float("nan"), 1.0]])
 def test_weights_are_checked_as_a_weighted_samplers_are(weights: Any) -> None:
     # One check of weights (``_orders.probabilities``): text was a bare numpy ValueError.
-    with pytest.raises(ConfigError, match="weights"):
+    with pytest.raises(ConfigError, match=r"^mix: weights"):
+        mix([Pipeline([1]), Pipeline([2])], weights)
+
+
+@pytest.mark.parametrize("weights", [[-1.0, 1.0], [0.0, 0.0], [float("inf"), 1.0]])
+def test_bad_weight_values_name_the_mix(weights: list[float]) -> None:
+    with pytest.raises(ConfigError, match=r"^mix: weights must be finite"):
         mix([Pipeline([1]), Pipeline([2])], weights)
