@@ -7,7 +7,7 @@ from typing import Literal
 
 from .._errors import ConfigError, check_int
 
-__all__ = ["Remainder", "cut", "padding"]
+__all__ = ["Remainder", "cut", "padding", "part_size"]
 
 Remainder = Literal["pad", "drop"]
 
@@ -33,13 +33,16 @@ def cut(n: int, index: int, count: int, *, remainder: Remainder = "pad") -> list
         raise ConfigError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
     if n == 0:
         return []
-    total = -(-n // count) * count if remainder == "pad" else n // count * count
+    total = part_size(n, count, remainder=remainder) * count
     return [position % n for position in range(index, total, count)]
+
+
+def part_size(n: int, count: int, *, remainder: Remainder = "pad") -> int:
+    """How many positions of ``n`` each of ``count`` parts takes (:func:`cut`'s rule)."""
+    return -(-n // count) if remainder == "pad" else n // count
 
 
 def padding(n: int, count: int, *, remainder: Remainder = "pad") -> int:
     """How many items ``"pad"`` repeats (or ``"drop"`` leaves out) for ``n`` items in
     ``count`` parts: the repeats are positions ``0, 1, ...`` of the list, cyclically."""
-    if n == 0:
-        return 0
-    return (-n) % count if remainder == "pad" else n % count
+    return abs(part_size(n, count, remainder=remainder) * count - n)

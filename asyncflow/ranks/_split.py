@@ -38,12 +38,12 @@ from typing import Any, Generic, Literal, TypeVar, overload
 
 from .._errors import ConfigError, check_bool, check_int
 from ..pipeline import Span, sequence_identity
-from ._cut import Remainder, cut, padding
+from ._cut import Remainder, cut, part_size
 from ._dealt import AsyncDealt, Dealt
 from ._elastic import remaining, resumed_ordinals
 from ._world import process_group, world_of_env
 
-__all__ = ["Part", "Share", "Split", "cut", "padding"]
+__all__ = ["Part", "Share", "Split"]
 
 T = TypeVar("T")
 
@@ -97,9 +97,7 @@ class Part:
 
     def size(self, n: int) -> int:
         """How many items of a list of ``n`` this part (and every other) takes."""
-        if n == 0:
-            return 0
-        return -(-n // self.count) if self.remainder == "pad" else n // self.count
+        return part_size(n, self.count, remainder=self.remainder)
 
 
 @dataclass(frozen=True, kw_only=True)
