@@ -20,6 +20,7 @@ The one redactor of the package. What it masks:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import reprlib
@@ -33,6 +34,7 @@ __all__ = [
     "describe_item",
     "format_exception",
     "redact",
+    "redact_logs",
     "redact_url",
 ]
 
@@ -113,6 +115,35 @@ def redact(text: str) -> str:
             text = text.replace(secret, MASK)
     text = _AWS_KEY_ID.sub(MASK, text)
     return _BASE64_RUN.sub(_mask_if_secret, text)
+
+
+class _RedactingFilter(logging.Filter):
+    """Masks secrets in the records of a library's loggers (botocore logs a request's headers,
+    session token included, and its signature at DEBUG)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        masked = redact(text)
+        if masked != text:
+            record.msg, record.args = masked, None
+        return True
+
+
+_FILTER = _RedactingFilter()
+
+
+def redact_logs(*names: str) -> None:
+    """Mask secrets in what the loggers ``names`` and those under them record: each such
+    logger that exists now gets a redacting filter, once (call again after a library has
+    imported more of its modules: its module loggers are made as they are imported). A
+    filter costs nothing while its logger's level is off.
+    """
+    under = tuple(f"{name}." for name in names)
+    existing = [name for name in list(logging.root.manager.loggerDict) if name.startswith(under)]
+    for name in (*names, *existing):
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
 
 
 def _mask_pairs(text: str) -> str:

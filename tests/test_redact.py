@@ -16,6 +16,7 @@ from asyncflow._redact import (
     describe_item,
     format_exception,
     redact,
+    redact_logs,
     redact_url,
 )
 
@@ -220,3 +221,21 @@ def test_a_worker_process_traceback_is_redacted() -> None:
     assert "Traceback" in notes and "_raise_encoded" in notes  # the worker's own traceback
     for text in (notes, str(info.value), repr(info.value), str(pipe.stats())):
         assert _clean(text) and not any(f in text for f in FRAGMENTS), text
+
+
+def test_redact_logs_masks_a_librarys_records_once_filtered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A library's logger made before the call and one named in it (made on demand) are both
+    # filtered; a second call adds no second filter; text with no secret is left as logged.
+    early = logging.getLogger("asyncflow_test_lib.endpoint")
+    redact_logs("asyncflow_test_lib")
+    redact_logs("asyncflow_test_lib")
+    late = logging.getLogger("asyncflow_test_lib")
+    assert len(early.filters) == 1 and len(late.filters) == 1
+    caplog.set_level(logging.DEBUG, logger="asyncflow_test_lib")
+    early.debug("headers: %s", {"X-Amz-Security-Token": "FwoGZXIvYXdzEJr//////////wEaDC"})
+    late.debug("Authorization: AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/x")
+    early.debug("plain %d", 7)
+    assert [r.getMessage() for r in caplog.records] == [
+        "headers: {'X-Amz-Security-Token': '***'}", "Authorization: ***", "plain 7"]

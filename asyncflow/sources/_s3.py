@@ -30,7 +30,7 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from .._errors import SourceError, SourcePermissionError
-from .._redact import Operation, describe_exception, redact_url
+from .._redact import Operation, describe_exception, redact_logs, redact_url
 from ._limiter import limiter_for
 from ._objects import ObjectInfo, connections, shared
 from ._retry import Retry, Timeout, Transient, failed_answer, with_retries
@@ -86,6 +86,7 @@ def _new_client(endpoint_url: str | None, timeout: Timeout) -> AbstractAsyncCont
         read_timeout=timeout.read,
         retries={"total_max_attempts": 1, "mode": "standard"},
     )
+    redact_logs("botocore", "aiobotocore")  # their DEBUG records hold a request's credentials
     return get_session().create_client("s3", endpoint_url=endpoint_url, config=config)  # type: ignore[no-any-return]
 
 

@@ -5,7 +5,10 @@ passes on (where the key is percent-encoded in the endpoint's URL)."""
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -106,3 +109,36 @@ async def test_a_pipeline_over_such_keys_keeps_notes_and_records_clean(
             stats._repr_html_(), caplog.text, everything_about(info.value)]
     for text in seen:
         assert _clean(text), text
+
+
+SECRET_KEY = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+LONG_TOKEN = TOKEN * 3  # a session token, as STS gives one: hundreds of characters
+READ_WITH_DEBUG_LOGS = """
+import asyncio, logging, sys
+logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+import asyncflow
+blob = asyncio.run(asyncflow.read_bytes(sys.argv[1]))
+assert blob == b"logged", blob
+"""
+
+
+async def test_botocores_debug_logs_hold_no_credentials(
+    s3: Any, bucket: str, aws_env: S3Server
+) -> None:
+    # botocore logs each request's headers (the session token, the key id in Authorization)
+    # and its signature at DEBUG. A fresh interpreter, as a user's script: every record that
+    # reaches the root's handler passes asyncflow's redacting filter on botocore's loggers.
+    await s3.put_object(Bucket=bucket, Key="logged.bin", Body=b"logged")
+    env = {**os.environ, **aws_env.env(), "AWS_ACCESS_KEY_ID": KEY_ID,
+           "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_SESSION_TOKEN": LONG_TOKEN}
+    done = subprocess.run([sys.executable, "-c", READ_WITH_DEBUG_LOGS,
+                           f"s3://{bucket}/logged.bin"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    logged = done.stderr
+    assert "botocore.endpoint" in logged and "botocore.auth" in logged  # the records are there
+    assert "X-Amz-Security-Token" in logged and "Signature" in logged
+    for secret in (KEY_ID, SECRET_KEY, TOKEN[:40]):
+        assert secret not in logged
+    # The signature, as botocore.auth prints it and in the Authorization header it sends:
+    assert "Signature:\n***" in logged and "Signature=***" in logged
