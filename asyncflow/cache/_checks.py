@@ -81,7 +81,7 @@ class Checks:
         earlier epoch, else None."""
         return self._damaged.get(stamps)
 
-    def verify(self, reader: Reader, rows: int | slice | np.ndarray,
+    def verify(self, reader: Reader, rows: slice | np.ndarray,
                arrays: Sequence[np.ndarray] | None = None) -> None:
         """Check the blocks holding ``rows`` of every field that were not checked yet.
 
@@ -140,18 +140,16 @@ class Checks:
         return SourceError(f"cache {reader.path}: {why}; its next epoch rebuilds it")
 
 
-def _blocks(rows: int | slice | np.ndarray, per: int) -> Any:
+def _blocks(rows: slice | np.ndarray, per: int) -> Any:
     if isinstance(rows, slice):
         return np.arange(rows.start // per, (rows.stop - 1) // per + 1)
-    if isinstance(rows, np.ndarray):
-        return np.unique(rows // per)
-    return np.array([rows // per])
+    return np.unique(rows // per)
 
 
 class _AllChecked(Checks):
     """The record of a replay whose blocks were all checked already: it checks nothing."""
 
-    def verify(self, reader: Reader, rows: int | slice | np.ndarray,
+    def verify(self, reader: Reader, rows: slice | np.ndarray,
                arrays: Sequence[np.ndarray] | None = None) -> None:
         return None
 

@@ -99,11 +99,11 @@ class Reader:
             structure = manifest["structure"]
             if manifest["layout"] not in LAYOUTS:
                 raise ValueError(manifest["layout"])
+            tables = _tables(manifest, fields)
         except (KeyError, TypeError, ValueError) as exc:
             raise CacheInvalid(f"its manifest lacks or garbles {exc}") from None
         if (structure is None) != (not fields) or len(files) != len(fields):
             raise CacheInvalid("its manifest does not match its fields")
-        tables = _tables(manifest, fields)
         arrays, maps, stamps, sums, copy = [], [], [], [], False
         for i, (name, field) in enumerate(zip(files, fields, strict=True)):
             array, mm, stat = _map(path / name, field, count)
@@ -177,17 +177,7 @@ def _map(
     expected = HEADER_BYTES + count * field.sample_bytes
     with _open_field(file) as fh:
         stat = os.fstat(fh.fileno())
-        if stat.st_size != expected:
-            state = "truncated" if stat.st_size < expected else "longer than its manifest says"
-            raise CacheInvalid(
-                f"{file.name} is {state}: {stat.st_size} bytes, expected {expected}"
-            )
-        header = fh.read(HEADER_BYTES)
-        if header != npy_header(field, count):
-            at = next(i for i, (a, b) in enumerate(zip(header, npy_header(field, count),
-                                                       strict=True)) if a != b)
-            raise CacheInvalid(f"{file.name}: its .npy header differs from the manifest's "
-                               f"field {field.name} at byte {at} (damaged)")
+        _check_file(file.name, stat.st_size, fh, field, count)
         if count * field.sample_bytes == 0:
             return np.zeros((count, *field.shape), dtype=field.dtype), None, stat
         try:
@@ -199,18 +189,19 @@ def _map(
 
 
 def _tables(manifest: dict[str, Any], fields: tuple[Field, ...]) -> list[int]:
-    """The manifest's CRC-32 of each field's checksum table."""
-    try:
-        checks = manifest["checksums"]
-        tables = list(checks["tables"])
-        if checks["algorithm"] != "crc32" or len(tables) != len(fields):
-            raise ValueError("checksums")
-        for table, field in zip(tables, fields, strict=True):
-            if int(table["block_rows"]) != block_rows(field.sample_bytes):
-                raise ValueError(f"block_rows of {field.name}")
-        return [int(t["crc32"]) for t in tables]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CacheInvalid(f"its manifest lacks or garbles {exc}") from None
+    """The manifest's CRC-32 of each field's checksum table.
+
+    Raises:
+        KeyError, TypeError, ValueError: The manifest lacks or garbles them.
+    """
+    checks = manifest["checksums"]
+    tables = list(checks["tables"])
+    if checks["algorithm"] != "crc32" or len(tables) != len(fields):
+        raise ValueError("checksums")
+    for table, field in zip(tables, fields, strict=True):
+        if int(table["block_rows"]) != block_rows(field.sample_bytes):
+            raise ValueError(f"block_rows of {field.name}")
+    return [int(t["crc32"]) for t in tables]
 
 
 def _read_table(file: Path, field: Field, count: int, crc: int) -> np.ndarray:
@@ -246,16 +237,27 @@ def files_match(path: Path, manifest: dict[str, Any], stamps: Stamps) -> bool:
     try:
         fields = [Field.from_json(f) for f in manifest["fields"]]
         count = int(manifest["count"])
-        expected = [HEADER_BYTES + count * f.sample_bytes for f in fields]
-        if expected != [size for _, _, size, _ in stamps]:
-            return False
-        for name, field in zip(manifest["files"], fields, strict=True):
+        for name, field, (_, _, size, _) in zip(manifest["files"], fields, stamps, strict=True):
             with open(path / str(name), "rb") as fh:
-                if fh.read(HEADER_BYTES) != npy_header(field, count):
-                    return False
-    except (OSError, KeyError, TypeError, ValueError):
+                _check_file(str(name), size, fh, field, count)
+    except (OSError, KeyError, TypeError, ValueError, CacheInvalid):
         return False
     return True
+
+
+def _check_file(name: str, size: int, fh: Any, field: Field, count: int) -> None:
+    """Check that the field file ``name`` (open as ``fh``, ``size`` bytes) has the size and the
+    ``.npy`` header that ``field`` and ``count`` give it; raise :class:`CacheInvalid` if not."""
+    expected = HEADER_BYTES + count * field.sample_bytes
+    if size != expected:
+        state = "truncated" if size < expected else "longer than its manifest says"
+        raise CacheInvalid(f"{name} is {state}: {size} bytes, expected {expected}")
+    header = fh.read(HEADER_BYTES)
+    want = npy_header(field, count)
+    if header != want:
+        at = next(i for i, (a, b) in enumerate(zip(header, want, strict=True)) if a != b)
+        raise CacheInvalid(f"{name}: its .npy header differs from the manifest's "
+                           f"field {field.name} at byte {at} (damaged)")
 
 
 def _stamp(stat: os.stat_result) -> tuple[int, int, int, int]:

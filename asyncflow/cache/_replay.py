@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .._recycle import PoolStats, Recycler
+from .._recycle import Recycler
 from ..pipeline.seeding import epoch_rng
 from ._checks import Checks
 from ._format import CacheInvalid
@@ -83,10 +83,6 @@ class BufferPool:
     def take(self, shape: tuple[int, ...], dtype: np.dtype[Any], rows: int) -> np.ndarray:
         """A buffer of ``shape`` and ``dtype`` that nobody holds, its first ``rows`` rows."""
         return self._buffers.acquire((shape, dtype))[:rows]
-
-    def stats(self) -> PoolStats:
-        """How many buffers the pool keeps, how many are held, and how often one was reused."""
-        return self._buffers.stats()
 
 
 def _gather(source: Any, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
