@@ -29,12 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from .. import _tree
 from .._recycle import Recycler
 from ..pipeline.seeding import epoch_rng
 from ._checks import Checks
 from ._format import CacheInvalid
 from ._reader import Reader, Stamps, map_shared
-from ._schema import Field, unflatten
+from ._schema import Field
 
 __all__ = ["BufferPool", "Deferred", "KeptMapping", "finish", "permutation", "replay"]
 
@@ -202,9 +203,10 @@ def replay(
         return iter(())
     checks = checks if checks is not None else Checks()
     makers = [_leaf_maker(f) for f in reader.fields]
+    tree = _tree.Tree.from_json(structure)  # the inverse of _schema.flatten's structure
 
     def build(parts: list[np.ndarray]) -> Any:
-        return unflatten(structure, [make(p) for make, p in zip(makers, parts, strict=True)])
+        return tree.unflatten([make(p) for make, p in zip(makers, parts, strict=True)])
 
     if reader.layout == "batches":
         sources: Sequence[Any] = reader.arrays

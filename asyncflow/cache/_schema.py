@@ -19,7 +19,7 @@ import numpy as np
 from .. import _tree
 from .._errors import ConfigError
 
-__all__ = ["Field", "Schema", "as_array", "flatten", "unflatten"]
+__all__ = ["Field", "Schema", "as_array", "flatten"]
 
 # Structure nodes, as stored in the manifest: {"field": i}, {"tuple": [...]}, {"list": [...]},
 # {"dict": [[key, node], ...]} (a list of pairs keeps the key order).
@@ -72,18 +72,14 @@ def _is_tensor(value: Any) -> bool:
 
 def flatten(item: Any, name: str = "item") -> tuple[Node, list[tuple[str, Any]]]:
     """Split ``item`` into its structure and its ``(name, leaf)`` pairs, in a fixed order
-    (``asyncflow/_tree.py`` walks it, as it walks batches for ``to_device``).
+    (``asyncflow/_tree.py`` walks it, as it walks batches for ``to_device``; a replay
+    rebuilds items with ``_tree.Tree.from_json(structure).unflatten(leaves)``).
 
     Raises:
         ConfigError: A dict key is not a string.
     """
     tree, leaves = _tree.flatten(item)
     return tree.to_json(name), list(zip(tree.names(name), leaves, strict=True))
-
-
-def unflatten(node: Node, leaves: list[Any]) -> Any:
-    """Rebuild an item from its structure and its leaves (the inverse of :func:`flatten`)."""
-    return _tree.Tree.from_json(node).unflatten(leaves)
 
 
 def as_array(value: Any) -> np.ndarray:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from asyncflow import ConfigError
-from asyncflow.cache._schema import Field, Schema, flatten, unflatten
+from asyncflow._tree import Tree
+from asyncflow.cache._schema import Field, Schema, flatten
 
 
 def test_flatten_round_trips_nested_structures() -> None:
@@ -17,7 +18,7 @@ def test_flatten_round_trips_nested_structures() -> None:
         "item['image']", "item['meta'][0]", "item['meta'][1][0]", "item['meta'][1][1]",
         "item['label']",
     ]
-    rebuilt = unflatten(structure, [v for _, v in leaves])
+    rebuilt = Tree.from_json(structure).unflatten([v for _, v in leaves])
     assert rebuilt.keys() == item.keys()
     assert isinstance(rebuilt["meta"], tuple) and isinstance(rebuilt["meta"][1], list)
 
