@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -137,10 +138,7 @@ class Fetch:
 
     def __call__(self, item: Indexed) -> Positioned:
         position, indices = item
-        if self._lock is None:
-            batch = self._load(position, indices)
-            return Positioned(position, batch, self._snapshot())
-        with self._lock:
+        with self._lock or nullcontext():
             batch = self._load(position, indices)
             return Positioned(position, batch, self._snapshot())
 
