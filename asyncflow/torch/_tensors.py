@@ -14,7 +14,7 @@ import torch
 
 from .. import _tree
 
-__all__ = ["flatten", "map_tensors"]
+__all__ = ["flatten"]
 
 Rebuild = Callable[[list[torch.Tensor]], Any]
 
@@ -27,12 +27,6 @@ def flatten(batch: Any) -> tuple[list[torch.Tensor], Rebuild]:
     """
     tree, leaves = _tree.flatten(batch, is_leaf=_is_tensor)
     return leaves, tree.unflatten
-
-
-def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
-    """``batch`` with every tensor replaced by ``fn(tensor)``."""
-    tree, leaves = _tree.flatten(batch, is_leaf=_is_tensor)
-    return tree.unflatten([fn(t) for t in leaves])
 
 
 def _is_tensor(value: Any) -> bool:

@@ -30,7 +30,7 @@ import torch
 from .._errors import ConfigError, check_int
 from ..pipeline import CustomSpec
 from ._pinned import PinnedPool, align
-from ._tensors import flatten, map_tensors
+from ._tensors import flatten
 
 if TYPE_CHECKING:
     from ..pipeline import NodeContext, Pipeline, Receiver, Sender
@@ -273,7 +273,8 @@ def to_device(
     if dev.type != "cuda":
         # The items keep their type (tensors move), and the copy its class.
         def move(batch: Any) -> Any:
-            moved = map_tensors(lambda t: t.to(dev, non_blocking=non_blocking), batch)
+            leaves, rebuild = flatten(batch)
+            moved = rebuild([t.to(dev, non_blocking=non_blocking) for t in leaves])
             return moved if then is None else then(moved)
 
         return cast(P, pipe.map(move, name="to_device"))

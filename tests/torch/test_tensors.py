@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from asyncflow.torch._tensors import flatten, map_tensors
+from asyncflow.torch._tensors import flatten
 
 
 class Pair(NamedTuple):
@@ -41,8 +41,3 @@ def test_a_bare_tensor_and_a_plain_value() -> None:
     assert len(leaves) == 1 and rebuild([torch.zeros(2)]).tolist() == [0.0, 0.0]
     leaves, rebuild = flatten("text")
     assert leaves == [] and rebuild([]) == "text"
-
-
-def test_map_tensors() -> None:
-    out = map_tensors(lambda t: t * 2, (torch.ones(1), [torch.ones(2)]))
-    assert out[0].tolist() == [2.0] and out[1][0].tolist() == [2.0, 2.0]
