@@ -30,8 +30,8 @@ from typing import Any
 from .._redact import redact
 from ..pipeline import describe_difference, item_token, sequence_identity, short_digest
 
-__all__ = ["canonical", "describe_change", "describe_value", "file_stat", "summarize",
-           "upstream_fingerprint"]
+__all__ = ["canonical", "clip_json", "describe_change", "describe_value", "file_stat",
+           "summarize", "upstream_fingerprint"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _SUMMARY_LIMIT = 256  # characters of a string, or of a list's JSON, kept whole in the manifest
@@ -228,7 +228,7 @@ def describe_change(old: Any, new: Any, where: str = "upstream") -> str:
         if len(old) != len(new):
             return f"{where} went from {len(old)} to {len(new)} entries"
         return f"{where} changed"
-    return f"{where}: {_short(old)} -> {_short(new)}"
+    return f"{where}: {clip_json(old)} -> {clip_json(new)}"
 
 
 def _is_listing(value: Any) -> bool:
@@ -236,6 +236,7 @@ def _is_listing(value: Any) -> bool:
     return isinstance(value, dict) and set(value) == {"items", "digest", "parts"}
 
 
-def _short(value: Any) -> str:
-    text = _dumps(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+def clip_json(value: Any, limit: int = 80) -> str:
+    """``value`` as JSON text of at most ``limit`` characters (``...`` ends a cut one)."""
+    text = json.dumps(value, separators=(", ", ": "), ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

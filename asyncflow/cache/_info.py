@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .._blob import describe_size
+from ._fingerprint import clip_json
 from ._format import CacheInvalid, leftovers, read_manifest
 from ._lock import WriterLock
 from ._reader import Reader
@@ -86,20 +87,15 @@ class CacheInfo:
             rows.append(("key", json.dumps(self.key)))
         if isinstance(self.upstream, list):
             for i, stage in enumerate(self.upstream):
-                rows.append(("upstream" if i == 0 else "", _line(stage)))
+                rows.append(("upstream" if i == 0 else "", clip_json(stage, 100)))
         elif self.upstream is not None:
-            rows.append(("upstream", _line(self.upstream)))
+            rows.append(("upstream", clip_json(self.upstream, 100)))
         if self.writer is not None:
             rows.append(("writer", f"process {self.writer} is writing a new copy now"))
         for i, name in enumerate(self.unfinished):
             rows.append(("unfinished" if i == 0 else "", f"{name} (removed by the next writer)"))
         width = max(len(label) for label, _ in rows)
         return "\n".join(f"{label:<{width}}  {value}".rstrip() for label, value in rows)
-
-
-def _line(value: Any, limit: int = 100) -> str:
-    text = json.dumps(value, separators=(", ", ": "))
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def info(path: str | Path) -> CacheInfo:
