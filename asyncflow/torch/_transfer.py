@@ -27,17 +27,17 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
+from .. import _tree
 from .._errors import ConfigError, check_int
 from ..pipeline import CustomSpec
 from ._pinned import PinnedPool, align
-from ._tensors import flatten
 
 if TYPE_CHECKING:
     from ..pipeline import NodeContext, Pipeline, Receiver, Sender
 
 P = TypeVar("P", bound="Pipeline")
 
-__all__ = ["DeviceTransfer", "InFlight", "parse_device", "resolve_device", "to_device"]
+__all__ = ["DeviceTransfer", "InFlight", "flatten", "parse_device", "resolve_device", "to_device"]
 
 DEFAULT_POOL_SIZE = 4
 
@@ -79,6 +79,17 @@ def resolve_device(device: str | int | torch.device) -> torch.device:
     if dev.index >= torch.cuda.device_count():
         raise ConfigError(f"device {str(dev)!r}: only {torch.cuda.device_count()} CUDA device(s)")
     return dev
+
+
+def flatten(batch: Any) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], Any]]:
+    """The tensors of ``batch`` in a fixed order, and a function that rebuilds it from new ones.
+
+    A batch is a tensor, or a dict / list / tuple / namedtuple nesting them (each keeps its
+    type where its constructor allows it); anything else (ints, strings, NumPy arrays,
+    ``None``) is carried through untouched. The walking is ``asyncflow/_tree.py``'s.
+    """
+    tree, leaves = _tree.flatten(batch, is_leaf=lambda value: isinstance(value, torch.Tensor))
+    return leaves, tree.unflatten
 
 
 def _needs_staging(tensor: torch.Tensor) -> bool:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from typing import NamedTuple
 
+import numpy as np
 import pytest
 import torch
 
 from asyncflow import ConfigError, Pipeline
 from asyncflow.torch import to_device
 from asyncflow.torch._pinned import held_bytes
-from asyncflow.torch._transfer import DeviceTransfer, resolve_device
+from asyncflow.torch._transfer import DeviceTransfer, flatten, resolve_device
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -22,6 +24,33 @@ class Pair(NamedTuple):
 
 
 # -- everywhere ---------------------------------------------------------------------------
+
+
+def test_a_batch_comes_apart_into_its_tensors_and_back_keeping_types_and_the_rest() -> None:
+    arr = np.arange(3)
+    batch = {
+        "x": torch.zeros(2),
+        "nested": [torch.ones(1), (torch.full((1,), 2.0), "label", 3)],
+        "pair": Pair(torch.full((1,), 4.0), None),
+        "od": OrderedDict(y=torch.full((1,), 5.0)),
+        "array": arr,
+    }
+    leaves, rebuild = flatten(batch)
+    assert [float(t.sum()) for t in leaves] == [0.0, 1.0, 2.0, 4.0, 5.0]
+    again = rebuild([t + 10 for t in leaves])
+    assert again["x"].tolist() == [10.0, 10.0]
+    assert isinstance(again["nested"], list) and isinstance(again["nested"][1], tuple)
+    assert again["nested"][1][1:] == ("label", 3)
+    assert isinstance(again["pair"], Pair) and again["pair"].right is None
+    assert isinstance(again["od"], OrderedDict) and again["od"]["y"].item() == 15.0
+    assert again["array"] is arr
+
+
+def test_a_bare_tensor_and_a_plain_value_come_apart_too() -> None:
+    leaves, rebuild = flatten(torch.ones(2))
+    assert len(leaves) == 1 and rebuild([torch.zeros(2)]).tolist() == [0.0, 0.0]
+    leaves, rebuild = flatten("text")
+    assert leaves == [] and rebuild([]) == "text"
 
 
 def test_cpu_is_a_no_op() -> None:
