@@ -154,3 +154,15 @@ def test_a_cached_mix_fills_in_one_run_then_replays_the_same_items(
     assert len(seen) == 9 and all(len(names) == 1 for names in seen), seen
     assert "cache" in [s.name for s in cached.stats().stages]
     assert labels(cached) == filled and len(seen) == 9  # replayed, upstream not read
+
+
+def test_a_cache_of_a_shuffled_cache_writes_the_batches_its_upstream_defers(
+    tmp_path: Path
+) -> None:
+    inner = Pipeline(range(6)).map(batch).cache(tmp_path / "a", batched=True)
+    list(inner)  # filled: the next epochs replay it
+    upstream = inner.shuffle(seed=3)  # its batches come deferred, copied by a receive hook
+    outer = upstream.cache(tmp_path / "b", batched=True)
+    first = labels(outer)  # fills b, the hook applied upstream of the cache stage
+    assert sorted(first) == list(range(24)) and first != list(range(24))
+    assert labels(outer) == first  # replayed from b: what the hook made was written
