@@ -96,7 +96,7 @@ for _name, _target in {
     "resolve_device": "asyncflow.torch._transfer:resolve_device",
     "cache": "asyncflow.cache._cached:cache",
     "progress_hook": "asyncflow.report._progress:progress_hook",
-    "journal": "asyncflow.journal:journal",
+    "journal": "asyncflow.journal:Journal",
     "journal_crops:image.folder": "asyncflow.image._explain:record_crops",
     "pipeline_html": "asyncflow.report._tables:pipeline_html",
     "stats_text": "asyncflow.report._tables:stats_text",

@@ -15,8 +15,8 @@ the ``"journal_crops:image.folder"`` feature that ``asyncflow/__init__.py`` regi
 
 from __future__ import annotations
 
-from ._journal import Journal, explain, journal, rebuild
+from ._journal import Journal, explain, rebuild
 from ._protocol import Journaled
 from ._records import Failure, JournalRecord
 
-__all__ = ["Failure", "Journal", "JournalRecord", "Journaled", "explain", "journal", "rebuild"]
+__all__ = ["Failure", "Journal", "JournalRecord", "Journaled", "explain", "rebuild"]

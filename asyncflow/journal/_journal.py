@@ -33,7 +33,7 @@ from ..ranks import world
 from ._protocol import Journaled
 from ._records import Failure, JournalRecord, TornHeader, lines, record
 
-__all__ = ["Failure", "Journal", "JournalRecord", "explain", "journal", "rebuild"]
+__all__ = ["Failure", "Journal", "JournalRecord", "explain", "rebuild"]
 
 #: Failures kept while they wait for the output they fall in.
 _PENDING = 1024
@@ -189,11 +189,6 @@ def _ordered(line: dict[str, Any]) -> dict[str, Any]:
     """The id first, so that :func:`explain` finds a line by its prefix, unparsed."""
     head = {"epoch": line["epoch"], "step": line["step"], "rank": line["rank"]}
     return {**head, **{k: v for k, v in line.items() if k not in head}}
-
-
-def journal(pipe: Any, path: str | os.PathLike[str], *, rank: int | None = None) -> Journal:
-    """The feature behind ``Pipeline.journal``: a :class:`Journal` of ``pipe``."""
-    return Journal(pipe, path, rank=rank)
 
 
 def explain(source: str | os.PathLike[str] | Journal, *, epoch: int, step: int,
