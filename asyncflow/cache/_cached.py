@@ -12,7 +12,7 @@ from typing import Any, Self, TypeVar
 from .._errors import ConfigError, check_bool
 from ..pipeline import Merge, Pipeline, RunPlan, StageSpec
 from ._epoch import CacheSource
-from ._fill import Gate, cache_stage, hooks_stage, one_shot_guard
+from ._fill import Gate, cache_stage, one_shot_guard
 from ._fingerprint import canonical, describe_value, summarize, upstream_fingerprint
 from ._info import CacheInfo, info
 from ._replay import finish
@@ -72,10 +72,9 @@ class CachedPipeline(Pipeline[T_co]):
         up = self._upstream.run_plan()
         gate = Gate(up.open_source, self._check_reuse)
         stages = list(_upstream_stages(self._upstream, up))
-        if up.receive_hooks:
-            stages.append(hooks_stage(up.receive_hooks))
         buffer = _DEFERRED_BUFFER if defer else options.source_buffer
-        stages.append(cache_stage(source, gate, defer=defer, buffer=buffer))
+        stages.append(cache_stage(source, gate, defer=defer, buffer=buffer,
+                                  hooks=up.receive_hooks))
         options = dataclasses.replace(
             options, source_buffer=up.options.source_buffer,
             settings=(*up.options.settings, *options.settings),

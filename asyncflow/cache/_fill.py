@@ -39,7 +39,7 @@ from ._upstream import stream
 if TYPE_CHECKING:
     from ._epoch import CacheSource
 
-__all__ = ["CacheNode", "Gate", "cache_stage", "hooks_stage", "one_shot_guard"]
+__all__ = ["CacheNode", "Gate", "cache_stage", "one_shot_guard"]
 
 _CHUNK = 256  # items taken from a channel at a time
 
@@ -105,14 +105,17 @@ class CacheNode:
         gate: The gate of this run's upstream source.
         defer: Replayed batches that need a copy come as deferred copies, made in the
             consumer's thread (the stage is the run's last).
+        hooks: Upstream's receive hooks (what its consumer would have applied), applied to
+            upstream's items before they are written.
     """
 
     def __init__(self, ctx: NodeContext, *, source: CacheSource, gate: Gate,
-                 defer: bool) -> None:
+                 defer: bool, hooks: Sequence[ReceiveHook]) -> None:
         self.ctx = ctx
         self._source = source
         self._gate = gate
         self._defer = defer
+        self._hooks = tuple(hooks)
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
@@ -135,39 +138,22 @@ class CacheNode:
         counters = self.ctx.counters
         while items := await inp.get_many(_CHUNK):
             counters.items_in += len(items)
+            if self._hooks:
+                items = await self.ctx.run_timed(apply_hooks, self._hooks, items)
             for item in items:
                 yield item
 
 
-def cache_stage(source: CacheSource, gate: Gate, *, defer: bool,
-                buffer: int | None) -> CustomSpec:
+def cache_stage(source: CacheSource, gate: Gate, *, defer: bool, buffer: int | None,
+                hooks: Sequence[ReceiveHook]) -> CustomSpec:
     """The ``cache`` stage of one filling run (see :class:`CacheNode`)."""
     return CustomSpec(
         label="cache",
-        factory=functools.partial(CacheNode, source=source, gate=gate, defer=defer),
+        factory=functools.partial(CacheNode, source=source, gate=gate, defer=defer,
+                                  hooks=hooks),
         options={"path": str(source.path)},
         buffer=buffer,
     )
-
-
-def hooks_stage(hooks: Sequence[ReceiveHook]) -> CustomSpec:
-    """A stage applying upstream's receive hooks (what its consumer would have applied)."""
-    return CustomSpec(label="upstream hooks",
-                      factory=functools.partial(_HooksNode, hooks=tuple(hooks)))
-
-
-class _HooksNode:
-    def __init__(self, ctx: NodeContext, *, hooks: tuple[ReceiveHook, ...]) -> None:
-        self.ctx = ctx
-        self._hooks = hooks
-
-    async def run(self, inp: Receiver | None, out: Sender) -> None:
-        assert inp is not None
-        while items := await inp.get_many(_CHUNK):
-            self.ctx.counters.items_in += len(items)
-            done = await self.ctx.run_timed(apply_hooks, self._hooks, items)
-            await out.put_many(done)
-            self.ctx.produced(len(done))
 
 
 def one_shot_guard(source: Any) -> Callable[[], None] | None:
