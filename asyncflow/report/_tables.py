@@ -145,25 +145,21 @@ def _stats_rows(stats: Any, *, html_bars: bool, internal: bool = False
                 ) -> tuple[list[list[str]], list[int]]:
     rows: list[list[str]] = []
     marked: list[int] = []
-    elapsed = max(float(stats.elapsed), 1e-9)
-    shown = [s for s in stats.stages if internal or not getattr(s, "internal", False)]
+    shown = [s for s in stats.stages if internal or not s.internal]
     for i, stage in enumerate(shown):
         name = stage.name
         if name == stats.bottleneck:
             marked.append(i)
             name = f"{name} *" if not html_bars else name
-        if getattr(stage, "internal", False):
+        if stage.internal:
             name += " (internal)"
-        if getattr(stage, "abandoned", False):
+        if stage.abandoned:
             name += " (abandoned)"
-        rate = getattr(stage, "items_per_second", None)
-        if rate is None:
-            rate = max(stage.items_in, stage.items_out) / elapsed
         busy: str = _bar(stage.utilization) if html_bars else _percent(stage.utilization)
         rows.append([
             name, stage.kind, str(stage.concurrency), f"{stage.items_in:,}",
-            f"{stage.items_out:,}", _rate(rate), busy, _seconds(stage.mean_seconds_per_item),
-            _queue(stage), f"{stage.failures:,}",
+            f"{stage.items_out:,}", _rate(stage.items_per_second), busy,
+            _seconds(stage.mean_seconds_per_item), _queue(stage), f"{stage.failures:,}",
         ])
     return rows, marked
 
@@ -184,20 +180,20 @@ def _summary(stats: Any) -> str:
 def _lines_below(stats: Any, internal: bool) -> list[str]:
     """The lines under a stats table: hidden internal stages, failures, notes."""
     out = []
-    hidden = [s.name for s in stats.stages if getattr(s, "internal", False)]
+    hidden = [s.name for s in stats.stages if s.internal]
     if hidden and not internal:
         out.append(f"internal stages hidden: {', '.join(hidden)} (their time counts for the "
                    "next stage shown; stats.table(internal=True) lists them)")
     failures = [
         redact(f"  {f.stage}: {f.error_type}: {f.message} (item {f.item})")
-        for f in list(getattr(stats, "failures", ()))[:_MAX_FAILURES_SHOWN]
+        for f in stats.failures[:_MAX_FAILURES_SHOWN]
     ]
     total = sum(s.failures for s in stats.stages)
     if total > len(failures):
         failures.append(f"  ... {total - len(failures):,} more")
     if failures:
         out += ["failures:", *failures]
-    return out + [f"note: {redact(note)}" for note in getattr(stats, "notes", ())]
+    return out + [f"note: {redact(note)}" for note in stats.notes]
 
 
 _NO_RUN = "no run yet: stats() describes the latest run of this pipeline object"
