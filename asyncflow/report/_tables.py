@@ -262,7 +262,7 @@ def _stage_rows(description: Sequence[Mapping[str, Any]]) -> list[list[str]]:
 
 
 def _title(pipe: Any, description: Sequence[Mapping[str, Any]]) -> str:
-    name = getattr(getattr(pipe, "options", None), "name", None)
+    name = pipe.options.name
     label = type(pipe).__name__ if name in (None, "pipeline") else f"{type(pipe).__name__} {name!r}"
     return f"{label}: a source and {max(len(description) - 1, 0)} stages"
 
@@ -292,8 +292,7 @@ def _pipeline(pipe: Any, stages: Callable[..., str], stats_of: Callable[[Any], s
               between: str) -> str:
     description = pipe.describe()
     out = stages(description, title=_title(pipe, description))
-    stats = getattr(pipe, "stats", None)
-    snapshot = stats() if stats is not None else None
-    if getattr(snapshot, "stages", ()):
+    snapshot = pipe.stats()
+    if snapshot.stages:
         out += between + stats_of(snapshot)
     return out
