@@ -52,9 +52,7 @@ def run_demo(
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        classes = getattr(pipe, "classes", None)
-        if classes is not None:
-            print(f"{root}: {len(classes)} classes")
+        print(f"{root}: {len(pipe.classes)} classes")
         if progress:
             pipe = pipe.progress(
                 total=len(pipe.samples), unit="img", desc="image.folder",
