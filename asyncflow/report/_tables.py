@@ -119,7 +119,7 @@ def _percent(value: float) -> str:
 
 
 def _queue(stage: Any) -> str:
-    cap = getattr(stage, "queue_capacity", 0) or 0
+    cap = stage.queue_capacity
     if not cap:
         return "-"
     return f"{stage.queue_fill}/{cap} (avg {_percent(stage.mean_queue_fill / cap)})"
