@@ -20,12 +20,19 @@ row, see ``_slots.py``). The buffers that rows are decoded into, in flight and i
 then 4x smaller than float batches: on 2 cores the process tree's memory fell from 0.79-0.82x
 torch DataLoader's to 0.65-0.66x, at the same speed (docs/performance.md). The normalizing is
 NumPy's, one thread: torch's thread pool would spin on the decoders' cores.
+
+Memory is bounded where batches wait. The ``batch`` stage's output has a byte budget of one
+batch, so that only the consumer's float batch and one made for it exist (two float buffers,
+``_float_batches.py``); with worker processes the claim stage waits, as decode threads do,
+while a row's batch is ``ahead`` past the oldest one not complete, so that a consumer that
+lags holds no more slabs than that. On 2 cores: 0.45-0.49x torch DataLoader's.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
@@ -33,7 +40,7 @@ import torch
 
 from .._blob import check_max_bytes
 from .._errors import check_bool, check_budget
-from ..pipeline import ItemGroup, Pipeline, Processes, feature, label_stage
+from ..pipeline import AssembleSpec, ItemGroup, Pipeline, Processes, feature, label_stage
 from ..pipeline.seeding import fresh_seed
 from ..ranks import Part, Split
 from . import _explain
@@ -93,14 +100,27 @@ class _ClaimRows:
     def __init__(self, assembler: BatchAssembler) -> None:
         self.assembler = assembler
         self.__name__ = "claim"
+        self.asyncflow_inline = False  # it waits for older batches: never on the run's loop
         label_stage(self, internal=True)
 
     def __call__(self, items: list[Sample]) -> ItemGroup:
         out = ItemGroup()
         for item in items:
-            ticket, slab = self.assembler.claim_shared(item.run, item.pos, item.label)
+            ticket, slab = self.assembler.claim_shared(item.run, item.pos, item.label,
+                                                       wait=True)
             out.append(Claimed(item.path, item.epoch, item.sample, ticket, slab))
         return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class _BatchStage(AssembleSpec):
+    """The engine's ``assemble`` stage (``Pipeline.assemble``), with a byte budget on its
+    output queue (``None``: the pipeline's)."""
+
+    buffer_bytes: int | None = None
+
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), "buffer_bytes": self.buffer_bytes}
 
 
 def _normalize_images(mean: tuple[float, ...], std: tuple[float, ...], batch: Batch) -> Batch:
@@ -354,10 +374,15 @@ def folder(
                  buffer=2 * threads)
         )
     # Decode errors come back as rows: the stage named "batch" counts them (max_failures).
-    batches = rows.unbatch(name="rows").assemble(
-        assembler, batch_size=batch_size, drop_last=drop_last,
+    # Straight to the consumer, its output holds no batch while the consumer has one: one
+    # waits, made, in the stage (two float batches in all: _float_batches.py).
+    budget = (batch_size * (3 * out_h * out_w * dtype.itemsize + 8)  # images and labels
+              if gpu_device is None and device is None else None)
+    batches = rows.unbatch(name="rows").with_stage(_BatchStage(
+        assembler=assembler, batch_size=batch_size, drop_last=drop_last,
         name="batch" if gpu_device is None else "gather", max_failures=max_failures,
-    )
+        buffer_bytes=budget,
+    ))
     if gpu_device is not None:
         batches = batches.with_stage(gpu_stage(gpu_device, gpu_decoder, options, seed,
                                                assembler))  # type: ignore[arg-type]

@@ -23,10 +23,10 @@ one very slow image cannot make memory grow without bound while the others run o
 
 With ``normalize`` (``image.folder``'s default on the CPU path), rows are written as uint8 and a
 batch becomes float32 only when it is released, in two NumPy passes with the kernel's own scale
-and offset (bit for bit its per-row arithmetic), into a float buffer recycled alike: the
-buffers that rows are decoded into, in flight and in the pool, are 4x smaller than float
-batches, and a float batch exists only from its release on (the hand-off queue and the
-consumer).
+and offset (bit for bit its per-row arithmetic), into one of two float buffers recycled alike
+(``_float_batches.py``): the buffers that rows are decoded into, in flight and in the pool, are
+4x smaller than float batches, and a float batch exists only from its release on (the one
+waiting for the consumer, and the consumer's).
 
 Buffers are recycled once nothing refers to them any more (``asyncflow/_recycle.py``'s
 ``"unreferenced"`` :class:`Recycler`): a fresh 19 MB float batch costs ~5,000 page faults (about
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from functools import partial
 from typing import Any
 
@@ -48,7 +49,7 @@ import torch
 
 from .._recycle import PoolStats, Recycler
 from ..pipeline import Span
-from ._decode import _affine
+from ._float_batches import FloatBatches
 from ._rows import Failed, Ticket
 
 __all__ = ["BatchAssembler", "Ticket"]
@@ -59,9 +60,6 @@ _Key = tuple[tuple[int, ...], np.dtype[Any]]
 _LOGGED = 1024  # batch records kept for a journal that has not taken them
 _Logged = tuple[int, int, list[tuple[int, str]], list[int]]
 _RUNS = 64  # open iterations of one pipeline kept before the idlest is dropped
-#: Float batches kept for reuse when batches are normalized at release: those in the hand-off
-#: queue, the consumer's, and the one its loop variable still holds.
-FLOAT_POOL = 6
 
 
 class _Open:
@@ -89,7 +87,8 @@ class _Run:
     def __init__(self, skip: Span | None = None) -> None:
         self.active = time.monotonic()  # when a row was last claimed or arrived
         self.next = 0  # the next batch number to release
-        self.open: dict[int, _Open] = {}
+        self.open: dict[int, _Open] = {}  # batches with rows still to arrive
+        self.done: deque[tuple[int, _Open]] = deque()  # complete, not released yet
         self.skip = skip  # positions settled in an earlier run (resumed), or None
 
 
@@ -159,12 +158,10 @@ class BatchAssembler:
             partial(_make, slabs, self._names), nbytes=lambda a: a.nbytes, limit=pool,
             returned="unreferenced",
         )
-        # The released float batches, recycled alike: made fresh each time, they leave freed
-        # 19 MB blocks in malloc's arenas (the process grew by 8 batches, not the 4 it held).
-        self._floats: Recycler[_Key, np.ndarray] = Recycler(
-            partial(_make, None, {}), nbytes=lambda a: a.nbytes, limit=FLOAT_POOL,
-            returned="unreferenced",
-        )
+        # The released float batches, recycled alike (two: see _float_batches.py).
+        self._floats = None if normalize is None else FloatBatches(
+            (batch_size, *self.shape), *normalize)
+        self._first = True
 
     def describe(self) -> dict[str, Any]:
         """What its batches are, for a cache's fingerprint: not what its runs did (``stalls``,
@@ -206,13 +203,16 @@ class BatchAssembler:
                                         for r in range(a, b))
         return Ticket(run, number, row, label), entry.array[row]
 
-    def claim_shared(self, run: int, pos: int, label: int) -> tuple[Ticket, str]:
+    def claim_shared(self, run: int, pos: int, label: int, *,
+                     wait: bool = False) -> tuple[Ticket, str]:
         """As :meth:`claim`, for a worker process: the ticket and the slab's name.
 
-        It never waits: in process mode the pipeline's own queues bound the rows claimed
-        ahead (see ``image.folder``), and a wait here would show as the claim stage's work.
+        ``wait``: as :meth:`claim` does, while the row's batch is ``ahead`` past the oldest
+        one not complete (``image.folder``'s claim stage, on a thread of its own: a slow
+        consumer then holds no more slabs than that, rather than as many as the queues
+        between the claims and the consumer hold rows).
         """
-        ticket, _ = self.claim(run, pos, label, wait=False)
+        ticket, _ = self.claim(run, pos, label, wait=wait)
         with self._lock:
             entry = self._runs[run].open.get(ticket.number)
             if entry is None or ticket.row in entry.absent:
@@ -280,24 +280,39 @@ class BatchAssembler:
                                             if isinstance(error, Exception) else error)
             if entry.spare and entry.complete and self._slabs is not None:
                 self._slabs.release(entry.slab)  # every row is in: no worker maps it again
-            ready = []
             first = state.next
             while (head := state.open.get(state.next)) is not None and head.complete:
                 del state.open[state.next]
-                ready.append((state.next, head))
+                state.done.append((state.next, head))
                 state.next += 1
                 self._skip_settled(state)
             if state.next > first:
                 self._released.notify_all()
+            ready = self._take_done(state)
             if state.next >= self.batches:
                 del self._runs[ticket.run]  # every batch of this iteration is out
         size = self.batch_size
+        self._first = True  # only the first float batch of a call waits for a buffer
         return [
             (self._release(entry) if entry.arrived else None,
              [number * size + r for r in range(entry.rows)
               if r not in entry.failed and r not in entry.absent])
             for number, entry in ready
         ]
+
+    def _take_done(self, state: _Run) -> list[tuple[int, _Open]]:
+        """The complete batches of ``state`` to release now, in order (lock held): with
+        ``normalize``, one float batch a call while rows are to come, so that each is made
+        only once the one before it was handed on (``_float_batches.py``)."""
+        done = state.done
+        if self._floats is None or state.next >= self.batches:
+            ready = list(done)
+            done.clear()
+            return ready
+        ready = []
+        while done and not any(entry.arrived for _, entry in ready):
+            ready.append(done.popleft())  # batches whose every row failed go along
+        return ready
 
     def _skip_settled(self, state: _Run) -> None:
         """Past the batches whose every row was settled before a resume (lock held)."""
@@ -363,16 +378,10 @@ class BatchAssembler:
     def _finish(self, images: torch.Tensor) -> torch.Tensor:
         """The released images: normalized into a recycled float buffer (the uint8 one goes
         back to the pool at once), or the buffer itself."""
-        if self.normalize is None:
+        if self._floats is None:
             return images
-        base = self._floats.acquire(((self.batch_size, *self.shape), np.dtype(np.float32)))
-        out = base[:len(images)]
-        # NumPy, one thread, the kernel's own scale and offset (bit for bit its rows): torch's
-        # thread pool would spin on the cores the decoders use (bench_images: -35%).
-        scale, offset = _affine(*self.normalize)
-        np.multiply(images.numpy(), scale[:, None, None], out=out, dtype=np.float32)
-        out += offset[:, None, None]
-        return torch.from_numpy(out)
+        wait, self._first = self._first, False  # a second one: the first is not handed on
+        return self._floats.normalize(images, wait=wait)
 
     def _logged(self, entry: _Open, batch: Batch) -> Batch:
         """Note which batch this is, and its failed rows, when a journal reads them."""
