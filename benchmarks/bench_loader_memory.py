@@ -313,6 +313,12 @@ def child(kind: str, job: str, array_mib: int, worker_gc: bool = False,
     # how the default started its workers (fork, or the forkserver and why): its run's notes
     start = ([n for n in loader.stats().notes if "worker processes" in n]
              if kind in ("asyncflow", "folder") else [])
+    # image.folder's float batches (normalized at release): kept, spares, waits for one
+    floats = getattr(getattr(loader, "_assembler", None), "_floats", None)
+    if floats is not None:
+        pool = floats.stats()
+        start.append(f"float batches: {pool.buffers} kept, {pool.spares} spares, "
+                     f"{floats.waits} waits ({floats.waited * 1e3:.0f} ms)")
     return {"kind": kind, "job": job, "above": peak["total"] - base, "roles": roles,
             "shm": peak.get("shm", 0.0), "seconds": seconds,
             "held": peak.get("held", base) - base, "start": start,
@@ -402,8 +408,12 @@ def main() -> None:
             print(f"- {job}, {kind}: " + ", ".join(
                 f"{h:g} x {t}" for h, t in sorted(merged.items())) + f"; mean {mean:.2f}")
     for (job, kind), runs in results.items():
-        for note in sorted({n for r in runs for n in r.get("start", [])}):
+        for note in sorted({n for r in runs for n in r.get("start", [])
+                            if not n.startswith("float batches")}):
             print(f"- {job}, {kind}: {note}")
+        floats = [n for r in runs for n in r.get("start", []) if n.startswith("float batches")]
+        if floats:
+            print(f"- {job}, {kind}, each run: " + "; ".join(floats))
 
 
 if __name__ == "__main__":
