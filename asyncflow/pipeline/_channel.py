@@ -100,6 +100,15 @@ class ChannelBase(abc.ABC):
         """Bytes held now, and lent to the reader (counted only with a byte budget)."""
         return self._bytes + self._lent
 
+    def fullness(self) -> float:
+        """How full the channel is now, 0 to 1: by its items, or by its bytes (those lent to
+        the reader included) where a byte budget makes it fuller. Read without the lock: a
+        sample for statistics."""
+        full = len(self._items) / self.capacity if self.capacity else 0.0
+        if self.max_bytes:
+            full = max(full, (self._bytes + self._lent) / self.max_bytes)
+        return min(full, 1.0)
+
     # -- hooks of the reader's variant -------------------------------------------------------
 
     @abc.abstractmethod

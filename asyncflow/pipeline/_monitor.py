@@ -60,6 +60,8 @@ class Monitor:
             now = time.monotonic()
             # How late this wake-up came: the longest callback that held the loop meanwhile.
             self.loop_delay_max = max(self.loop_delay_max, now - last - _SAMPLE_EVERY)
+            if self.contexts:  # the hand-off's fullness: whether the consumer keeps up
+                self.contexts[-1].counters.full_area += self.outputs[-1].fullness() * (now - last)
             for index, ctx in enumerate(self.contexts):
                 ctx.counters.fill_area += len(self.outputs[index]) * (now - last)
                 if self._stalls(index, ctx, now):
@@ -97,9 +99,7 @@ def snapshot(
     """The statistics of a run ``elapsed`` seconds in, from its stages' counters."""
     stages = tuple(ctx.counters.snapshot(elapsed) for ctx in contexts)
     handoff = contexts[-1].counters
-    bottleneck = find_bottleneck(
-        stages, handoff.fill_area / elapsed if elapsed else 0.0, handoff.capacity
-    )
+    bottleneck = find_bottleneck(stages, handoff.full_area / elapsed if elapsed else 0.0)
     return PipelineStats(
         stages=stages,
         elapsed=elapsed,

@@ -96,6 +96,7 @@ class StageCounters:
         self.in_flight = 0
         self.last_progress = time.monotonic()
         self.fill_area = 0.0  # integral of output-queue fill over time
+        self.full_area = 0.0  # integral of its fullness, 0 to 1 (the hand-off's only)
         self.output: Any = None  # the output channel, for its current fill
         self.abandoned = False
         #: Hand-offs of work to the stage's function or workers (chunks, calls).
@@ -215,8 +216,8 @@ class PipelineStats:
         running: Whether the run is still going.
         bottleneck: The stage with the highest utilization (an internal stage's time counts
             for the next stage that is not internal), or ``"consumer"`` when the output stays
-            full (the loader is waiting for the training loop), or ``None`` before enough is
-            known.
+            full, by its items or under a byte budget by its bytes (the loader is waiting for
+            the training loop), or ``None`` before enough is known.
         notes: What the run wants you to know: which workers a stage runs on and why,
             stages abandoned while stopping.
         loop_delay_max: The longest the run's event loop was late to wake up (seconds):
@@ -264,14 +265,13 @@ class PipelineStats:
         return cast(str, feature("stats_html")(self))
 
 
-def find_bottleneck(
-    stages: tuple[StageStats, ...], output_fill: float, output_cap: int
-) -> str | None:
-    """The consumer if the output stays mostly full; else the most utilized stage, an
+def find_bottleneck(stages: tuple[StageStats, ...], output_fullness: float) -> str | None:
+    """The consumer if the output stays mostly full (``output_fullness``, its mean over the
+    run, 0 to 1: by items, or by bytes under a byte budget); else the most utilized stage, an
     internal stage standing for the next stage that is not internal (the one it works for)."""
     if not stages:
         return None
-    if output_cap and output_fill >= 0.8 * output_cap:
+    if output_fullness >= 0.8:
         return "consumer"
     busiest = max(range(len(stages)), key=lambda i: stages[i].utilization)
     if stages[busiest].utilization <= 0:

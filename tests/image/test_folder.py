@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -309,6 +310,15 @@ def test_stats_count_images_and_hide_the_internal_stage(tree: Path) -> None:
     full = stats.table(internal=True).splitlines()
     assert any(line.startswith("rows (internal)") for line in full)
     assert stats.bottleneck != "rows"
+
+
+def test_a_slow_consumer_is_named_the_bottleneck(tree: Path) -> None:
+    # The batch stage's output holds one batch by its bytes (the consumer's, lent, counts):
+    # its fullness, not its item count, says that the consumer does not keep up.
+    pipe = image.folder(tree, batch_size=1, size=16, workers="threads")
+    for _ in pipe:
+        time.sleep(0.15)  # a training step: 1.8 s in all, well past the run's start
+    assert pipe.stats().bottleneck == "consumer"
 
 
 def test_describe_and_stats_name_and_kind_each_stage_alike(tree: Path) -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+import pytest
+
 from asyncflow import Pipeline
 from asyncflow.pipeline import (
     CustomSpec,
@@ -130,9 +133,9 @@ def test_an_internal_stage_s_time_counts_for_the_next_stage() -> None:
         _stage("source", 0.1), _stage("claim", 0.9, internal=True), _stage("decode", 0.5),
         _stage("rows", 0.0, internal=True), _stage("batch", 0.2),
     )
-    assert find_bottleneck(stages, 0.0, 4) == "decode"
-    assert find_bottleneck(stages[:2], 0.0, 4) == "claim"  # nothing after it to stand for it
-    assert find_bottleneck(stages, 4.0, 4) == "consumer"
+    assert find_bottleneck(stages, 0.0) == "decode"
+    assert find_bottleneck(stages[:2], 0.0) == "claim"  # nothing after it to stand for it
+    assert find_bottleneck(stages, 1.0) == "consumer"
 
 
 class _Slow:
@@ -155,6 +158,11 @@ def _sleep(x: int) -> int:
     return x
 
 
+def _sleep_longer(x: int) -> int:
+    time.sleep(0.03)
+    return x
+
+
 def test_run_timed_counts_a_custom_stage_s_work_as_busy_time() -> None:
     spec = CustomSpec(label="slow", factory=_Slow, concurrency=1, items_per_output=1)
     pipe = Pipeline(range(20)).with_stage(spec)
@@ -166,3 +174,24 @@ def test_run_timed_counts_a_custom_stage_s_work_as_busy_time() -> None:
     assert slow.mean_seconds_per_item == slow.busy_seconds / 20
     assert slow.utilization == min(1.0, slow.busy_seconds / (stats.elapsed * slow.concurrency))
     assert stats.bottleneck == "slow"
+
+
+def _slow_consumer(pipe: Pipeline[Any]) -> None:
+    for _ in pipe:
+        time.sleep(0.03)  # a training step: the consumer is the slowest part
+
+
+@pytest.mark.parametrize("budget", [None, 1], ids=["items", "bytes"])
+def test_a_slow_consumer_is_named_the_bottleneck(budget: int | None) -> None:
+    # With a byte budget of one item on the last queue (as image.folder's batch stage has)
+    # the queue never holds many items: it is full by its bytes, the consumer's item (lent)
+    # included, and that says the consumer does not keep up as a full item queue does.
+    pipe = Pipeline(range(40)).map(lambda x: np.zeros(256) + x, buffer=4, buffer_bytes=budget)
+    _slow_consumer(pipe)
+    assert pipe.stats().bottleneck == "consumer"
+
+
+def test_a_byte_budget_alone_does_not_name_a_fast_consumer() -> None:
+    pipe = Pipeline(range(15)).map(_sleep_longer, buffer=4, buffer_bytes=1)
+    assert len(list(pipe)) == 15
+    assert pipe.stats().bottleneck == "_sleep_longer"
