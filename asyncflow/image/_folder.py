@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
@@ -40,7 +39,7 @@ import torch
 
 from .._blob import check_max_bytes
 from .._errors import check_bool, check_budget
-from ..pipeline import AssembleSpec, ItemGroup, Pipeline, Processes, feature, label_stage
+from ..pipeline import ItemGroup, Pipeline, Processes, feature, label_stage
 from ..pipeline.seeding import fresh_seed
 from ..ranks import Part, Split
 from . import _explain
@@ -110,17 +109,6 @@ class _ClaimRows:
                                                        wait=True)
             out.append(Claimed(item.path, item.epoch, item.sample, ticket, slab))
         return out
-
-
-@dataclass(frozen=True, kw_only=True)
-class _BatchStage(AssembleSpec):
-    """The engine's ``assemble`` stage (``Pipeline.assemble``), with a byte budget on its
-    output queue (``None``: the pipeline's)."""
-
-    buffer_bytes: int | None = None
-
-    def settings(self) -> dict[str, Any]:
-        return {**super().settings(), "buffer_bytes": self.buffer_bytes}
 
 
 def _normalize_images(mean: tuple[float, ...], std: tuple[float, ...], batch: Batch) -> Batch:
@@ -378,11 +366,11 @@ def folder(
     # waits, made, in the stage (two float batches in all: _float_batches.py).
     budget = (batch_size * (3 * out_h * out_w * dtype.itemsize + 8)  # images and labels
               if gpu_device is None and device is None else None)
-    batches = rows.unbatch(name="rows").with_stage(_BatchStage(
-        assembler=assembler, batch_size=batch_size, drop_last=drop_last,
+    batches = rows.unbatch(name="rows").assemble(
+        assembler, batch_size=batch_size, drop_last=drop_last,
         name="batch" if gpu_device is None else "gather", max_failures=max_failures,
         buffer_bytes=budget,
-    ))
+    )
     if gpu_device is not None:
         batches = batches.with_stage(gpu_stage(gpu_device, gpu_decoder, options, seed,
                                                assembler))  # type: ignore[arg-type]

@@ -55,11 +55,13 @@ class AssembleSpec(StageSpec):
     drop_last: bool = False
     max_failures: int | float | None = None
     buffer: int | None = None
+    buffer_bytes: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_int("batch_size", self.batch_size)
         check_int("buffer", self.buffer, allow_none=True)
+        check_int("buffer_bytes", self.buffer_bytes, allow_none=True)
         check_budget("max_failures", self.max_failures, allow_none=True)
         check_flags(self, "drop_last")
         missing = [m for m in ("failure", "arrived")
@@ -84,7 +86,7 @@ class AssembleSpec(StageSpec):
         return {
             "assembler": type(self.assembler).__name__, "batch_size": self.batch_size,
             "drop_last": self.drop_last, "max_failures": self.max_failures,
-            "buffer": self.buffer,
+            "buffer": self.buffer, "buffer_bytes": self.buffer_bytes,
         }
 
 

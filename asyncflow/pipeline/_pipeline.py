@@ -285,6 +285,7 @@ class Pipeline(PipelineCore[T_co]):
         name: str | None = None,
         max_failures: int | float | None = None,
         buffer: int | None = None,
+        buffer_bytes: int | None = None,
     ) -> Pipeline[U]:
         """Whole batches, in batch order, from rows that arrive in any order.
 
@@ -306,13 +307,14 @@ class Pipeline(PipelineCore[T_co]):
             name: The stage's name in stats and errors (default ``"assemble"``).
             max_failures: This stage's failure budget (default: the pipeline's).
             buffer: Capacity of the stage's output queue, in batches (default 2).
+            buffer_bytes: A byte budget for that queue, as :meth:`map`'s.
 
         Raises:
             ConfigError: An argument is invalid, or ``assembler`` lacks the methods.
         """
         return cast("Pipeline[U]", self.with_stage(AssembleSpec(
             assembler=assembler, batch_size=batch_size, drop_last=drop_last, name=name,
-            max_failures=max_failures, buffer=buffer,
+            max_failures=max_failures, buffer=buffer, buffer_bytes=buffer_bytes,
         )))
 
     def unbatch(self: Pipeline[Iterable[U]], *, name: str | None = None) -> Pipeline[U]:

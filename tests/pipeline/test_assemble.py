@@ -60,13 +60,24 @@ def test_rows_in_any_order_make_batches_in_order(leak_check: None) -> None:
     assert (stats.kind, stats.items_in, stats.items_out, stats.chunks) == ("assemble", 10, 3, 10)
 
 
+def test_a_byte_budget_bounds_the_batches_waiting_for_the_consumer() -> None:
+    # One batch's bytes (image.folder's batch stage): the consumer's batch, lent, counts.
+    pipe = Pipeline(_shuffled_rows(10)).assemble(Rows(10, 2), batch_size=2, buffer_bytes=1)
+    assert pipe.describe()[1]["buffer_bytes"] == 1
+    seen = []
+    for batch in pipe:
+        seen.append(batch)
+        assert pipe.stats()["assemble"].queue_fill <= 1
+    assert seen == [[0, 10], [20, 30], [40, 50], [60, 70], [80, 90]]
+
+
 def test_drop_last_is_the_assembler_s_and_described() -> None:
     pipe = Pipeline(_shuffled_rows(10)).assemble(Rows(10, 4, drop_last=True), batch_size=4,
                                                   drop_last=True, name="batch")
     assert list(pipe) == [[0, 10, 20, 30], [40, 50, 60, 70]]
     assert pipe.describe()[1] == {
         "kind": "assemble", "name": "batch", "assembler": "Rows", "batch_size": 4,
-        "drop_last": True, "max_failures": None, "buffer": None,
+        "drop_last": True, "max_failures": None, "buffer": None, "buffer_bytes": None,
     }
     assert [(s.name, s.kind) for s in pipe.stats().stages] == [
         (d["name"], d["kind"]) for d in pipe.describe()
@@ -142,6 +153,7 @@ def test_stages_after_it_see_batches_and_unordered_maps_before_it_are_fine() -> 
         ({"batch_size": 2, "drop_last": 1}, "drop_last"),
         ({"batch_size": 2, "max_failures": -1}, "max_failures"),
         ({"batch_size": 2, "buffer": 0}, "buffer"),
+        ({"batch_size": 2, "buffer_bytes": 0}, "buffer_bytes"),
     ],
 )
 def test_bad_settings_are_refused_when_the_stage_is_added(
