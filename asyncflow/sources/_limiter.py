@@ -14,8 +14,8 @@ it the window:
   requests: the throttles of requests sent before the last decrease are not counted again;
 - on a throttle, also paces request starts at a little below the rate the host delivered
   (:mod:`._pace`): a store that limits a rate rather than a concurrency is then probed every
-  few seconds, not many times a second; with one request in flight and no answer to measure,
-  starts are spaced out (10 ms, twice as far on each throttle): quick rejections would
+  few seconds, not many times a second; with one request in flight and no rate to measure
+  yet, starts are spaced out (10 ms, twice as far on each throttle): quick rejections would
   otherwise let even one request at a time hammer the host;
 - gives a throttled request's place back at once, so its wait holds no slot, and serves
   retried requests before fresh ones, so that no object starves behind newcomers;
@@ -216,7 +216,8 @@ class HostLimiter:
         self.throttled += 1
         self.last_throttle = self._time()
         decrease = seq is None or seq >= self._recovered
-        self.pace.throttled(self.last_throttle, decrease=decrease or self.window <= PACED_WINDOW)
+        floor = self.window <= PACED_WINDOW
+        self.pace.throttled(self.last_throttle, decrease=decrease or floor, floor=floor)
         if decrease:
             self._limit = self.window
             self.window = max(1.0, self.window / 2)

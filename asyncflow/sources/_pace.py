@@ -21,7 +21,9 @@ bind before it, or the pace has doubled the rate at the last throttle.
 A host that throttled before any answer came back has no rate to measure: starts are then
 spaced :data:`MIN_GAP` apart, twice as far on each throttle up to :data:`MAX_GAP`. In a run's
 first :data:`SPAN` seconds the rate is not measured (the first round trips, and the burst a
-store lets through first, would distort it): the window alone adapts.
+store lets through first, would distort it): the window alone adapts until it is down to its
+floor, and then starts are spaced as with no answer (one request at a time, each rejected
+within a round trip, was otherwise retried hundreds of times a second).
 """
 
 from __future__ import annotations
@@ -104,13 +106,14 @@ class Pace:
             return
         self.gap = 1.0 / rate
 
-    def throttled(self, now: float, *, decrease: bool) -> None:
+    def throttled(self, now: float, *, decrease: bool, floor: bool = False) -> None:
         """The host throttled a request; ``decrease``: the first throttle of a window's worth
-        of requests, which sets the pace anew."""
+        of requests, which sets the pace anew; ``floor``: the window is as small as it gets,
+        so only spacing can slow the starts further."""
         rate = self.delivered(now)
         if not decrease:
             return
-        if rate is None and not self._answers:  # nothing to measure: double the spacing
+        if rate is None and (floor or not self._answers):  # no rate yet: double the spacing
             self.gap = min(MAX_GAP, max(self.gap * 2, MIN_GAP))
             self._next = now + random.uniform(self.gap / 2, self.gap)
         elif rate is not None:

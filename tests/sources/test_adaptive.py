@@ -52,8 +52,11 @@ def test_a_throttling_store_never_fails_the_recipe(
         got = list(pipe)
         check_all(store, got, n)
         # Without the window, 256 requests at once met a bucket of 10: most were rejected,
-        # and objects ran out of tries. The window keeps rejections a small share.
-        assert store.rejected <= n
+        # and objects ran out of tries. The window, and the pace once it is down to one
+        # request, keep rejections a small share (about 65 here: 22 of the first 32, and
+        # a few while the pace finds the rate; one per object while the window alone
+        # adapted in the first half second).
+        assert store.rejected <= n // 2
     seen = host_note(pipe, store.base)
     assert 1 <= seen["window"] <= seen["ceiling"] == 256
     assert seen["requests"] + seen["hedged"] == store.requests

@@ -64,6 +64,15 @@ def test_no_rate_is_measured_in_the_first_span() -> None:
     assert pace.rate is None  # the window alone adapts until a rate can be trusted
 
 
+def test_a_window_at_its_floor_in_the_first_span_spaces_starts() -> None:
+    pace = Pace()
+    now = answer_at_rate(pace, 2000, 0.0, SPAN / 2)
+    pace.throttled(now, decrease=True, floor=True)  # the window cannot halve any further
+    assert pace.gap == MIN_GAP and pace.delay(now) > 0
+    pace.throttled(now, decrease=True, floor=True)
+    assert pace.gap == 2 * MIN_GAP
+
+
 def test_throttled_before_any_answer_spaces_starts_twice_as_far_each_time() -> None:
     pace = Pace()
     pace.throttled(0.0, decrease=True)
