@@ -8,6 +8,7 @@ through real pipelines.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections import Counter
@@ -254,3 +255,19 @@ def test_a_resumed_state_stays_small() -> None:
     resumed = _shares(3, items, states)
     saved = json.dumps(_state(resumed[0], list(range(10))))
     assert len(saved) < 2000, len(saved)
+
+
+def test_states_saved_with_the_sampled_listing_hash_still_resume() -> None:
+    """States saved before every item was hashed (asyncflow before 22dfe86) hold a hash of
+    the list's length and a sample of 64 items' reprs: they resume over that list, and are
+    refused over another."""
+    items = list(range(9))
+    step = max(1, len(items) // 64)
+    sample = "\n".join([str(len(items)), *(repr(items[i])[:200] for i in range(0, 9, step))])
+    old = hashlib.sha256(sample.encode()).hexdigest()[:16]
+    states = _valid([{**s, "split": {**s["split"], "listing": old}} for s in _two_ranks()])
+    resumed = [list(Split(rank=r, world_size=3).resume(items, states)) for r in range(3)]
+    # each of the two ranks settled its first item; "pad" repeats two of those left
+    assert {x for share in resumed for x in share} == set(range(2, 9))
+    with pytest.raises(ConfigError, match="another list"):
+        Split(rank=0, world_size=3).resume([*items[:8], 99], states)
