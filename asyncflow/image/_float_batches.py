@@ -14,13 +14,14 @@ them (``asyncflow/_recycle.py``'s ``"unreferenced"``): a batch the consumer hold
 of it, is never written over. Right after the consumer takes a batch the stage may release
 the next one before the consumer has let go of its previous one (its loop variable still
 holds it, or its thread has not run yet); the stage then waits for it, up to
-:data:`PATIENCE`, woken as the tensor goes, rather than making a third buffer. A consumer that
-holds more batches (two at a time, or ``list(pipe)``) makes a wait run out: the pool then
-keeps one more buffer (one wait each), up to :data:`FLOAT_POOL_MAX`; past that, spares, made
-without waiting until a kept buffer is free again. The last row of a run may complete two
-batches at once: the second then gets a spare (the first is not handed on yet). Buffers are
-private anonymous mappings, so that a spare's memory goes back to the system as soon as it is
-dropped (19 MB blocks freed to malloc stay in its arenas).
+:data:`PATIENCE`, woken as the last reference to it goes (not polling), rather than making a
+third buffer. A consumer that holds more batches (two at a time, or ``list(pipe)``) makes a
+wait run out: the pool then keeps one more buffer (one wait each), up to
+:data:`FLOAT_POOL_MAX`; past that, spares, made without waiting until a kept buffer is free
+again. The last row of a run may complete two batches at once: the second then gets a spare
+(the first is not handed on yet). Buffers are private anonymous mappings, so that a spare's
+memory goes back to the system as soon as it is dropped (19 MB blocks freed to malloc stay in
+its arenas).
 
 On 2 cores, 1,024 JPEGs, batches of 32 at 224: two float buffers where three or four were
 made before (18.4 MiB each; docs/performance.md).
@@ -29,7 +30,7 @@ made before (18.4 MiB each; docs/performance.md).
 from __future__ import annotations
 
 import mmap
-import threading
+import queue
 import time
 import weakref
 from typing import Any
@@ -48,7 +49,6 @@ FLOAT_POOL = 2
 FLOAT_POOL_MAX = 6
 #: Longest wait, in seconds, for the consumer to let go of a float batch (then one more is kept).
 PATIENCE = 0.1
-_POLL = 0.002
 
 _Key = tuple[tuple[int, ...], np.dtype[Any]]
 
@@ -81,7 +81,9 @@ class FloatBatches:
         self._pool: Recycler[_Key, np.ndarray] = Recycler(
             _anonymous, nbytes=lambda a: a.nbytes, limit=FLOAT_POOL, returned="unreferenced",
         )
-        self._dropped = threading.Event()  # set as a tensor handed out goes
+        # The kept buffers' exporters that went (see _watch), and each kept buffer's watch.
+        self._freed: queue.SimpleQueue[weakref.ref[np.ndarray]] = queue.SimpleQueue()
+        self._watches: dict[int, weakref.ref[np.ndarray]] = {}
         self._pressed = False  # every kept buffer held, FLOAT_POOL_MAX of them
         #: Releases that waited for the consumer to let go of a batch, and how long in all.
         self.waits = 0
@@ -104,18 +106,31 @@ class FloatBatches:
         out = base[:len(images)]
         np.multiply(images.numpy(), self._scale, out=out, dtype=np.float32)
         out += self._offset
-        tensor = torch.from_numpy(out)
-        # A hint, not the test (a view kept elsewhere may still hold the buffer): the tensor
-        # going wakes a release that waits for a buffer, in whichever thread drops it.
-        weakref.finalize(tensor, self._dropped.set)
-        return tensor
+        if self._pool.owns(base):
+            self._watch(base, out)
+        return torch.from_numpy(out)
 
     def stats(self) -> PoolStats:
         """The float buffers kept, and how often one was reused (``spares``: made beyond)."""
         return self._pool.stats()
 
+    def _watch(self, base: np.ndarray, out: np.ndarray) -> None:
+        """Queue ``out`` on :attr:`_freed` as it goes, which frees ``base`` (a kept buffer).
+
+        ``out``, the view the tensor is made from, is the batch's one exporter: the tensor's
+        storage refers to it, and so do NumPy views of the tensor (through the tensor, the base
+        of ``tensor.numpy()``); nothing else refers to ``base``. So ``out`` goes exactly when
+        the last view, tensor or array does, in whichever thread drops it. The tensor itself
+        may go first (a view ``batch[0]`` kept). The callback is C code (``SimpleQueue.put``),
+        so the dropping thread holds the GIL from it until ``out`` has let go of ``base``: a
+        waiter woken by it sees ``base`` free.
+        """
+        self._watches[id(base)] = weakref.ref(out, self._freed.put)
+
     def _buffer(self, wait: bool) -> np.ndarray:
         pool = self._pool
+        while not self._freed.empty():  # releases from before: _free() sees them
+            self._freed.get_nowait()
         if self._free():
             self._pressed = False
         elif wait and not self._pressed and not self._wait():
@@ -132,14 +147,13 @@ class FloatBatches:
         start = time.monotonic()
         self.waits += 1
         try:
-            while True:
-                self._dropped.clear()
-                if self._free():
-                    return True
+            while not self._free():
                 left = PATIENCE - (time.monotonic() - start)
-                if left <= 0:
+                try:
+                    self._freed.get(timeout=max(left, 0))  # woken as a kept buffer goes free
+                except queue.Empty:
                     return False
-                self._dropped.wait(min(left, _POLL))
+            return True
         finally:
             self.waited += time.monotonic() - start
 
