@@ -1,8 +1,8 @@
 """The ``http`` and ``https`` transport: whole bodies, resumed streams and manifests.
 
 The pieces: :mod:`._http_session` (the shared aiohttp session, requests, redirects, status
-and error translation), :mod:`._http_ranges` (one try from a byte offset, proven to continue
-the same object), :mod:`._http_body` (Content-Length, decoding). Retries go through
+and error translation, bodies: Content-Length, decoding) and :mod:`._http_ranges` (one try
+from a byte offset, proven to continue the same object). Retries go through
 :func:`~._retry.with_retries`, the one retry loop.
 
 A body comes back only whole and from one version of the object: a try resumed with
@@ -19,9 +19,8 @@ from contextlib import aclosing
 import aiohttp
 
 from .._redact import Operation, redact_url
-from ._http_body import body
 from ._http_ranges import Changed, Resume, open_from, stream
-from ._http_session import http_session
+from ._http_session import body, http_session
 from ._limiter import limiter_for
 from ._manifest import remote_entries
 from ._objects import ObjectInfo

@@ -22,8 +22,7 @@ from typing import Any
 import aiohttp
 
 from .._errors import SourceError
-from ._http_body import MAX_CONTENT_LENGTH, body, coding, content_length
-from ._http_session import get
+from ._http_session import MAX_CONTENT_LENGTH, body, coding, content_length, get
 from ._retry import Retry, Timeout, http_date
 
 __all__ = ["Changed", "Resume", "open_from", "stream"]

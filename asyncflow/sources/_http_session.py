@@ -1,4 +1,4 @@
-"""HTTP(S) sessions, requests and redirects: aiohttp's side of the ``http`` transport.
+"""HTTP(S) sessions, requests, redirects and bodies: aiohttp's side of the ``http`` transport.
 
 Inside a pipeline run the session lives in the run's scope (one per run, closed when the run
 stops); outside any run each call opens and closes its own, unless the caller wraps its calls
@@ -8,12 +8,17 @@ Redirects are followed by hand (at most :data:`MAX_REDIRECTS`), so that a redire
 move a read to another scheme. Every aiohttp failure is translated here: a failure worth
 another try becomes :class:`~asyncflow.sources._retry.Transient`, anything else a
 :class:`~asyncflow.SourceError` whose message holds no secret.
+
+A body is read whole or not at all: Content-Length is checked, and a server may encode a body
+although asked not to; aiohttp's own decoder does not notice a gzip stream cut short, so bodies
+are decoded here (:mod:`._inflate`), and must reach the end of their stream.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+import re
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import AbstractAsyncContextManager
 
 import aiohttp
@@ -21,12 +26,17 @@ from yarl import URL
 
 from .._errors import SourceError, SourcePermissionError
 from .._redact import describe_exception, redact_url
+from ._inflate import Inflater
 from ._objects import connections, shared
 from ._retry import Retry, Timeout, Transient, failed_answer
 
 __all__ = [
     "HTTP_KEY",
+    "MAX_CONTENT_LENGTH",
     "MAX_REDIRECTS",
+    "body",
+    "coding",
+    "content_length",
     "get",
     "http_session",
     "new_session",
@@ -36,6 +46,9 @@ __all__ = [
 HTTP_KEY = "asyncflow.http"
 MAX_REDIRECTS = 5
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_CHUNK = 256 * 1024
+MAX_CONTENT_LENGTH = 1 << 48  # far above any real object (S3's limit is 5 TiB)
+_DIGITS = re.compile(r"[0-9]{1,20}")
 
 
 def new_session() -> aiohttp.ClientSession:
@@ -149,3 +162,51 @@ async def get(
             raise
         return resp
     raise SourceError(f"{what}: more than {MAX_REDIRECTS} redirects")
+
+
+def content_length(resp: aiohttp.ClientResponse, what: object) -> int | None:
+    """The validated Content-Length, or ``None`` when the server sent none."""
+    values = resp.headers.getall("Content-Length", [])
+    if not values:
+        return None
+    raw = values[0].strip()
+    if len(set(values)) > 1 or not _DIGITS.fullmatch(raw) or int(raw) > MAX_CONTENT_LENGTH:
+        raise SourceError(f"{what}: invalid Content-Length {', '.join(values)[:60]!r}")
+    return int(raw)
+
+
+def coding(resp: aiohttp.ClientResponse) -> str:
+    """The response's Content-Encoding, lower-cased; ``"identity"`` when none."""
+    return resp.headers.get("Content-Encoding", "").strip().lower() or "identity"
+
+
+def _inflater(resp: aiohttp.ClientResponse, what: object) -> Inflater | None:
+    name = coding(resp)
+    if name == "identity":
+        return None
+    if name in ("gzip", "x-gzip", "deflate"):
+        return Inflater(what, name)
+    raise SourceError(f"{what}: unsupported Content-Encoding {name[:40]!r}")
+
+
+async def body(
+    resp: aiohttp.ClientResponse, expected: int | None, what: object, timeout: Timeout
+) -> AsyncGenerator[bytes, None]:
+    """The decoded body in chunks; raises :class:`Transient` unless all of it arrived."""
+    inflater = _inflater(resp, what)
+    got = 0
+    try:
+        async for chunk in resp.content.iter_chunked(_CHUNK):
+            got += len(chunk)
+            if inflater is None:
+                yield chunk
+                continue
+            inflater.push(chunk)
+            while data := inflater.pull():
+                yield data
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise translate(exc, what, timeout) from None
+    if expected is not None and got != expected:
+        raise Transient(f"body truncated: got {got} of {expected} bytes")
+    if inflater is not None and inflater.cut:
+        raise Transient(f"{inflater.coding} body ends before the end of its stream")
