@@ -20,7 +20,7 @@ from typing import Any
 from ._errors import SourceError, SourceNotFound, SourcePermissionError, check_int
 from ._redact import redact_url
 
-__all__ = ["Blob", "check_max_bytes", "describe_size", "os_error", "read_regular"]
+__all__ = ["Blob", "check_max_bytes", "describe_size", "os_error", "over_max_bytes", "read_regular"]
 
 _CHUNK = 1 << 20
 _KINDS = (
@@ -118,12 +118,15 @@ def _check_regular(mode: int, label: str) -> None:
     raise SourceError(f"{label}: is {kind}, not a regular file; only regular files are read")
 
 
+def over_max_bytes(label: str, size: str, max_bytes: int) -> SourceError:
+    """The error for an object of ``size`` (described) over ``max_bytes``, naming ``label``."""
+    return SourceError(f"{label}: {size}, over max_bytes={max_bytes:,} "
+                       "(pass a larger max_bytes= to read it)")
+
+
 def _check_size(size: int, label: str, max_bytes: int | None) -> None:
     if max_bytes is not None and size > max_bytes:
-        raise SourceError(
-            f"{label}: {describe_size(size)}, over max_bytes={max_bytes:,} "
-            "(pass a larger max_bytes= to read it)"
-        )
+        raise over_max_bytes(label, describe_size(size), max_bytes)
 
 
 def _read_capped(fd: int, size: int, label: str, max_bytes: int | None) -> bytes:

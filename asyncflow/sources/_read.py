@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
-from .._blob import Blob, check_max_bytes, describe_size
-from .._errors import SourceError, check_int
+from .._blob import Blob, check_max_bytes, describe_size, over_max_bytes
+from .._errors import check_int
 from .._redact import redact_url
 from .._scope import RunScope, use_scope
 from ._retry import Retry, Timeout, resolve_policy
@@ -78,7 +78,8 @@ async def read_bytes(
         return Blob(await transport.fetch(text, retry=policy, timeout=deadlines), text)
     check_max_bytes(max_bytes)
     if isinstance(url, ObjectInfo) and url.size is not None and url.size > max_bytes:
-        raise _over(text, f"{describe_size(url.size)} (listed)", max_bytes)
+        raise over_max_bytes(redact_url(text), f"{describe_size(url.size)} (listed)",
+                             max_bytes)
     if scheme_of(text) == "file":
         from ._files import file_path, read_file
 
@@ -96,14 +97,10 @@ async def _read_capped(
         async for chunk in body:
             total += len(chunk)
             if total > max_bytes:
-                raise _over(url, f"more than {describe_size(max_bytes)}", max_bytes)
+                raise over_max_bytes(redact_url(url), f"more than {describe_size(max_bytes)}",
+                                     max_bytes)
             chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _over(url: str, size: str, max_bytes: int) -> SourceError:
-    return SourceError(f"{redact_url(url)}: {size}, over max_bytes={max_bytes:,} "
-                       "(pass a larger max_bytes= to read it)")
 
 
 @asynccontextmanager
