@@ -15,7 +15,7 @@ from ._custom import CustomSpec
 from ._failures import FailureBudget
 from ._features import feature, register_feature
 from ._identity import describe_difference, item_token, listing_identity, sequence_identity
-from ._merge import BranchEnd, Merge, MergeChooser, MergePolicy
+from ._merge import END_OF_STREAM, BranchEnd, EndOfStream, Merge, MergeChooser, MergePolicy
 from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender, apply_hooks, node_for
 from ._options import RunOptions, RunPlan
 from ._pipeline import Pipeline
@@ -42,11 +42,13 @@ def register_reducer(cls: type, reducer: object) -> None:
 
 
 __all__ = [
+    "END_OF_STREAM",
     "AssembleSpec",
     "Assembler",
     "BranchEnd",
     "ConsumerHook",
     "CustomSpec",
+    "EndOfStream",
     "FailureBudget",
     "FailureRecord",
     "HookFactory",

@@ -33,7 +33,7 @@ from ._source_node import SourceNode
 from ._spec import MapSpec, StageSpec, stage_names
 from ._stats import StageCounters
 from ._thread_pool import WorkerPool
-from ._window import Window
+from ._window import BranchCredits, Window
 
 __all__ = ["build_graph", "build_run", "thread_count"]
 
@@ -139,10 +139,7 @@ def _add_chain(
     lineage = Lineage(plan)
     keys = ItemKeys()  # the source's seed keys, if it names them
     nodes: list[Node] = []
-    window = _window(merge, specs, names, options) if handoff else None
-    if options.window is not None and not handoff:
-        raise ConfigError(f"{prefix[:-1]}: a merge's input has a window; give the merged "
-                          "pipeline one instead")
+    window = _window(merge, specs, names, options)
     in_step = True  # every stage so far maps source items 1:1, in order
     batched = False
     for index, spec in enumerate(stages):
@@ -174,8 +171,10 @@ def _add_chain(
         ctx.lineage = lineage
         ctx.item_keys = keys
         ctx.window = window
-        if window is not None and spec is None:
-            ctx.add_receive_hook(window.received)  # the consumer has it: its credit is free
+        if window is not None and spec is None and (handoff or merge is not None):
+            # the consumer has it: its credit is free (a branch's source gets its credits
+            # back from the merge's window, as the consumer receives the branch's items)
+            ctx.add_receive_hook(window.received)
         if in_step:
             ctx.start = run.start  # positions count from the resumed one
             ctx.in_step = True
@@ -206,18 +205,27 @@ def _add_chain(
 
 def _window(merge: Merge[Any] | None, specs: Sequence[StageSpec], names: Sequence[str],
             options: RunOptions) -> Window | None:
-    """The run's window (``options.window``), if its stages keep items one for one."""
-    if options.window is None:
-        return None
+    """The chain's window, if its stages keep items one for one: ``options.window`` over a
+    plain source; over a merge whose inputs have windows, the credits it owes them."""
+    window: Window
     if merge is not None:
-        raise ConfigError(f"{names[0]}: a window needs a plain source, not a Merge")
+        if options.window is not None:
+            raise ConfigError(f"{names[0]}: a window needs a plain source, not a Merge (give "
+                              "each of the merge's inputs a window: its branch's read-ahead)")
+        if all(p.options.window is None for p in merge.inputs):
+            return None
+        window = BranchCredits()
+    elif options.window is None:
+        return None
+    else:
+        window = Window(options.window)
     for name, spec in zip(names[1:], specs, strict=True):
         if spec.traits.grouping is not None:
             raise ConfigError(
                 f"stage {name!r} regroups items ({spec.traits.grouping}); a window counts "
                 "items one for one from the source to the consumer"
             )
-    return Window(options.window)
+    return window
 
 
 def _add_branch(
@@ -247,8 +255,14 @@ def _add_branch(
     contexts = graph.contexts[first:]
     starts = [ctx for ctx in contexts if ctx not in graph.deferred]  # nested: their merge's
     graph.deferred.update(contexts)
-    return BranchRun(contexts=contexts, starts=starts, output=graph.outputs[-1], hooks=hooks,
-                     scope=scope)
+    window = chain[0].window  # a nested merge's own window is given back by its hook
+    steady = not isinstance(plan.open_source, Merge) and all(
+        s.items_per_output == 1 for s in branch.stages)  # one for one: EndOfStream's counts
+    return BranchRun(
+        contexts=contexts, starts=starts, output=graph.outputs[-1], hooks=hooks, scope=scope,
+        window=None if isinstance(window, BranchCredits) else window,
+        counts=[(c.counters.items_in, c.counters.items_out, c.counters.failures)
+                for c in contexts] if steady else None)
 
 
 def _merge_node(
@@ -264,6 +278,7 @@ def _merge_node(
         era = ledger.upcoming(i)  # resumed: the branch's epoch again (its order, its seeds)
         new = _add_branch(graph, branch_at(pipe, era), run, at, resume=era.plan)
         ledger.install(i, new.contexts[-1])  # its last stage's (nested branches come first)
+        _owe_to(ctx, new)
         branches.append(new)
     ledger.built(merge.inputs)
 
@@ -275,6 +290,7 @@ def _merge_node(
                           counters_of={c.name: c.counters for c in old.contexts},
                           resume=era.plan, keep=ledger.keeps)
         ledger.install(i, new.contexts[-1])
+        _owe_to(ctx, new)
         graph.move(start, old.contexts)
         graph.deferred.difference_update(old.contexts)
         if old.scope in graph.scopes:
@@ -288,6 +304,12 @@ def _merge_node(
 
     return MergeNode(ctx, merge, branches, spawn, rebuild, graph.tasks, graph.failed,
                      ledger=ledger)
+
+
+def _owe_to(ctx: NodeContext, branch: BranchRun) -> None:
+    """Close ``branch``'s window with the merged run's (``ctx``: the merge's)."""
+    if isinstance(ctx.window, BranchCredits) and branch.window is not None:
+        ctx.window.add(branch.window)
 
 
 def _process_pool(

@@ -30,11 +30,14 @@ from ._pool_holder import PoolHolder
 from ._protocols import BranchEnd, MergeChooser, MergePolicy
 from ._spec import StageSpec, unique_names
 from ._stats import count_items
+from ._window import BranchCredits, Window
 
 __all__ = [
+    "END_OF_STREAM",
     "Branch",
     "BranchEnd",
     "BranchRun",
+    "EndOfStream",
     "Merge",
     "MergeChooser",
     "MergeNode",
@@ -50,6 +53,24 @@ T_co = TypeVar("T_co", covariant=True)
 _ENDS = ("stop", "drop", "restart")
 _TAKE = 32  # items taken from a branch at a time
 _FLUSH = 64  # items chosen before they are put out together
+
+
+class EndOfStream:
+    """An item that ends its merge branch's stream, as if the branch had run out (a map whose
+    worker's own iterator ran out, while the source goes on handing it tasks): the merge drops
+    it and what follows, stops the branch's stages, and asks the policy (``ended``). Stages
+    that keep items one for one count only the items before it. Pickles as the one
+    :data:`END_OF_STREAM` in every process."""
+
+    def __reduce__(self) -> str:
+        return "END_OF_STREAM"
+
+    def __repr__(self) -> str:
+        return "END_OF_STREAM"
+
+
+#: The item that ends a merge branch's stream (:class:`EndOfStream`).
+END_OF_STREAM = EndOfStream()
 
 
 @runtime_checkable
@@ -166,10 +187,28 @@ class BranchRun:
     output: Any
     hooks: tuple[Callable[[Any], Any], ...]
     scope: RunScope
+    window: Window | None = None
+    counts: list[tuple[int, int, int]] | None = None  # its stages' (in, out, failed) at start
     taken: int = 0
     items: list[Any] = field(default_factory=list)
     pos: int = 0
     live: bool = True
+    received: int = 0  # items taken from its output, before its end
+    ended: bool = False  # an EndOfStream came
+
+
+def count_to_end(branch: BranchRun) -> None:
+    """Each stage of a branch ended by :class:`EndOfStream` (``counts`` set: one for one)
+    counts the items before the end (failed ones included), not those let in after it."""
+    if branch.counts is None or not branch.ended:
+        return
+    out = branch.received
+    for ctx, (was_in, was_out, was_failed) in zip(
+            reversed(branch.contexts), reversed(branch.counts), strict=True):
+        c = ctx.counters
+        c.items_out = min(c.items_out, was_out + out)
+        out += c.failures - was_failed
+        c.items_in = min(c.items_in, was_in + out)
 
 
 #: Rebuilds branch ``i`` (its old run given) as a new epoch, installed and started.
@@ -216,6 +255,7 @@ class MergeNode:
         self._rebuild = rebuild
         self._tasks = tasks
         self._failed = failed
+        self._credits = ctx.window if isinstance(ctx.window, BranchCredits) else None
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         """Take items until the policy ends the merge, a branch fails, or the run stops.
@@ -252,6 +292,8 @@ class MergeNode:
                 branch.pos += 1
                 branch.taken += 1
                 ledger.take(int(i))
+                if self._credits is not None:
+                    self._credits.owe(branch.window)
                 pending.append(item)
                 if len(pending) >= _FLUSH:
                     await self._flush(pending, out)
@@ -282,9 +324,16 @@ class MergeNode:
     async def _refill(self, branch: BranchRun) -> bool:
         """Take the branch's next items; False when it has run out. Items that receive
         hooks finish (a copy, say) are taken one at a time, so that few wait finished."""
+        if branch.ended:
+            return False
         items = await branch.output.get_many(1 if branch.hooks else _TAKE)
+        end = next((k for k, item in enumerate(items) if isinstance(item, EndOfStream)), None)
+        if end is not None:
+            del items[end:]
+            branch.ended = True
         if not items:
             return False
+        branch.received += len(items)
         self.ctx.counters.items_in += count_items(items)
         if branch.hooks:
             items = await self.ctx.run_sync(apply_hooks, branch.hooks, items)
@@ -294,7 +343,10 @@ class MergeNode:
     async def _ended(self, i: int, branch: BranchRun, chooser: MergeChooser) -> bool:
         """Branch ``i`` ran out: drop or restart it; False when the merge ends."""
         self.ledger.ran_out(i)
+        if branch.ended:  # its source may go on: stop its stages, not wait for them
+            self._stop(branch)
         await self._settle(branch)
+        count_to_end(branch)
         if any(ctx in self._failed for ctx in branch.contexts):
             return False  # the run fails with the branch's error
         verdict = self._verdict(chooser, i, empty=branch.taken == 0)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from typing import Any
 
 from ._loop import settle_soon
 
-__all__ = ["Window"]
+__all__ = ["BranchCredits", "Window"]
 
 
 class Window:
@@ -78,3 +79,48 @@ class Window:
             waiters, self._waiters = self._waiters, []
         for loop, fut in waiters:
             settle_soon(loop, fut)
+
+
+class BranchCredits(Window):
+    """A merged run's window: the credits of the items the merge has put out, each owed to
+    its branch's :class:`Window` (``None`` for a branch without one), given back in the
+    order the merge put them out as the consumer receives items or the run drops them.
+
+    The stages after the merge keep items one for one (building the run checks it), so the
+    ``n``-th item received or dropped is the merge's ``n``-th. A stage there that finishes
+    items out of order may give a credit to the wrong branch for a while; each branch gets
+    back as many as it had put out, once they are through. Its own :meth:`take` is never
+    called: the branches' sources take from their windows.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self._owed: deque[Window | None] = deque()
+        self._branches: list[Window] = []
+
+    def add(self, window: Window) -> None:
+        """A branch's window, closed with this one."""
+        self._branches.append(window)
+
+    def owe(self, window: Window | None) -> None:
+        """The merge puts out an item of the branch whose window is ``window`` (on the run's
+        loop, before it puts it)."""
+        self._owed.append(window)
+
+    def give(self, count: int = 1) -> None:
+        """The next ``count`` items the merge put out were received or dropped: their
+        credits go back to their branches (any thread; never blocks)."""
+        for _ in range(count):
+            try:
+                window = self._owed.popleft()  # deque's popleft is atomic: any thread
+            except IndexError:
+                return
+            if window is not None:
+                window.give(1)
+
+    def close(self) -> None:
+        """Close the branches' windows too: a failed stage after the merge leaves their
+        items' credits owed, and their sources would wait for them."""
+        super().close()
+        for window in self._branches:
+            window.close()

@@ -1,0 +1,106 @@
+"""A merge branch that ends its own stream: an ``END_OF_STREAM`` item from its stages, while
+its source could go on (``EndOfStream`` in ``asyncflow/pipeline/_merge.py``)."""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+from typing import Any
+
+import pytest
+
+from asyncflow import Pipeline
+from asyncflow.pipeline import END_OF_STREAM, BranchEnd, Merge
+
+from .test_merge import RoundRobin
+
+
+class Upto:
+    """A worker's own iterator of ``n`` items, one a call: ``END_OF_STREAM`` once it has run
+    out (its tasks, from an endless source, say nothing of where it ends)."""
+
+    def __init__(self, n: int, tag: int, bad: int | None = None) -> None:
+        self.n, self.tag, self.bad = n, tag, bad
+        self.items = iter(range(n))
+
+    def __call__(self, task: int) -> Any:
+        if task == 0:  # a new era of the branch: a new iterator
+            self.items = iter(range(self.n))
+        x = next(self.items, None)
+        if x is None:
+            return END_OF_STREAM
+        if x == self.bad:
+            raise ValueError(f"item {x} is bad")
+        return (self.tag, x)
+
+
+def _lanes(sizes: list[int], window: int | None, bad: int | None = None,
+           policy: Any = None) -> Pipeline:
+    inputs = [
+        Pipeline(itertools.count, name=f"w{w}", window=window, max_failures=1.0).map(
+            Upto(n, w, bad), name="fetch")
+        for w, n in enumerate(sizes)
+    ]
+    return Pipeline(Merge(inputs, policy or RoundRobin(), name="lanes"))
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_a_branch_ends_where_its_stages_say_and_counts_only_its_items(
+    window: int | None, leak_check: None
+) -> None:
+    pipe = _lanes([3, 1], window)
+    # RoundRobin takes branch 1 first; branch 1 ends after its one item, branch 0 after three
+    assert list(pipe) == [(1, 0), (0, 0), (0, 1), (0, 2)]
+    stats = pipe.stats()
+    assert [(s.name, s.items_in, s.items_out) for s in stats.stages
+            if not s.name.endswith("/source")] == [
+        ("w0/fetch", 3, 3), ("w1/fetch", 1, 1), ("lanes", 4, 4)]
+    if window is not None:  # without one the source's chunks are what it counts
+        assert [stats["w0/source"].items_out, stats["w1/source"].items_out] == [3, 1]
+    assert stats.delivered == 4
+    assert not stats.running
+
+
+def test_items_failed_before_the_end_count_in_the_stages_that_took_them(
+    leak_check: None,
+) -> None:
+    pipe = _lanes([4], 2, bad=1)
+    assert list(pipe) == [(0, 0), (0, 2), (0, 3)]
+    stats = pipe.stats()
+    assert [(s.name, s.items_in, s.items_out, s.failures) for s in stats.stages] == [
+        ("w0/source", 0, 4, 0), ("w0/fetch", 4, 3, 1), ("lanes", 3, 3, 0)]
+
+
+class RestartOnce(RoundRobin):
+    def open(self, epoch: int, branches: int) -> Any:
+        turns = super().open(epoch, branches)
+        turns.restarted = False
+        ended = turns.ended
+
+        def once(branch: int, *, empty: bool) -> BranchEnd:
+            if not turns.restarted:
+                turns.restarted = True
+                return "restart"
+            return ended(branch, empty=empty)
+
+        turns.ended = once
+        return turns
+
+
+def test_a_restarted_branch_counts_on_from_its_earlier_eras(leak_check: None) -> None:
+    pipe = _lanes([2], 1, policy=RestartOnce())
+    assert list(pipe) == [(0, 0), (0, 1), (0, 0), (0, 1)]
+    stats = pipe.stats()
+    assert [(s.name, s.items_in, s.items_out) for s in stats.stages] == [
+        ("w0/source", 0, 4), ("w0/fetch", 4, 4), ("lanes", 4, 4)]
+
+
+def test_the_marker_is_one_object_in_every_process() -> None:
+    assert pickle.loads(pickle.dumps(END_OF_STREAM)) is END_OF_STREAM
+    assert repr(END_OF_STREAM) == "END_OF_STREAM"
+
+
+def test_a_break_while_a_branch_is_ending_leaves_nothing_running(leak_check: None) -> None:
+    for item in _lanes([1, 50], 2):
+        assert item == (1, 0)
+        break

@@ -1,0 +1,116 @@
+"""A merge input's window (``Pipeline(source, window=n)`` merged): its branch's source lets in
+at most ``n`` items beyond those of that branch the merged run's consumer received or the run
+dropped (``BranchCredits`` in ``asyncflow/pipeline/_window.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from asyncflow import ConfigError, Pipeline, PipelineError
+from asyncflow.pipeline import Merge
+
+from .test_merge import RoundRobin
+from .test_window import ITEMS, Draws, _source
+
+
+def _branches(draws: list[Draws], window: int | None, *, concurrency: int = 4) -> Merge[Any]:
+    inputs = [
+        Pipeline(_source("iterator", d), name=f"in{b}", window=window).map(
+            lambda x, b=b: (b, x), concurrency=concurrency)
+        for b, d in enumerate(draws)
+    ]
+    return Merge(inputs, RoundRobin(), name="turns")
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_each_branch_lets_in_its_window_beyond_its_items_received(
+    window: int, leak_check: None
+) -> None:
+    draws = [Draws(window), Draws(window)]
+    # the merge's output queue and the hand-off alone would hold 64 items of each branch
+    pipe = Pipeline(_branches(draws, window)).map(lambda item: item, concurrency=4)
+    received = []
+    with pipe.open() as run:
+        for turn in range(2 * ITEMS):
+            draws[1 - turn % 2].ask()  # RoundRobin takes branch 1 first, then 0, ...
+            received.append(next(run))
+        assert next(run, None) is None
+    assert [d.over for d in draws] == [[], []]
+    assert received == [(1 - t % 2, t // 2) for t in range(2 * ITEMS)]
+
+
+def test_without_windows_a_branch_reads_ahead_of_the_consumer(leak_check: None) -> None:
+    """The test above can fail: with no window a branch's source runs ahead."""
+    draws = [Draws(1), Draws(1)]
+    with Pipeline(_branches(draws, None)).open() as run:
+        next(run)
+        assert draws[0].cond.acquire(timeout=5)
+        try:
+            assert draws[0].cond.wait_for(lambda: draws[0].drawn == ITEMS, timeout=20)
+        finally:
+            draws[0].cond.release()
+    assert draws[0].over
+
+
+async def test_items_dropped_after_the_merge_give_their_branch_credits_back(
+    leak_check: None,
+) -> None:
+    def every_third_fails(item: tuple[int, int]) -> tuple[int, int]:
+        if item[1] % 3 == 0:
+            raise ValueError(item)
+        return item
+
+    draws = [Draws(2), Draws(2)]
+    pipe = Pipeline(_branches(draws, 2), max_failures=1.0).map(every_third_fails)
+    pipe = pipe.filter(lambda item: item[1] % 2 == 0)
+    async with asyncio.timeout(20):
+        out = [item async for item in pipe]
+    assert sorted(out) == sorted((b, x) for b in (0, 1) for x in range(ITEMS)
+                                 if x % 3 and x % 2 == 0)
+
+
+def test_a_window_on_one_input_bounds_that_branch_only(leak_check: None) -> None:
+    draws = [Draws(2), Draws(2)]
+    inputs = [Pipeline(_source("iterator", draws[0]), name="held", window=2),
+              Pipeline(_source("iterator", draws[1]), name="free")]
+    with Pipeline(Merge(inputs, RoundRobin())).open() as run:
+        assert next(run) == 0  # branch 1 first
+        for _ in range(4):
+            next(run)
+        assert draws[1].cond.acquire(timeout=5)
+        try:
+            assert draws[1].cond.wait_for(lambda: draws[1].drawn == ITEMS, timeout=20)
+        finally:
+            draws[1].cond.release()
+    assert draws[0].drawn <= 2 + 2 + 1  # two received, a window of two, one asked for
+
+
+async def test_a_failed_stage_after_the_merge_wakes_the_branches_waiting_for_credits(
+    leak_check: None,
+) -> None:
+    started = threading.Event()
+
+    def fails_on_the_first(item: tuple[int, int]) -> tuple[int, int]:
+        started.set()
+        if item[1] == 0:
+            raise ValueError("first")
+        return item
+
+    pipe = Pipeline(_branches([Draws(ITEMS), Draws(ITEMS)], 1)).map(fails_on_the_first)
+    async with asyncio.timeout(20):
+        with pytest.raises(PipelineError):
+            async for _ in pipe:
+                pass
+    assert started.is_set()
+
+
+def test_stages_after_windowed_branches_keep_items_one_for_one() -> None:
+    merge = _branches([Draws(ITEMS), Draws(ITEMS)], 2)
+    with pytest.raises(ConfigError, match="stage 'batch' regroups items"):
+        list(Pipeline(merge).batch(2))
+    with pytest.raises(ConfigError, match="give each of the merge's inputs a window"):
+        list(Pipeline(merge, window=2))
