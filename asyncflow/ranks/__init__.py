@@ -17,7 +17,7 @@ imported it.
 
 from __future__ import annotations
 
-from ._cut import cut, padding
+from ._cut import cut, padding, part_size
 from ._elastic import remaining, settled_of, untouched_state
 from ._split import Part, Share, Split
 from ._world import world
@@ -28,6 +28,7 @@ __all__ = [
     "Split",
     "cut",
     "padding",
+    "part_size",
     "remaining",
     "settled_of",
     "untouched_state",

@@ -12,7 +12,6 @@ epoch costs one 80 MB array, not a list of ten million ints.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any, TypeAlias
 
@@ -21,6 +20,7 @@ import numpy.typing as npt
 
 from .._errors import ConfigError, ConfigTypeError, check_int
 from ..pipeline.seeding import epoch_rng, fresh_seed
+from ..ranks import part_size
 from ._randperm import torch_randperm
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
     "probabilities",
     "random_blocks",
     "read_length",
-    "shard_size",
     "skip",
     "weighted_blocks",
 ]
@@ -128,18 +127,11 @@ def distributed_blocks(
     ``randperm(n)`` from a generator seeded with ``seed + epoch``, or ``0 .. n-1`` when
     ``epoch`` is ``None``) padded cyclically to a multiple of ``num_replicas`` (or cut, with
     ``drop_last``), then every ``num_replicas``-th index from ``rank``."""
-    per_rank = shard_size(n, num_replicas, drop_last=drop_last)
-    total = per_rank * num_replicas
+    # torch's rule is asyncflow.cut's: ceil(n / replicas) padded, n // replicas dropped
+    total = part_size(n, num_replicas, remainder="drop" if drop_last else "pad") * num_replicas
     order = np.arange(n, dtype=np.int64) if epoch is None else torch_randperm(n, seed + epoch)
     order = order[:total] if total <= n else np.resize(order, total)
     yield order[rank:total:num_replicas]
-
-
-def shard_size(n: int, num_replicas: int, *, drop_last: bool) -> int:
-    """Indices per rank for a dataset of ``n``, by torch's rule."""
-    if drop_last and n % num_replicas:
-        return math.ceil((n - num_replicas) / num_replicas)
-    return math.ceil(n / num_replicas)
 
 
 def skip(blocks: Iterable[Block], count: int) -> Iterator[Block]:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError, ConfigTypeError, check_int
-from ..ranks import world
+from ..ranks import part_size, world
 from ._base_sampler import Sampler
 from ._orders import (
     Block,
@@ -42,7 +42,6 @@ from ._orders import (
     probabilities,
     random_blocks,
     read_length,
-    shard_size,
     weighted_blocks,
 )
 
@@ -263,7 +262,7 @@ class DistributedSampler(Sampler):
     def num_samples(self) -> int:
         """Indices per rank and epoch, for the dataset's length now."""
         n = read_length(self.dataset)
-        return shard_size(n, self.num_replicas, drop_last=self.drop_last)
+        return part_size(n, self.num_replicas, remainder="drop" if self.drop_last else "pad")
 
     @property
     def total_size(self) -> int:
