@@ -8,14 +8,20 @@ from .._scope import current_epoch
 from ._assemble import AssembleSpec
 from ._auto import choose_workers, usable_cpus
 from ._boot import check_picklable
-from ._checksum import short_digest, state_checksum
 from ._core import HookFactory
-from ._current import run_failed
 from ._custom import CustomSpec
 from ._failures import FailureBudget
 from ._features import feature, register_feature
-from ._identity import describe_difference, item_token, listing_identity, sequence_identity
-from ._merge import END_OF_STREAM, BranchEnd, EndOfStream, Merge, MergeChooser, MergePolicy
+from ._identity import (
+    describe_difference,
+    item_token,
+    listing_identity,
+    sequence_identity,
+    short_digest,
+    state_checksum,
+)
+from ._merge import BranchEnd, Merge, MergeChooser, MergePolicy
+from ._merge_end import END_OF_STREAM, EndOfStream
 from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender, apply_hooks, node_for
 from ._options import RunOptions, RunPlan
 from ._pipeline import Pipeline
@@ -24,7 +30,7 @@ from ._run import ConsumerHook, Run
 from ._span import Span
 from ._spec import StageSpec
 from ._stats import FailureRecord, ItemGroup, PipelineStats, StageStats, label_stage
-from ._thread_pool import run_thread
+from ._thread_pool import run_failed, run_thread
 from ._traits import StageTraits
 from ._worker_options import (
     Processes,

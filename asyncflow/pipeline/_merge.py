@@ -23,6 +23,7 @@ from typing import Any, Generic, NoReturn, Protocol, TypeVar, runtime_checkable
 
 from .._errors import ConfigError
 from .._scope import RunScope
+from ._merge_end import EndOfStream, count_to_end
 from ._merge_resume import END, PASS, TAKE, MergeLedger
 from ._node import NodeContext, Receiver, Sender, apply_hooks
 from ._options import RunOptions, RunPlan
@@ -33,11 +34,9 @@ from ._stats import count_items
 from ._window import BranchCredits, Window
 
 __all__ = [
-    "END_OF_STREAM",
     "Branch",
     "BranchEnd",
     "BranchRun",
-    "EndOfStream",
     "Merge",
     "MergeChooser",
     "MergeNode",
@@ -53,24 +52,6 @@ T_co = TypeVar("T_co", covariant=True)
 _ENDS = ("stop", "drop", "restart")
 _TAKE = 32  # items taken from a branch at a time
 _FLUSH = 64  # items chosen before they are put out together
-
-
-class EndOfStream:
-    """An item that ends its merge branch's stream, as if the branch had run out (a map whose
-    worker's own iterator ran out, while the source goes on handing it tasks): the merge drops
-    it and what follows, stops the branch's stages, and asks the policy (``ended``). Stages
-    that keep items one for one count only the items before it. Pickles as the one
-    :data:`END_OF_STREAM` in every process."""
-
-    def __reduce__(self) -> str:
-        return "END_OF_STREAM"
-
-    def __repr__(self) -> str:
-        return "END_OF_STREAM"
-
-
-#: The item that ends a merge branch's stream (:class:`EndOfStream`).
-END_OF_STREAM = EndOfStream()
 
 
 @runtime_checkable
@@ -117,6 +98,8 @@ class Merge(Generic[T]):
             ``input<i>`` for an unnamed one; made unique).
         gate: Awaited on the run's loop before the branches start: ``False`` ends the merge
             at once, its branches never started (``None``: start them at once).
+        on_end: Called on the run's loop with a branch's index and its :class:`EndOfStream`'s
+            ``value`` when the branch ends its own stream, before the policy's ``ended``.
     """
 
     inputs: Sequence[MergeInput[T]]
@@ -124,6 +107,7 @@ class Merge(Generic[T]):
     name: str = "merge"
     labels: tuple[str, ...] = field(default=())
     gate: Callable[[], Awaitable[bool]] | None = field(default=None, kw_only=True)
+    on_end: Callable[[int, Any], None] | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         inputs = tuple(self.inputs)
@@ -194,21 +178,7 @@ class BranchRun:
     pos: int = 0
     live: bool = True
     received: int = 0  # items taken from its output, before its end
-    ended: bool = False  # an EndOfStream came
-
-
-def count_to_end(branch: BranchRun) -> None:
-    """Each stage of a branch ended by :class:`EndOfStream` (``counts`` set: one for one)
-    counts the items before the end (failed ones included), not those let in after it."""
-    if branch.counts is None or not branch.ended:
-        return
-    out = branch.received
-    for ctx, (was_in, was_out, was_failed) in zip(
-            reversed(branch.contexts), reversed(branch.counts), strict=True):
-        c = ctx.counters
-        c.items_out = min(c.items_out, was_out + out)
-        out += c.failures - was_failed
-        c.items_in = min(c.items_in, was_in + out)
+    ended: EndOfStream | None = None  # the marker that ended its stream
 
 
 #: Rebuilds branch ``i`` (its old run given) as a new epoch, installed and started.
@@ -250,6 +220,7 @@ class MergeNode:
         self.ledger = ledger
         self.policy = merge.policy
         self.gate = merge.gate
+        self.on_end = merge.on_end
         self.branches = branches
         self._spawn = spawn
         self._rebuild = rebuild
@@ -324,13 +295,13 @@ class MergeNode:
     async def _refill(self, branch: BranchRun) -> bool:
         """Take the branch's next items; False when it has run out. Items that receive
         hooks finish (a copy, say) are taken one at a time, so that few wait finished."""
-        if branch.ended:
+        if branch.ended is not None:
             return False
         items = await branch.output.get_many(1 if branch.hooks else _TAKE)
         end = next((k for k, item in enumerate(items) if isinstance(item, EndOfStream)), None)
         if end is not None:
+            branch.ended = items[end]
             del items[end:]
-            branch.ended = True
         if not items:
             return False
         branch.received += len(items)
@@ -343,10 +314,13 @@ class MergeNode:
     async def _ended(self, i: int, branch: BranchRun, chooser: MergeChooser) -> bool:
         """Branch ``i`` ran out: drop or restart it; False when the merge ends."""
         self.ledger.ran_out(i)
-        if branch.ended:  # its source may go on: stop its stages, not wait for them
+        if branch.ended is not None:  # its source may go on: stop its stages
             self._stop(branch)
         await self._settle(branch)
-        count_to_end(branch)
+        if branch.ended is not None:
+            count_to_end([c.counters for c in branch.contexts], branch.counts, branch.received)
+            if self.on_end is not None:
+                self.on_end(i, branch.ended.value)
         if any(ctx in self._failed for ctx in branch.contexts):
             return False  # the run fails with the branch's error
         verdict = self._verdict(chooser, i, empty=branch.taken == 0)

@@ -1,5 +1,5 @@
 """A merge branch that ends its own stream: an ``END_OF_STREAM`` item from its stages, while
-its source could go on (``EndOfStream`` in ``asyncflow/pipeline/_merge.py``)."""
+its source could go on (``asyncflow/pipeline/_merge_end.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from asyncflow import Pipeline
-from asyncflow.pipeline import END_OF_STREAM, BranchEnd, Merge
+from asyncflow.pipeline import END_OF_STREAM, BranchEnd, EndOfStream, Merge
 
 from .test_merge import RoundRobin
 
@@ -22,33 +22,36 @@ class Upto:
     def __init__(self, n: int, tag: int, bad: int | None = None) -> None:
         self.n, self.tag, self.bad = n, tag, bad
         self.items = iter(range(n))
+        self.ended = False
 
     def __call__(self, task: int) -> Any:
         if task == 0:  # a new era of the branch: a new iterator
-            self.items = iter(range(self.n))
+            self.items, self.ended = iter(range(self.n)), False
         x = next(self.items, None)
-        if x is None:
-            return END_OF_STREAM
+        if x is None:  # the first end says where it stands, any later one nothing
+            ended, self.ended = self.ended, True
+            return END_OF_STREAM if ended else EndOfStream(f"{self.tag} ended after {self.n}")
         if x == self.bad:
             raise ValueError(f"item {x} is bad")
         return (self.tag, x)
 
 
 def _lanes(sizes: list[int], window: int | None, bad: int | None = None,
-           policy: Any = None) -> Pipeline:
+           policy: Any = None, on_end: Any = None) -> Pipeline:
     inputs = [
         Pipeline(itertools.count, name=f"w{w}", window=window, max_failures=1.0).map(
             Upto(n, w, bad), name="fetch")
         for w, n in enumerate(sizes)
     ]
-    return Pipeline(Merge(inputs, policy or RoundRobin(), name="lanes"))
+    return Pipeline(Merge(inputs, policy or RoundRobin(), name="lanes", on_end=on_end))
 
 
 @pytest.mark.parametrize("window", [None, 2])
 def test_a_branch_ends_where_its_stages_say_and_counts_only_its_items(
     window: int | None, leak_check: None
 ) -> None:
-    pipe = _lanes([3, 1], window)
+    ends: list[tuple[int, Any]] = []
+    pipe = _lanes([3, 1], window, on_end=lambda branch, value: ends.append((branch, value)))
     # RoundRobin takes branch 1 first; branch 1 ends after its one item, branch 0 after three
     assert list(pipe) == [(1, 0), (0, 0), (0, 1), (0, 2)]
     stats = pipe.stats()
@@ -59,6 +62,7 @@ def test_a_branch_ends_where_its_stages_say_and_counts_only_its_items(
         assert [stats["w0/source"].items_out, stats["w1/source"].items_out] == [3, 1]
     assert stats.delivered == 4
     assert not stats.running
+    assert ends == [(1, "1 ended after 1"), (0, "0 ended after 3")]
 
 
 def test_items_failed_before_the_end_count_in_the_stages_that_took_them(
@@ -95,9 +99,11 @@ def test_a_restarted_branch_counts_on_from_its_earlier_eras(leak_check: None) ->
         ("w0/source", 0, 4), ("w0/fetch", 4, 4), ("lanes", 4, 4)]
 
 
-def test_the_marker_is_one_object_in_every_process() -> None:
+def test_the_marker_is_one_object_in_every_process_and_a_value_crosses_with_its_own() -> None:
     assert pickle.loads(pickle.dumps(END_OF_STREAM)) is END_OF_STREAM
     assert repr(END_OF_STREAM) == "END_OF_STREAM"
+    end = pickle.loads(pickle.dumps(EndOfStream({"pos": 3})))
+    assert isinstance(end, EndOfStream) and end.value == {"pos": 3}
 
 
 def test_a_break_while_a_branch_is_ending_leaves_nothing_running(leak_check: None) -> None:
