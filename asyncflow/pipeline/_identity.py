@@ -1,4 +1,5 @@
-"""What a resumable source lists, as a small identity that a state carries, and what differs.
+"""What identifies a state and its source: the one checksum of a saved state, the one digest
+of bytes, and what a resumable source lists, as a small identity that a state carries.
 
 A state resumes a run by source *positions*, so it is only right for the listing it was taken
 over: a file added, removed or swapped moves every position after it. Every item therefore
@@ -14,10 +15,22 @@ A source says what it lists by a ``listing_identity()`` method returning
 :func:`sequence_identity`. A cache (``asyncflow/cache/_fingerprint.py``) identifies a long
 list in its upstream so too, each item's files by their size and modification time as its
 content, and says where two differ with :func:`describe_difference`.
+
+The one checksum of a saved state: what resume, elastic resume (``asyncflow.ranks``) and
+any feature that signs a plain-JSON record (a cache's manifest) compute alike; and the one
+digest of bytes, :func:`short_digest` (a listing's item tokens, an image file's token, the
+journal's digest of a file, a cache's fingerprint).
+
+``state_checksum(body)`` is the first 16 hex digits of the SHA-256 of ``body``'s canonical
+JSON (sorted keys, no spaces, ASCII). A pipeline's ``state_dict()`` stores it under
+``"check"``; ``load_state_dict`` and ``asyncflow.ranks.remaining`` recompute it over the state
+without ``"check"``, so that a state cut or edited by hand is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import re
@@ -26,10 +39,57 @@ from typing import Any
 
 from .._errors import ConfigError, check_int
 from .._redact import redact
-from ._checksum import short_digest
 
-__all__ = ["PARTS", "describe_difference", "item_token", "listing_identity",
-           "sequence_identity"]
+__all__ = ["PARTS", "canonical_json", "describe_difference", "item_token", "listing_identity",
+           "sequence_identity", "short_digest", "state_checksum"]
+
+#: ``json.dumps(value, sort_keys=True, separators=(",", ":"))``, its encoder made once (a
+#: state is never circular: the check for it would only cost time).
+canonical_json = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), check_circular=False
+).encode
+_compact = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
+
+def state_checksum(body: Mapping[str, Any], texts: Mapping[str, str] | None = None) -> str:
+    """The checksum of ``body`` (a state without its ``"check"``).
+
+    Args:
+        body: The state's fields, plain JSON.
+        texts: The canonical text of some stages' extras (under ``"nodes"``), already at
+            hand: the same checksum, without encoding again what did not change (the
+            settled positions, sorted already, are then written directly too).
+    """
+    if texts is None:
+        return short_digest(canonical_json(body).encode())
+    parts = []
+    for key in sorted(body):
+        value = body[key]
+        if key == "nodes":
+            text = "{" + ",".join(
+                f"{json.dumps(name)}:{texts.get(name) or canonical_json(value[name])}"
+                for name in sorted(value)) + "}"
+        elif key == "positions":
+            text = (f'{{"mark":{value["mark"]},'
+                    f'"ranges":{_compact(value["ranges"])}}}')
+        else:
+            text = canonical_json(value)
+        parts.append(f"{json.dumps(key)}:{text}")
+    return short_digest(("{" + ",".join(parts) + "}").encode())
+
+
+def short_digest(data: bytes | bytearray | memoryview) -> str:
+    """The first 16 hex digits of ``data``'s SHA-256, fed in pieces under 2 KiB: hashlib lets
+    go of the GIL for a longer one, and taking it back while the run's threads work can cost
+    a switch interval (5 ms)."""
+    if len(data) <= 2000:  # the common case, in one call
+        return hashlib.sha256(data).hexdigest()[:16]
+    digest = hashlib.sha256()
+    view = memoryview(data).cast("B")
+    for start in range(0, len(view), 2000):
+        digest.update(view[start : start + 2000])
+    return digest.hexdigest()[:16]
+
 
 #: Parts a listing's identity is cut into, at most (each names its first item).
 PARTS = 32

@@ -1,5 +1,4 @@
-"""Watching a run from its own loop: queue fill, the loop's lag, stalls, periodic reports,
-and the statistics snapshot built from the stages' counters."""
+"""Watching a run from its own loop: queue fill, the loop's lag, stalls, periodic reports."""
 
 from __future__ import annotations
 
@@ -11,9 +10,9 @@ from typing import Any
 
 from .._errors import StallError
 from ._node import NodeContext
-from ._stats import PipelineStats, find_bottleneck
+from ._stats import PipelineStats
 
-__all__ = ["Monitor", "snapshot"]
+__all__ = ["Monitor"]
 
 logger = logging.getLogger("asyncflow")
 
@@ -86,26 +85,3 @@ class Monitor:
             return True
         return False
 
-
-def snapshot(
-    contexts: Sequence[NodeContext],
-    *,
-    elapsed: float,
-    delivered: int,
-    running: bool,
-    notes: Sequence[str],
-    loop_delay_max: float,
-) -> PipelineStats:
-    """The statistics of a run ``elapsed`` seconds in, from its stages' counters."""
-    stages = tuple(ctx.counters.snapshot(elapsed) for ctx in contexts)
-    handoff = contexts[-1].counters
-    bottleneck = find_bottleneck(stages, handoff.full_area / elapsed if elapsed else 0.0)
-    return PipelineStats(
-        stages=stages,
-        elapsed=elapsed,
-        delivered=delivered,
-        running=running,
-        bottleneck=bottleneck,
-        notes=tuple(notes),
-        loop_delay_max=loop_delay_max,
-    )

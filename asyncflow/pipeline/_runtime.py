@@ -21,13 +21,13 @@ from .._redact import describe_exception, format_exception
 from .._scope import aclose_scopes, use_epoch, use_scope
 from ._bridge import Handoff
 from ._channel import ChannelAborted
-from ._current import RunLocal, enter_run
+from ._failures import final_error, flatten, mark_abandoned, note_stage, release_frames
 from ._graph import Graph, RunResources
 from ._loop import cancel_pending, settle_soon, track
-from ._monitor import Monitor, snapshot
+from ._monitor import Monitor
 from ._node import NodeContext, ReceiveHook
-from ._outcome import final_error, flatten, mark_abandoned, note_stage, release_frames
-from ._stats import FailureRecord, PipelineStats
+from ._stats import FailureRecord, PipelineStats, find_bottleneck
+from ._thread_pool import RunLocal, enter_run
 
 __all__ = ["Runtime"]
 
@@ -359,14 +359,17 @@ class Runtime:
     # -- statistics ---------------------------------------------------------------------
 
     def snapshot(self) -> PipelineStats:
-        """Statistics of the run so far (any thread)."""
+        """Statistics of the run so far, from its stages' counters (any thread)."""
         end = self.finished_at if self.finished_at is not None else time.monotonic()
         elapsed = max(0.0, end - self.started_at) if self._started else 0.0
-        return snapshot(
-            self.contexts, elapsed=elapsed, delivered=self.delivered,
+        stages = tuple(ctx.counters.snapshot(elapsed) for ctx in self.contexts)
+        fullness = self.contexts[-1].counters.full_area / elapsed if elapsed else 0.0
+        return PipelineStats(
+            stages=stages, elapsed=elapsed, delivered=self.delivered,
             running=self._started and not self._done.is_set(),
-            notes=[*self.notes, *(line for scope in (self.scope, *self.graph.scopes)
-                                  for line in scope.reports())],
+            bottleneck=find_bottleneck(stages, fullness),
+            notes=(*self.notes, *(line for scope in (self.scope, *self.graph.scopes)
+                                  for line in scope.reports())),
             loop_delay_max=self.monitor.loop_delay_max,
         )
 

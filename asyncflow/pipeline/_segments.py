@@ -98,23 +98,18 @@ def lazy_providers() -> dict[str, str]:
 def load_lazy() -> None:
     """Import the providers whose trigger module is imported now (a worker calls it once its
     function is unpickled; :func:`dumps` calls it on the way too)."""
-    if _lazy:
-        _load_lazy()
+    for trigger, provider in list(_lazy.items()):
+        if trigger in sys.modules:
+            del _lazy[trigger]
+            importlib.import_module(provider)
 
 
 def eager_reducer_modules() -> list[str]:
     """The modules that registered reducers, less the lazy providers: what every worker
     imports at start whatever its function needs."""
-    _load_lazy()
+    load_lazy()
     providers = set(_lazy_all.values())
     return [m for m in _modules if m not in providers]
-
-
-def _load_lazy() -> None:
-    for trigger, provider in list(_lazy.items()):
-        if trigger in sys.modules:
-            del _lazy[trigger]
-            importlib.import_module(provider)
 
 
 def load_reducer_modules(names: Iterable[str]) -> None:

@@ -13,6 +13,9 @@ deadlock them by taking their threads.
 
 The threads are daemon threads named ``asyncflow-<pipeline>-worker-<n>``: a function stuck in
 C code cannot block interpreter exit, and the run reports which stage it abandoned.
+
+The run whose loop runs in a thread (:class:`RunLocal`) is set by the run's loop thread for its
+lifetime: :func:`run_thread` finds the run's pool there, and :func:`run_failed` its failures.
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar, cast
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from ._current import current_run
 from ._loop import settle_soon
 from ._pool import PoolStats
 
-__all__ = ["HELPER_THREADS", "WorkerPool", "current_pool", "run_thread"]
+__all__ = ["HELPER_THREADS", "RunLocal", "WorkerPool", "enter_run", "run_failed", "run_thread"]
 
 T = TypeVar("T")
 
@@ -212,10 +215,42 @@ class _Executor(ThreadPoolExecutor):
         pass
 
 
-def current_pool() -> WorkerPool | None:
-    """The thread pool of the run whose loop runs in this thread, else None."""
+@dataclass(frozen=True)
+class RunLocal:
+    """What code running on a run's loop thread may reach of its run.
+
+    Attributes:
+        pool: The run's thread pool, which :func:`run_thread` uses.
+        errors: The run's failures so far (appended as stages fail).
+    """
+
+    pool: WorkerPool
+    errors: list[BaseException]
+
+
+_local = threading.local()
+
+
+def enter_run(run: RunLocal | None) -> None:
+    """Make ``run`` the run of this thread (its loop thread); ``None``: no run."""
+    _local.run = run
+
+
+def current_run() -> RunLocal | None:
+    """The run whose event loop runs in this thread, else None."""
+    return getattr(_local, "run", None)
+
+
+def run_failed() -> bool:
+    """Whether a stage of the run whose loop runs in this thread has failed so far.
+
+    A stage that ends its output because its input ended cannot tell an end from a failure
+    before it (the failing stage ends its output stream, so later stages drain what was
+    made before the failure): a stage that must act only on a complete stream (a cache
+    committing what it wrote) asks this when its input ends. ``False`` outside a run.
+    """
     run = current_run()
-    return None if run is None else cast(WorkerPool, run.pool)
+    return run is not None and bool(run.errors)
 
 
 async def run_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -232,9 +267,9 @@ async def run_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         Cancelling stops the wait; a call already running finishes on its thread and its
         result is dropped (the run waits for its threads before it ends).
     """
-    pool = current_pool()
+    run = current_run()
     call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-    if pool is None or pool.closed:
+    if run is None or run.pool.closed:
         return await asyncio.to_thread(call)
-    result: T = await pool.submit_helper(asyncio.get_running_loop(), call)
+    result: T = await run.pool.submit_helper(asyncio.get_running_loop(), call)
     return result
