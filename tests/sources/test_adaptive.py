@@ -59,7 +59,10 @@ def test_a_throttling_store_never_fails_the_recipe(
         assert store.rejected <= n // 2
     seen = host_note(pipe, store.base)
     assert 1 <= seen["window"] <= seen["ceiling"] == 256
-    assert seen["requests"] + seen["hedged"] == store.requests
+    # Every request the store heard was counted; a hedge cancelled before it reached the
+    # store (its primary answered first), or a primary cancelled so (its hedge won), was not
+    # heard.
+    assert seen["requests"] - seen["won"] <= store.requests <= seen["requests"] + seen["hedged"]
     assert 0 < seen["throttled"] <= store.rejected  # a hedge's loser may go unanswered
 
 
