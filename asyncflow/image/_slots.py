@@ -184,12 +184,9 @@ class BatchAssembler:
                 # dropped (drop_last), or settled before a resume: decoded, never assembled
                 return Ticket(run, number, row, label), self._scratch_row(row)
             # Soft back-pressure: never an unbounded wait (a stopped run releases nothing).
-            deadline = time.monotonic() + 1.0
-            while wait and number >= state.next + self._ahead:
-                if time.monotonic() >= deadline:
-                    self.stalls += 1  # gave up waiting: a decoder held rows of older batches
-                    break
-                self._released.wait(0.05)
+            if wait and not self._released.wait_for(
+                    lambda: number < state.next + self._ahead, timeout=1.0):
+                self.stalls += 1  # gave up waiting: a decoder held rows of older batches
             entry = state.open.get(number)
             if entry is None:
                 rows = min(self.batch_size, self.count - number * self.batch_size)
