@@ -9,6 +9,7 @@ from typing import Any
 from .._errors import ConfigError, ConfigTypeError, check_int
 from ..pipeline import Processes, choose_workers, feature, usable_cpus
 from ..ranks import Part, Split
+from ._decode import _affine
 from ._rows import DecodeIntoSharedRow
 
 __all__ = ["check_arguments", "decode_workers", "resolve_split"]
@@ -25,8 +26,7 @@ def check_arguments(
             and ``std`` are not 3 values each (``std`` positive).
     """
     check_int("batch_size", batch_size)
-    if len(mean) != 3 or len(std) != 3 or any(s <= 0 for s in std):
-        raise ConfigError(f"mean and std need 3 values (std > 0), got {tuple(mean)}, {tuple(std)}")
+    _affine(tuple(mean), tuple(std))  # the kernel's check of mean and std
     if decode_concurrency is None:
         return usable_cpus()
     return int(check_int("decode_concurrency", decode_concurrency))
