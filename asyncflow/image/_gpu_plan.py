@@ -37,7 +37,6 @@ _SCALE = (0.08, 1.0)
 _RATIO = (3 / 4, 4 / 3)
 #: Frames the GPU decoders take: baseline and extended sequential, Huffman-coded.
 _GPU_FRAMES = frozenset({0xC0, 0xC1})
-_SWAPS = frozenset({5, 6, 7, 8})
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +61,7 @@ class Placement:
     def reduced(self) -> tuple[int, int]:
         """The upright picture's ``(height, width)`` at the draft scale."""
         h, w = -(-self.height // self.factor), -(-self.width // self.factor)
-        return (w, h) if self.orientation in _SWAPS else (h, w)
+        return (w, h) if orientation_op(self.orientation)[1] else (h, w)
 
 
 class Encoded(NamedTuple):
