@@ -41,6 +41,12 @@ memory (its ``/dev/shm`` mappings of this run's segments, in units of the batch 
 the one in hand, those the loader has received and holds for later (out of order, queued).
 Reading ``/proc/self/maps`` per batch costs about a millisecond, so the seconds column is
 not comparable with a run without it.
+
+Under the table, each row's median run says when its peak came: after which batch the consumer
+took (epoch, batch), how many milliseconds after that take, and the shared memory the loader's
+process mapped then, in batches. ``--unordered`` gives both DataLoaders ``in_order=False``:
+with no batch waiting for an earlier one, what the loader's process holds beyond the
+consumer's batch is the hand-off's alone.
 """
 
 from __future__ import annotations
@@ -196,10 +202,14 @@ def _tree_mib(pids: list[int]) -> tuple[dict[int, list[float]], float]:
     return splits, own + sum(sizes.values()) / 2**20
 
 
+def _batch_bytes(batch: Any) -> int:
+    return sum(t.nbytes for t in (batch if isinstance(batch, (tuple, list)) else [batch]))
+
+
 def _mapped_batches(batch: Any) -> float:
     """The bytes this process maps from this run's shared memory, in units of ``batch``'s
     tensors' bytes (``--count``); asyncflow's one-page status file rounds away."""
-    size = sum(t.nbytes for t in (batch if isinstance(batch, (tuple, list)) else [batch]))
+    size = _batch_bytes(batch)
     mapped = 0
     with open("/proc/self/maps") as fh:
         for line in fh:
@@ -216,7 +226,8 @@ def _collect_garbage(worker_id: int) -> None:
     gc.collect()
 
 
-def _loader(kind: str, job: str, array_mib: int, worker_gc: bool = False) -> Any:
+def _loader(kind: str, job: str, array_mib: int, worker_gc: bool = False,
+            unordered: bool = False) -> Any:
     import torch
 
     if job == "images":
@@ -232,6 +243,8 @@ def _loader(kind: str, job: str, array_mib: int, worker_gc: bool = False) -> Any
     args.update(num_workers=4, persistent_workers=True)
     if worker_gc:
         args["worker_init_fn"] = _collect_garbage
+    if unordered:
+        args["in_order"] = False
     if kind.startswith("folder"):  # its defaults: as many decoders as cores, processes from 2
         import asyncflow
         from asyncflow import image
@@ -272,30 +285,32 @@ def sample(me: int) -> None:
             for pid, pss in tree.items():
                 role = _role(pid, me)
                 roles[role] = roles.get(role, 0.0) + pss
-            peak.update(total=sum(tree.values()), roles=roles, shm=_shm_mib(),
+            peak.update(total=sum(tree.values()), roles=roles, shm=_shm_mib(), at=time.time(),
                         split=sorted([_role(pid, me), *splits[pid]] for pid in tree))
         peak["held"] = max(peak.get("held", 0.0), held)
     print(json.dumps(peak), flush=True)
 
 
 def child(kind: str, job: str, array_mib: int, worker_gc: bool = False,
-          count: bool = False, touch: bool = False) -> dict[str, Any]:
+          count: bool = False, touch: bool = False, unordered: bool = False) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
     me = os.getpid()
     # the array job's data is made before the base is taken
-    make = _loader(kind, job, array_mib, worker_gc) if job == "array" else None
+    make = _loader(kind, job, array_mib, worker_gc, unordered) if job == "array" else None
     sampler = subprocess.Popen([sys.executable, __file__, "--sample", str(me)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert sampler.stdout is not None and sampler.stdin is not None
     sampler.stdout.readline()
     base, base_split = _pss_mib(me), _split_mib(me)
-    loader = make if make is not None else _loader(kind, job, array_mib, worker_gc)
+    loader = make if make is not None else _loader(kind, job, array_mib, worker_gc, unordered)
     counts: dict[str, int] = {}
+    takes: list[tuple[float, int, int]] = []  # when each batch was taken: time, epoch, index
     start = time.perf_counter()
-    for _ in range(2):
-        for _batch in loader:
+    for epoch in range(2):
+        for index, _batch in enumerate(loader):
+            takes.append((time.time(), epoch, index))
             if touch:
                 for tensor in _batch if isinstance(_batch, (tuple, list)) else [_batch]:
                     tensor.sum()
@@ -310,6 +325,8 @@ def child(kind: str, job: str, array_mib: int, worker_gc: bool = False,
     sampler.wait()
     roles = peak.get("roles", {})
     roles["parent"] = roles.get("parent", base) - base
+    before = [t for t in takes if t[0] <= peak.get("at", 0.0)]
+    peak_at = [before[-1][1], before[-1][2], (peak["at"] - before[-1][0]) * 1e3] if before else []
     # how the default started its workers (fork, or the forkserver and why): its run's notes
     start = ([n for n in loader.stats().notes if "worker processes" in n]
              if kind in ("asyncflow", "folder") else [])
@@ -322,7 +339,8 @@ def child(kind: str, job: str, array_mib: int, worker_gc: bool = False,
     return {"kind": kind, "job": job, "above": peak["total"] - base, "roles": roles,
             "shm": peak.get("shm", 0.0), "seconds": seconds,
             "held": peak.get("held", base) - base, "start": start,
-            "split": peak.get("split", []), "base_split": base_split, "counts": counts}
+            "split": peak.get("split", []), "base_split": base_split, "counts": counts,
+            "peak_at": peak_at, "batch_mib": _batch_bytes(_batch) / 2**20 if takes else 0.0}
 
 
 def main() -> None:
@@ -339,6 +357,8 @@ def main() -> None:
                         help="the consumer reads each batch (sums it), as a training step does")
     parser.add_argument("--count", action="store_true",
                         help="count the batches this process maps as each one is taken")
+    parser.add_argument("--unordered", action="store_true",
+                        help="in_order=False for both DataLoaders: no batch waits for another")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "JOB"))
     parser.add_argument("--sample", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -349,7 +369,7 @@ def main() -> None:
         args.runs, args.array_mib = 1, 32
     if args.child:
         print(json.dumps(child(*args.child, args.array_mib, args.worker_gc, args.count,
-                                args.touch)))
+                                args.touch, args.unordered)))
         return
     if "images" in args.jobs.split(","):
         # Built here, before any row: a child that built it would count the builder's
@@ -366,7 +386,8 @@ def main() -> None:
                 out = subprocess.run(
                     [sys.executable, "-W", "ignore", __file__, "--child", kind, job,
                      "--array-mib", str(args.array_mib), *["--worker-gc"] * args.worker_gc,
-                     *["--count"] * args.count, *["--touch"] * args.touch],
+                     *["--count"] * args.count, *["--touch"] * args.touch,
+                     *["--unordered"] * args.unordered],
                     capture_output=True, text=True, check=True, timeout=600,
                 )
                 results.setdefault((job, kind), []).append(json.loads(out.stdout))
@@ -395,6 +416,15 @@ def main() -> None:
         procs = [["parent before", *mid["base_split"]], *mid["split"]]
         print(f"- {job}, {kind}: " + "; ".join(
             f"{role} {anon:.0f}/{files:.0f}/{shm:.0f}" for role, anon, files, shm in procs))
+    print("\nWhen each row's median run peaked: after the consumer took which batch (epoch, "
+          "batch), how long after, and the shared memory the loader's process mapped then")
+    for (job, kind), runs in results.items():
+        mid = sorted(runs, key=lambda r: r["above"])[len(runs) // 2]
+        if mid.get("peak_at"):
+            shm = sum(s[3] for s in mid["split"] if s[0] == "parent")
+            epoch, index, after = mid["peak_at"]
+            print(f"- {job}, {kind}: epoch {epoch}, batch {index}, {after:.0f} ms after; "
+                  f"{shm:.0f} MiB ({shm / max(mid['batch_mib'], 1e-9):.1f} batches)")
     if args.count:
         print("\nBatches mapped in the loader's process as each batch is taken (the one taken "
               "included), over every run: count x times; mean")
