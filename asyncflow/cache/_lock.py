@@ -29,11 +29,6 @@ class WriterLock:
         self.path = path.with_name(path.name + ".lock")
         self._fd: int | None = None
 
-    @property
-    def held(self) -> bool:
-        """True while this object holds the lock."""
-        return self._fd is not None
-
     def acquire(self) -> bool:
         """Take the lock if it is free; return whether it was taken (it never waits: to wait
         for a writer from a run, :func:`take_lock` polls from the loop)."""

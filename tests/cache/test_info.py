@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -69,13 +70,14 @@ def test_info_of_nothing_raises_file_not_found(tmp_path: Path) -> None:
 
 def test_lock_in_one_process(tmp_path: Path) -> None:
     one, two = WriterLock(tmp_path / "c"), WriterLock(tmp_path / "c")
-    assert one.acquire() and one.held
+    assert one.acquire() and one.holder() == os.getpid()
     assert not two.acquire()
     assert two.holder() is not None
     with pytest.raises(RuntimeError):
         one.acquire()
     one.release()
     one.release()
-    assert two.acquire() and two.held and not one.acquire()
+    assert two.acquire() and two.holder() == os.getpid() and not one.acquire()
     two.release()
-    assert two.holder() is None and not two.held
+    assert two.holder() is None and one.acquire()
+    one.release()
