@@ -207,18 +207,17 @@ def _window(merge: Merge[Any] | None, specs: Sequence[StageSpec], names: Sequenc
             options: RunOptions) -> Window | None:
     """The chain's window, if its stages keep items one for one: ``options.window`` over a
     plain source; over a merge whose inputs have windows, the credits it owes them."""
-    window: Window
+    window: Window | None = None
     if merge is not None:
         if options.window is not None:
             raise ConfigError(f"{names[0]}: a window needs a plain source, not a Merge (give "
                               "each of the merge's inputs a window: its branch's read-ahead)")
-        if all(p.options.window is None for p in merge.inputs):
-            return None
-        window = BranchCredits()
-    elif options.window is None:
-        return None
-    else:
+        if any(p.options.window is not None for p in merge.inputs):
+            window = BranchCredits()
+    elif options.window is not None:
         window = Window(options.window)
+    if window is None:
+        return None
     for name, spec in zip(names[1:], specs, strict=True):
         if spec.traits.grouping is not None:
             raise ConfigError(

@@ -12,9 +12,11 @@ asks the policy (``ended``). What the stages let in after the end is not counted
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
-__all__ = ["END_OF_STREAM", "Counted", "EndOfStream", "count_to_end"]
+from ._stats import StageCounters
+
+__all__ = ["END_OF_STREAM", "EndOfStream", "count_to_end"]
 
 
 class EndOfStream:
@@ -41,15 +43,7 @@ class EndOfStream:
 END_OF_STREAM = EndOfStream()
 
 
-class Counted(Protocol):
-    """A stage's counters, as :func:`count_to_end` sets them (``StageCounters``)."""
-
-    items_in: int
-    items_out: int
-    failures: int
-
-
-def count_to_end(stages: Sequence[Counted], counts: Sequence[tuple[int, int, int]] | None,
+def count_to_end(stages: Sequence[StageCounters], counts: Sequence[tuple[int, int, int]] | None,
                  received: int) -> None:
     """Each stage of a branch that ended its stream counts only the items before the end:
     the ``received`` the merge took, plus those failed within a budget on the way; not the

@@ -119,8 +119,9 @@ class BranchCredits(Window):
                 window.give(1)
 
     def close(self) -> None:
-        """Close the branches' windows too: a failed stage after the merge leaves their
-        items' credits owed, and their sources would wait for them."""
+        """Close the branches' windows too, waking their sources to end their streams: a
+        failed stage leaves its items' credits owed, and a source would wait for them while
+        the merge waits for the branch's next item (or for its stages to end)."""
         super().close()
         for window in self._branches:
             window.close()

@@ -2,10 +2,12 @@
 
 As in torch, each worker process iterates its own copy of the dataset, and torch's
 ``get_worker_info()`` tells it which worker it is, so that it can take its share. Each worker
-is a *lane*: a one-process pipeline whose worker keeps its iterator from batch to batch. The
-consumer takes one batch from each lane in turn, skipping lanes that have ended, so the
-order is torch's and does not depend on timing. On threads there is one lane in this
-process (``get_worker_info()`` is ``None`` there, as with ``num_workers=0``).
+is a *lane*: a one-process pipeline whose worker keeps its iterator from batch to batch. An
+epoch is one run: its lanes are the branches of a merge that takes one batch from each lane
+in turn (:class:`LaneTurns`), dropping a lane whose iterator ended (its ``EndOfStream``), so
+the order is torch's and does not depend on timing. Each lane's window keeps its worker at
+most ``prefetch_factor`` batches ahead of the consumer, as torch's. On threads there is one
+lane in this process (``get_worker_info()`` is ``None`` there, as with ``num_workers=0``).
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ConfigError, FailureBudgetExceeded
-from ..pipeline import FailureBudget, Pipeline, PipelineStats, Processes
+from .._errors import ConfigError, FailureBudgetExceeded, PipelineError
+from ..pipeline import FailureBudget, Merge, Pipeline, PipelineStats, Processes, Run
 from ._fetch import Failed, Positioned, TorchWorkerInit
-from ._lane import END, LaneFetch
+from ._lane import LaneEnd, LaneFetch, LaneTurns
 from ._lane_stats import EpochLanes
-from ._layout import choose, epoch_length, fetch_pipeline, pinning, worker_spec
+from ._layout import _pin_positioned, choose, epoch_length, pinning, worker_spec
 from ._state import EpochIterator, LoaderState
 
 if TYPE_CHECKING:
@@ -52,7 +54,8 @@ class IterableEpochs:
         self.dataset_states: list[Any] = [s for _, _, s in resume]
         self._resume_epoch = loader._state.next_epoch if saved else None
         self.fetches: list[LaneFetch] = []
-        self.templates = [self._template(lane, note, resume[lane]) for lane in range(lanes)]
+        self._notes = (f"stage 'fetch' runs on {note}",) if note else ()
+        self.templates = [self._template(lane, resume[lane]) for lane in range(lanes)]
         loader._thread_fetches = list(self.fetches) if self.processes is None else []
         loader._kept_alive = self.processes is not None and self.processes.persistent \
             and not loader.persistent_workers
@@ -70,8 +73,8 @@ class IterableEpochs:
             return 1, note
         return loader.num_workers, note
 
-    def _template(self, lane: int, note: str | None,
-                  resume: tuple[int, bool, Any]) -> Pipeline:
+    def _template(self, lane: int, resume: tuple[int, bool, Any]) -> Pipeline:
+        """Lane ``lane``'s pipeline: its fetch, on its own worker process (or on threads)."""
         loader = self.loader
         delivered, _, state = resume
         restore = None if self._resume_epoch is None else (self._resume_epoch, delivered, state)
@@ -89,10 +92,31 @@ class IterableEpochs:
         else:
             fetch.pin = pinning(loader)
         # A worker fetches prefetch_factor batches ahead of the consumer, as torch's: its
-        # lane's window (its queues and chunks in hand would hold more).
+        # lane's window (its queues and chunks in hand would hold more)
         ahead = loader.prefetch_factor or 2
-        return fetch_pipeline(loader, fetch, workers, note,
-                              window=ahead if workers else None, buffer=ahead)
+        return Pipeline([], name=self._label(lane), window=ahead if workers else None).map(
+            fetch, name="fetch", buffer=ahead, workers=workers or "threads")
+
+    def _label(self, lane: int) -> str:
+        return f"worker{lane}" if self.processes is not None else "main"
+
+    def _epoch_run(self, epoch: int) -> tuple[Run | None, LaneTurns]:
+        """The epoch's run: a merge of the lanes not ended, then pinning in this process for
+        worker processes' batches and the copy to ``device=``."""
+        live = [lane for lane in range(self.count) if not self.ended[lane]]
+        turns = LaneTurns(live, self.next_lane)
+        if not live:
+            return None, turns
+        inputs = [self.templates[lane].with_source(_tasks(epoch, self.yielded[lane]),
+                                                   epoch=epoch, start=self.yielded[lane])
+                  for lane in live]
+        pipe = Pipeline(Merge(inputs, turns, name="workers", on_end=turns.end),
+                        name="DataLoader", notes=self._notes)
+        if self.processes is not None and pinning(self.loader):
+            pipe = pipe.map(_pin_positioned, name="pin")
+        if self.loader.device is not None:
+            pipe = pipe.to_device(self.loader.device)  # a failure or a snapshot: left alone
+        return pipe.open(), turns
 
     def start(self, epoch: int) -> LanesIterator:
         """Open the epoch's lanes and return its iterator."""
@@ -110,12 +134,10 @@ class IterableEpochs:
             snapshot = fetch.snapshot()
             if snapshot is not None:
                 self.dataset_states[0] = snapshot.state
-        runs = [None if self.ended[lane] else template.with_source(
-                    _tasks(epoch, self.yielded[lane]), epoch=epoch,
-                    start=self.yielded[lane]).open()
-                for lane, template in enumerate(self.templates)]
-        self.lanes = EpochLanes(runs, list(self.yielded), named=self.count > 1)
-        return LanesIterator(self, self.loader._state, epoch_length(self.loader),
+        run, turns = self._epoch_run(epoch)
+        self.lanes = EpochLanes(run, [None if self.ended[lane] else self._label(lane)
+                                      for lane in range(self.count)])
+        return LanesIterator(self, turns, self.loader._state, epoch_length(self.loader),
                              self.loader.timeout)
 
     def state_dict(self, in_epoch: bool) -> dict[str, Any]:
@@ -140,8 +162,8 @@ class IterableEpochs:
         return self.lanes.stats() if self.lanes is not None else PipelineStats()
 
     def close_runs(self) -> None:
-        if self.lanes is not None:
-            self.lanes.close()
+        if self.lanes is not None and self.lanes.run is not None:
+            self.lanes.run.close()
 
     def shutdown(self) -> None:
         """Stop the runs and every lane's persistent worker."""
@@ -185,71 +207,82 @@ def _resume_plan(saved: dict[str, Any] | None, lanes: int) -> list[tuple[int, bo
 
 
 class LanesIterator(EpochIterator):
-    """An iterable dataset's epoch: a batch from each lane in turn, skipping ended lanes."""
+    """An iterable dataset's epoch: the merge's batches, a batch from each lane in turn; the
+    merge's log (:attr:`LaneTurns.log`) says which lane each came from and where lanes
+    ended."""
 
-    def __init__(self, epochs: IterableEpochs, state: LoaderState, length: int,
-                 timeout: float) -> None:
-        super().__init__(None, state, length, timeout)
-        self._epochs = epochs
+    def __init__(self, epochs: IterableEpochs, turns: LaneTurns, state: LoaderState,
+                 length: int, timeout: float) -> None:
         assert epochs.lanes is not None
+        super().__init__(epochs.lanes.run, state, length, timeout)
+        self._epochs = epochs
         self._lanes = epochs.lanes  # this epoch's own: a later epoch opens others
+        self._log = turns.log
         self._yielded = 0
-        self._lane = epochs.next_lane
-        # max_failures, counted here over every lane's batches (the lanes' runs are sibling
-        # runs: a budget in each would allow it once per worker)
+        # max_failures, counted here over every lane's batches (failed batches travel as
+        # batches, to be raised at the consumer as torch's)
         limit = epochs.loader.max_failures
         self._budget = FailureBudget(limit, "fetch") if limit else None
 
-    def _advance(self) -> int | None:
-        """The lane to read next, or ``None`` when every lane has ended."""
-        ended = self._epochs.ended
-        for step in range(len(ended)):
-            lane = (self._lane + step) % len(ended)
-            if not ended[lane]:
-                return lane
-        return None
-
-    def _take(self, lane: int, item: Positioned) -> bool:
-        """Note ``item`` from ``lane``; ``False`` when it says the lane has ended."""
+    def _read_log(self, *, to_batch: bool) -> int:
+        """Note the lanes that ended, from the merge's log, up to the lane of the batch just
+        received (returned), or to the log's end (``to_batch=False``: the epoch ended)."""
         epochs = self._epochs
-        if item.batch is END:
-            self._lanes.ended(lane, item.position)
-            if self._current() and not epochs.ended[lane]:
-                epochs.ended[lane] = True
-                if item.snapshot is not None:
-                    epochs.dataset_states[lane] = item.snapshot.state
-            run = self._lanes.runs[lane]
-            if run is not None:
-                run.close()
-            return False
+        while self._log:
+            entry = self._log.popleft()
+            if not isinstance(entry, LaneEnd):
+                if to_batch:
+                    return entry
+            elif self._current() and not epochs.ended[entry.lane]:
+                epochs.ended[entry.lane] = True
+                if entry.snapshot is not None:  # the exhausted iterator's, for the next epoch
+                    epochs.dataset_states[entry.lane] = entry.snapshot.state
+        assert not to_batch, "the merge put out a batch its log does not list"
+        return -1
+
+    def _take(self, item: Positioned) -> bool:
+        """Note a received batch; ``True`` unless it is a failed batch ``max_failures``
+        lets the epoch skip."""
+        epochs, lane = self._epochs, self._read_log(to_batch=True)
         self._lanes.received_batch(lane, item.position, item.batch)
-        self._lane = (lane + 1) % epochs.count
         if self._current():
             epochs.yielded[lane] += 1
-            epochs.next_lane = self._lane
+            epochs.next_lane = (lane + 1) % epochs.count
             if item.snapshot is not None:
                 epochs.dataset_states[lane] = item.snapshot.state
-        return True
+        return not self._skip(item)
 
     def _pull(self) -> Positioned:
-        while (lane := self._advance()) is not None:
-            run = self._lanes.runs[lane]
-            assert run is not None
-            item = self._next_of(run)
-            if self._take(lane, item) and not self._skip(item):
+        while self._run is not None:
+            try:
+                item = self._next_of(self._run)
+            except StopIteration:
+                break
+            if self._take(item):
                 return item
+        self._read_log(to_batch=False)
         self._end_budget()
         raise StopIteration
 
     async def _apull(self) -> Positioned:
-        while (lane := self._advance()) is not None:
-            run = self._lanes.runs[lane]
-            assert run is not None
-            item = await self._anext_of(run)
-            if self._take(lane, item) and not self._skip(item):
+        while self._run is not None:
+            try:
+                item = await self._anext_of(self._run)
+            except StopAsyncIteration:
+                break
+            if self._take(item):
                 return item
+        self._read_log(to_batch=False)
         self._end_budget()
         raise StopAsyncIteration
+
+    def _reraise(self, exc: Exception) -> None:
+        """Raise as torch does when the run failed; where several workers failed it (each
+        iterator's ``iter()`` raising, say), the first failure, as torch raises the first
+        it receives."""
+        if isinstance(exc, PipelineError) and len(exc.exceptions) > 1:
+            exc = exc.derive(exc.exceptions[:1])
+        super()._reraise(exc)
 
     def _skip(self, item: Positioned) -> bool:
         """Whether ``item`` is a failed batch that ``max_failures`` lets the epoch skip
@@ -294,12 +327,6 @@ class LanesIterator(EpochIterator):
         _warn_past_len(self._epochs.loader, self._yielded)
         return batch
 
-    def close(self) -> None:
-        self._lanes.close()
-
-    async def aclose(self) -> None:
-        await self._lanes.aclose()
-
     def stats(self) -> PipelineStats:
-        """Statistics of this epoch's lanes so far (:meth:`EpochLanes.stats`)."""
+        """Statistics of this epoch's run so far (:meth:`EpochLanes.stats`)."""
         return self._lanes.stats()

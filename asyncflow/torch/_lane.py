@@ -1,35 +1,27 @@
-"""One lane of an iterable-dataset loader: a worker's own iterator, a batch at a call."""
+"""One lane of an iterable-dataset loader: a worker's own iterator, a batch at a call; and the
+order the epoch's merge reads the lanes in (torch's: a batch from each lane in turn)."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data._utils.fetch import _IterableDatasetFetcher as IterableFetcher
 
-from ..pipeline import worker_info
+from ..pipeline import END_OF_STREAM, BranchEnd, EndOfStream, worker_info
 from ._fetch import Failed, Positioned, Snapshot, init_failure, is_stateful, pin
 
-__all__ = ["END", "LaneFetch"]
-
-
-class _End:
-    """A lane's iterator has ended (pickled by name: one object in every process)."""
-
-    def __reduce__(self) -> str:
-        return "END"
-
-    def __repr__(self) -> str:
-        return "END"
-
-
-END = _End()
+__all__ = ["LaneEnd", "LaneFetch", "LaneTurns"]
 
 
 class LaneFetch:
     """One lane's batches: its own iterator over the dataset, one batch a call, as torch's
     iterable fetcher makes them. Called with ``(epoch, position)``: a new epoch starts a new
-    iterator.
+    iterator. Once the iterator has ended, an ``EndOfStream`` holding the states of the
+    exhausted iterator ends the lane's branch of the epoch's merge (``END_OF_STREAM`` for the
+    tasks handed to it after that).
 
     Args:
         dataset: The iterable dataset (in a worker process, that worker's copy).
@@ -56,19 +48,19 @@ class LaneFetch:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fetcher": None}  # a worker's copy starts its own iterator
 
-    def __call__(self, task: tuple[int, int]) -> Positioned:
+    def __call__(self, task: tuple[int, int]) -> Positioned | EndOfStream:
         epoch, position = task
         if epoch != self._epoch:
             self.begin(epoch)
         if self._ended or self._fetcher.ended:
-            return Positioned(position, END)
+            return END_OF_STREAM
         try:
             if (failure := init_failure()) is not None:
                 raise failure
             batch = self._next_batch()
         except StopIteration:
             self._ended = True  # with the states of the exhausted iterator, for the next epoch
-            return Positioned(position, END, self.snapshot())
+            return EndOfStream(self.snapshot())
         except Exception as exc:
             batch = Failed(exc, f"asyncflow.DataLoader: batch {position} of worker "
                                 f"{_worker_id()} failed in stage 'fetch'")
@@ -115,6 +107,58 @@ class LaneFetch:
     def __repr__(self) -> str:
         collate = getattr(self.collate, "__qualname__", type(self.collate).__qualname__)
         return f"fetch(dataset={type(self.dataset).__qualname__}, collate_fn={collate})"
+
+
+@dataclass(frozen=True)
+class LaneEnd:
+    """In :attr:`LaneTurns.log`: lane ``lane``'s iterator ended, its states then ``snapshot``."""
+
+    lane: int
+    snapshot: Snapshot | None
+
+
+class LaneTurns:
+    """The order an epoch's merge reads its lanes in, as torch's: a batch from each live lane
+    in turn, from lane ``first`` on; a lane whose iterator ended is dropped (a merge policy,
+    and its ``on_end``).
+
+    Its :attr:`log` tells the consumer, in the order the merge puts batches out, each batch's
+    lane and each lane's end: an ``int`` per batch, a :class:`LaneEnd` where a lane ended.
+    The merge writes it on the run's loop; the consumer reads it as it receives batches (an
+    entry it reads was written before the batch it received was put out).
+
+    Args:
+        lanes: The lane of each of the merge's branches (lanes that ended before a resumed
+            epoch have none).
+        first: The lane to read first (a resumed epoch's next one).
+    """
+
+    def __init__(self, lanes: list[int], first: int) -> None:
+        self.lanes = lanes
+        self.log: deque[int | LaneEnd] = deque()
+        self.live = list(range(len(lanes)))
+        self.at = next((b for b, lane in enumerate(lanes) if lane >= first), 0)
+
+    def open(self, epoch: int, branches: int) -> LaneTurns:
+        return self  # one merge run per epoch, and a LaneTurns per epoch
+
+    def choose(self) -> int | None:
+        if not self.live:
+            return None
+        self.at %= len(self.live)
+        branch = self.live[self.at]
+        self.at += 1
+        self.log.append(self.lanes[branch])
+        return branch
+
+    def end(self, branch: int, snapshot: Snapshot | None) -> None:
+        """``Merge.on_end``: the branch chosen last ended instead of giving a batch."""
+        self.log[-1] = LaneEnd(self.lanes[branch], snapshot)
+
+    def ended(self, branch: int, *, empty: bool) -> BranchEnd:
+        self.at = self.live.index(branch)
+        self.live.remove(branch)
+        return "drop"
 
 
 def _worker_id() -> int:

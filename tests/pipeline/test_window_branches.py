@@ -108,6 +108,21 @@ async def test_a_failed_stage_after_the_merge_wakes_the_branches_waiting_for_cre
     assert started.is_set()
 
 
+async def test_a_failed_branch_stage_wakes_its_source_waiting_for_credits(
+    leak_check: None,
+) -> None:
+    def fails(x: int) -> int:
+        raise ValueError(f"item {x}")
+
+    inputs = [Pipeline(range(ITEMS), name="fails", window=1).map(fails),
+              Pipeline(range(ITEMS), name="fine", window=1)]
+    async with asyncio.timeout(20):
+        with pytest.raises(PipelineError) as caught:
+            async for _ in Pipeline(Merge(inputs, RoundRobin())):
+                pass
+    assert isinstance(caught.value.exceptions[0], ValueError)
+
+
 def test_stages_after_windowed_branches_keep_items_one_for_one() -> None:
     merge = _branches([Draws(ITEMS), Draws(ITEMS)], 2)
     with pytest.raises(ConfigError, match="stage 'batch' regroups items"):

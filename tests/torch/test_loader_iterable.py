@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -244,12 +245,14 @@ def test_stats_show_every_worker_and_add_up(leak_check: None) -> None:
     # worker 0 has 0-4, worker 1 has 5-8: its batch [5, 6] fails at 6
     assert got == [[0, 1], ValueError, [2, 3], [7, 8], [4]]
     stats = loader.stats()
+    # one run: each worker's lane a branch of the merge that takes a batch from each in turn
     assert [s.name for s in stats.stages] == [
-        "worker0/source", "worker0/fetch", "worker1/source", "worker1/fetch"]
+        "worker0/source", "worker0/fetch", "worker1/source", "worker1/fetch", "workers"]
     # each worker's own batches, not the end markers its run asked for after them
     assert [(stats[f"worker{w}/fetch"].items_in, stats[f"worker{w}/fetch"].items_out)
             for w in (0, 1)] == [(3, 3), (2, 2)]
     assert stats.delivered == 5 == sum(stats[f"worker{w}/fetch"].items_out for w in (0, 1))
+    assert stats["workers"].items_in == stats["workers"].items_out == 5
     assert all(stats[f"worker{w}/fetch"].busy_seconds > 0 for w in (0, 1))
     assert [stats[f"worker{w}/fetch"].failures for w in (0, 1)] == [0, 1]
     assert [(f.stage, f.item, f.error_type, f.message) for f in stats.failures] == [
@@ -257,6 +260,23 @@ def test_stats_show_every_worker_and_add_up(leak_check: None) -> None:
     assert not stats.running
     text = str(stats)
     assert "worker0/fetch" in text and "worker1/fetch" in text and "5 items" in text
+    del it, loader
+
+
+@pytest.mark.timeout(90)
+def test_an_epochs_workers_are_branches_of_one_run(leak_check: None) -> None:
+    def run_threads() -> list[str]:  # a run's loop thread is named after its pipeline
+        return [t.name for t in threading.enumerate() if t.name == "asyncflow-DataLoader"]
+
+    loader = DataLoader(Range(40), batch_size=2, num_workers=3, workers="processes")
+    with iter(loader) as it:
+        # a batch from each worker in turn (worker 0 has 0-13, 1 has 14-27, 2 has 28-39)
+        assert [next(it).tolist() for _ in range(3)] == [[0, 1], [14, 15], [28, 29]]
+        assert len(run_threads()) == 1
+        stats = it.stats()
+        assert stats.running
+        assert [s.name for s in stats.stages if s.name.endswith("/fetch")] == [
+            "worker0/fetch", "worker1/fetch", "worker2/fetch"]
     del it, loader
 
 
@@ -289,7 +309,7 @@ def test_stats_of_a_resumed_epoch_count_its_batches_and_name_ended_workers(
     resumed.load_state_dict(state)
     assert list(resumed) == [3, 4]
     stats = resumed.stats()
-    assert [s.name for s in stats.stages] == ["worker0/source", "worker0/fetch"]
+    assert [s.name for s in stats.stages] == ["worker0/source", "worker0/fetch", "workers"]
     assert stats["worker0/fetch"].items_out == stats.delivered == 2
     assert "worker 1's iterator had ended before this epoch resumed: no run" in stats.notes
     del resumed

@@ -1,6 +1,6 @@
 """``max_failures`` with an ``IterableDataset``: failed batches are skipped within the budget,
-counted over every worker's batches (each worker's lane is a run of its own, so a budget per
-lane would allow it once per worker), and one more fails the epoch."""
+counted over every worker's batches (a budget per worker's lane would allow it once per
+worker), and one more fails the epoch."""
 
 from __future__ import annotations
 

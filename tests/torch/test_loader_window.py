@@ -105,10 +105,9 @@ def test_each_iterable_worker_fetches_at_most_prefetch_factor_batches_ahead(
     with iter(loader) as it:
         for held in (1, 2, 3):  # the consumer holds off after each batch
             received.append(next(it).tolist())
-            # torch's rule: each worker prefetch_factor batches beyond those received (a
-            # worker's lane starts when the consumer first asks it for a batch)
-            expected = [len(range(w, held, workers)) + prefetch if w < held else 0
-                        for w in range(workers)]
+            # torch's rule: each worker prefetch_factor batches beyond those received (every
+            # worker's lane starts with the epoch, as torch primes every worker)
+            expected = [len(range(w, held, workers)) + prefetch for w in range(workers)]
             assert _settles(lambda: all(
                 fetched(w) >= n for w, n in enumerate(expected)), 10.0), (  # noqa: B023
                 f"{[fetched(w) for w in range(workers)]} batches fetched, {expected} let in")
