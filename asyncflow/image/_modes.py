@@ -76,27 +76,13 @@ def write_rgb(
         im = im.convert("RGB")
         mode = "RGB"
     h, w = im.size[1], im.size[0]
-    step = -1 if flip else 1
-    if mode == "L":
-        gray = np.frombuffer(im.tobytes(), np.uint8).reshape(h, w)
-        if layout == "hwc":
-            _write_array(gray[:, :, None], out, layout, flip, affine)
-            return
-        planes: tuple[np.ndarray, ...] = (gray[:, ::step],) * 3
+    if mode == "L":  # one channel, spread to three by the write
+        pixels = np.frombuffer(im.tobytes(), np.uint8).reshape(h, w, 1)
     else:
         # PIL stores RGB as four bytes a pixel: one copy of its storage (a memcpy per row),
         # then strided views, is cheaper than packing three bytes or one band at a time.
-        rgb = np.frombuffer(im.tobytes("raw", "RGBX"), np.uint8).reshape(h, w, 4)[:, :, :3]
-        if layout == "hwc":
-            _write_array(rgb, out, layout, flip, affine)
-            return
-        planes = tuple(rgb[:, ::step, c] for c in range(3))
-    for c, plane in enumerate(planes):
-        if affine is None:
-            out[c] = plane
-        else:
-            np.multiply(plane, affine[0][c], out=out[c], dtype=np.float32)
-            out[c] += affine[1][c]
+        pixels = np.frombuffer(im.tobytes("raw", "RGBX"), np.uint8).reshape(h, w, 4)[:, :, :3]
+    _write_array(pixels, out, layout, flip, affine)
 
 
 def _composite(im: Image.Image, background: tuple[int, int, int] | None) -> np.ndarray:
