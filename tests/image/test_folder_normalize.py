@@ -195,6 +195,7 @@ def test_the_claim_stage_waits_while_a_batch_is_ahead_of_the_oldest_one_open() -
     # With processes the claims ran ahead by as many rows as the queues between them and the
     # consumer held (64 rows in the rows queue alone): a lagging consumer held that many slabs.
     assembler = BatchAssembler(1, 1, 1, count=3, ahead=1)
+    assembler._released = _CountedWaits(assembler._lock)
     claim = _folder._ClaimRows(assembler)
     assert claim.asyncflow_inline is False  # it waits: never on the run's loop
     [first] = claim([Sample("a", 0, epoch=0, pos=0, run=0, sample=0)])
@@ -208,3 +209,14 @@ def test_the_claim_stage_waits_while_a_batch_is_ahead_of_the_oldest_one_open() -
     assert claimed.wait(5)
     thread.join()
     assert assembler.stalls == 0
+    assert assembler._released.waits == 1  # woken by the release, not polling meanwhile
+
+
+class _CountedWaits(threading.Condition):
+    """A condition that counts how often a thread waited on it."""
+
+    waits = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        return super().wait(timeout)
