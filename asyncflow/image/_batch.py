@@ -71,15 +71,11 @@ def _chw_shape(img: Any) -> tuple[int, int, int]:
 
 
 def _write_slot(slot: torch.Tensor, img: Any) -> None:
-    import torch
-
     hwc = img.shape[2] == 3
-    if isinstance(img, np.ndarray):
-        if not img.flags.writeable:  # torch refuses to wrap read-only arrays
-            slot.numpy()[...] = img.transpose(2, 0, 1) if hwc else img
-            return
-        img = torch.from_numpy(img)
-    slot.copy_(img.permute(2, 0, 1) if hwc else img)
+    if isinstance(img, np.ndarray):  # read-only ones too, which torch refuses to wrap
+        slot.numpy()[...] = img.transpose(2, 0, 1) if hwc else img
+    else:
+        slot.copy_(img.permute(2, 0, 1) if hwc else img)
 
 
 def normalize(
