@@ -96,8 +96,6 @@ def pipeline_identity(source: Any, describe: Sequence[dict[str, Any]],
         listing = _run_listings[run] if run is not None else _listing(source)
     except KeyError:
         listing = _run_listings[run] = _listing(source)
-    except TypeError:  # a run that takes no weak reference
-        listing = _listing(source)
     if listing is not None:
         info["listing"] = listing
     return {"source": info, "stages": [[d["kind"], d["name"]] for d in describe[1:]]}
