@@ -74,6 +74,15 @@ class _Folder(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return torch.from_numpy(arr).permute(2, 0, 1), label
 
 
+class _FolderFloat(_Folder):
+    """``_Folder`` whose samples come normalized (float32 CHW), for torch's ``default_collate``
+    to stack as they are (``bench_loader_memory.py --default-collate``)."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        image, label = super().__getitem__(i)
+        return _normalize_batch(image[None])[0], label
+
+
 def _collate_normalize(items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
     from torch.utils.data import default_collate
 

@@ -46,7 +46,11 @@ Under the table, each row's median run says when its peak came: after which batc
 took (epoch, batch), how many milliseconds after that take, and the shared memory the loader's
 process mapped then, in batches. ``--unordered`` gives both DataLoaders ``in_order=False``:
 with no batch waiting for an earlier one, what the loader's process holds beyond the
-consumer's batch is the hand-off's alone.
+consumer's batch is the hand-off's alone. ``--default-collate`` makes the ``images`` job's
+Dataset return normalized float32 samples and leaves ``collate_fn`` unset, so that torch's
+``default_collate`` stacks them (as most training code does): in a worker process it stacks
+into torch's shared memory, a new mapping per batch. (The ``array`` job's rows always go
+through ``default_collate``, in batches of 128 KiB.)
 """
 
 from __future__ import annotations
@@ -227,15 +231,18 @@ def _collect_garbage(worker_id: int) -> None:
 
 
 def _loader(kind: str, job: str, array_mib: int, worker_gc: bool = False,
-            unordered: bool = False) -> Any:
+            unordered: bool = False, default_collate: bool = False) -> Any:
     import torch
 
     if job == "images":
         from _imagedata import build_dataset
-        from _loaders import _collate_normalize, _Folder, list_images
+        from _loaders import _collate_normalize, _Folder, _FolderFloat, list_images
 
-        dataset: Any = _Folder(list_images(str(build_dataset(1024))), 224)
-        args: dict[str, Any] = {"batch_size": 32, "collate_fn": _collate_normalize}
+        samples = list_images(str(build_dataset(1024)))
+        dataset: Any = (_FolderFloat if default_collate else _Folder)(samples, 224)
+        args: dict[str, Any] = {"batch_size": 32}
+        if not default_collate:
+            args["collate_fn"] = _collate_normalize
     else:
         from _memdata import ArrayRows
 
@@ -292,19 +299,22 @@ def sample(me: int) -> None:
 
 
 def child(kind: str, job: str, array_mib: int, worker_gc: bool = False,
-          count: bool = False, touch: bool = False, unordered: bool = False) -> dict[str, Any]:
+          count: bool = False, touch: bool = False, unordered: bool = False,
+          default_collate: bool = False) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
     me = os.getpid()
     # the array job's data is made before the base is taken
-    make = _loader(kind, job, array_mib, worker_gc, unordered) if job == "array" else None
+    make = (_loader(kind, job, array_mib, worker_gc, unordered, default_collate)
+            if job == "array" else None)
     sampler = subprocess.Popen([sys.executable, __file__, "--sample", str(me)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert sampler.stdout is not None and sampler.stdin is not None
     sampler.stdout.readline()
     base, base_split = _pss_mib(me), _split_mib(me)
-    loader = make if make is not None else _loader(kind, job, array_mib, worker_gc, unordered)
+    loader = make if make is not None else _loader(kind, job, array_mib, worker_gc, unordered,
+                                                   default_collate)
     counts: dict[str, int] = {}
     takes: list[tuple[float, int, int]] = []  # when each batch was taken: time, epoch, index
     start = time.perf_counter()
@@ -359,6 +369,8 @@ def main() -> None:
                         help="count the batches this process maps as each one is taken")
     parser.add_argument("--unordered", action="store_true",
                         help="in_order=False for both DataLoaders: no batch waits for another")
+    parser.add_argument("--default-collate", action="store_true",
+                        help="images: float32 samples stacked by torch's default_collate")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "JOB"))
     parser.add_argument("--sample", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -369,7 +381,7 @@ def main() -> None:
         args.runs, args.array_mib = 1, 32
     if args.child:
         print(json.dumps(child(*args.child, args.array_mib, args.worker_gc, args.count,
-                                args.touch, args.unordered)))
+                                args.touch, args.unordered, args.default_collate)))
         return
     if "images" in args.jobs.split(","):
         # Built here, before any row: a child that built it would count the builder's
@@ -387,7 +399,8 @@ def main() -> None:
                     [sys.executable, "-W", "ignore", __file__, "--child", kind, job,
                      "--array-mib", str(args.array_mib), *["--worker-gc"] * args.worker_gc,
                      *["--count"] * args.count, *["--touch"] * args.touch,
-                     *["--unordered"] * args.unordered],
+                     *["--unordered"] * args.unordered,
+                     *["--default-collate"] * args.default_collate],
                     capture_output=True, text=True, check=True, timeout=600,
                 )
                 results.setdefault((job, kind), []).append(json.loads(out.stdout))
