@@ -119,7 +119,7 @@ class FloatBatches:
 
         ``out``, the view the tensor is made from, is the batch's one exporter: the tensor's
         storage refers to it, and so do NumPy views of the tensor (through the tensor, the base
-        of ``tensor.numpy()``); nothing else refers to ``base``. So ``out`` goes exactly when
+        of ``tensor.numpy()``); besides the pool, nothing refers to ``base``. So ``out`` goes when
         the last view, tensor or array does, in whichever thread drops it. The tensor itself
         may go first (a view ``batch[0]`` kept). The callback is C code (``SimpleQueue.put``),
         so the dropping thread holds the GIL from it until ``out`` has let go of ``base``: a
