@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +61,7 @@ class IterableEpochs:
         loader._kept_alive = self.processes is not None and self.processes.persistent \
             and not loader.persistent_workers
         self.lanes: EpochLanes | None = None  # the current epoch's
+        self._iterator: weakref.ref[LanesIterator] | None = None  # the current epoch's
 
     def _plan(self, loader: Loader) -> tuple[int, str | None]:
         probe = LaneFetch(loader.dataset, loader.collate_fn, loader.batch_size, loader.drop_last)
@@ -137,8 +139,10 @@ class IterableEpochs:
         run, turns = self._epoch_run(epoch)
         self.lanes = EpochLanes(run, [None if self.ended[lane] else self._label(lane)
                                       for lane in range(self.count)])
-        return LanesIterator(self, turns, self.loader._state, epoch_length(self.loader),
-                             self.loader.timeout)
+        iterator = LanesIterator(self, turns, self.loader._state, epoch_length(self.loader),
+                                 self.loader.timeout)
+        self._iterator = weakref.ref(iterator)
+        return iterator
 
     def state_dict(self, in_epoch: bool) -> dict[str, Any]:
         """Each lane's progress and saved states; between epochs, only the datasets' states
@@ -162,6 +166,11 @@ class IterableEpochs:
         return self.lanes.stats() if self.lanes is not None else PipelineStats()
 
     def close_runs(self) -> None:
+        """Stop the current epoch's run; its iterator, if its consumer had not seen the
+        epoch's end nor closed it, raises from then on rather than end the epoch short."""
+        iterator = self._iterator() if self._iterator is not None else None
+        if iterator is not None:
+            iterator.supersede()
         if self.lanes is not None and self.lanes.run is not None:
             self.lanes.run.close()
 
@@ -219,6 +228,8 @@ class LanesIterator(EpochIterator):
         self._lanes = epochs.lanes  # this epoch's own: a later epoch opens others
         self._log = turns.log
         self._yielded = 0
+        self._done = False  # its consumer saw the epoch's end or its failure, or closed it
+        self._superseded = False
         # max_failures, counted here over every lane's batches (failed batches travel as
         # batches, to be raised at the consumer as torch's)
         limit = epochs.loader.max_failures
@@ -252,7 +263,30 @@ class LanesIterator(EpochIterator):
                 epochs.dataset_states[lane] = item.snapshot.state
         return not self._skip(item)
 
+    def supersede(self) -> None:
+        """A new epoch (``iter(loader)`` again) or a restored state stops this one's run
+        (each worker keeps one iterator): unless the epoch was over, later calls raise."""
+        self._superseded = not self._done
+
+    def _check_superseded(self) -> None:
+        if self._superseded:
+            self._done, self._superseded = True, False  # said once; then it has ended
+            raise ConfigError(
+                "this DataLoader iterator was stopped before its epoch's end: iter(loader) "
+                "started a new epoch (or load_state_dict() restored one), and an "
+                "IterableDataset's workers each keep one iterator, so the loader runs one "
+                "epoch at a time; finish or close() an epoch's iterator before the next")
+
+    def close(self) -> None:
+        self._done = True
+        super().close()
+
+    async def aclose(self) -> None:
+        self._done = True
+        await super().aclose()
+
     def _pull(self) -> Positioned:
+        self._check_superseded()
         while self._run is not None:
             try:
                 item = self._next_of(self._run)
@@ -260,11 +294,14 @@ class LanesIterator(EpochIterator):
                 break
             if self._take(item):
                 return item
+        self._check_superseded()
+        self._done = True
         self._read_log(to_batch=False)
         self._end_budget()
         raise StopIteration
 
     async def _apull(self) -> Positioned:
+        self._check_superseded()
         while self._run is not None:
             try:
                 item = await self._anext_of(self._run)
@@ -272,6 +309,8 @@ class LanesIterator(EpochIterator):
                 break
             if self._take(item):
                 return item
+        self._check_superseded()
+        self._done = True
         self._read_log(to_batch=False)
         self._end_budget()
         raise StopAsyncIteration
@@ -280,6 +319,7 @@ class LanesIterator(EpochIterator):
         """Raise as torch does when the run failed; where several workers failed it (each
         iterator's ``iter()`` raising, say), the first failure, as torch raises the first
         it receives."""
+        self._done = True
         if isinstance(exc, PipelineError) and len(exc.exceptions) > 1:
             exc = exc.derive(exc.exceptions[:1])
         super()._reraise(exc)
