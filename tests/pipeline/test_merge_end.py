@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from asyncflow import Pipeline
-from asyncflow.pipeline import END_OF_STREAM, BranchEnd, EndOfStream, Merge
+from asyncflow import Pipeline, PipelineError
+from asyncflow.pipeline import END_OF_STREAM, BranchEnd, EndOfStream, Merge, Processes
 
 from .test_merge import RoundRobin
 
@@ -110,3 +110,70 @@ def test_a_break_while_a_branch_is_ending_leaves_nothing_running(leak_check: Non
     for item in _lanes([1, 50], 2):
         assert item == (1, 0)
         break
+
+
+class FirstEnds:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self, task: int) -> Any:
+        return self.value
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("window", [None, 1])
+@pytest.mark.parametrize("marker", [END_OF_STREAM, EndOfStream("empty")])
+def test_a_branch_whose_first_item_is_its_end(window: int | None, marker: Any,
+                                               leak_check: None) -> None:
+    ends: list[tuple[int, Any]] = []
+    seen: list[tuple[int, bool]] = []
+
+    class Watch(RoundRobin):
+        def open(self, epoch: int, branches: int) -> Any:
+            turns = super().open(epoch, branches)
+            ended = turns.ended
+
+            def spy(branch: int, *, empty: bool) -> Any:
+                seen.append((branch, empty))
+                return ended(branch, empty=empty)
+
+            turns.ended = spy
+            return turns
+
+    inputs = [
+        Pipeline(itertools.count, name="empty", window=window).map(FirstEnds(marker),
+                                                                    name="fetch"),
+        Pipeline(range(3), name="full", window=window).map(lambda x: x, name="fetch"),
+    ]
+    pipe = Pipeline(Merge(inputs, Watch(), name="lanes",
+                          on_end=lambda b, v: ends.append((b, v))))
+    assert list(pipe) == [0, 1, 2]
+    assert ends == [(0, marker.value)]
+    assert (0, True) in seen
+    stats = pipe.stats()
+    assert stats["empty/fetch"].items_out == 0
+    assert stats["lanes"].items_out == 3
+
+
+class Unpicklable:
+    def __reduce__(self) -> Any:
+        raise TypeError("cannot pickle this state")
+
+
+def _end_unpicklable(task: int) -> Any:
+    if task < 2:
+        return task
+    return EndOfStream(Unpicklable())
+
+
+@pytest.mark.timeout(60)
+def test_an_end_whose_value_cannot_cross_from_a_worker_process_fails_naming_its_stage(
+    leak_check: None,
+) -> None:
+    inputs = [Pipeline(itertools.count, name="w0", window=2).map(
+        _end_unpicklable, name="fetch", workers=Processes(start_method="fork"))]
+    pipe = Pipeline(Merge(inputs, RoundRobin(), name="lanes"))
+    with pytest.raises(PipelineError) as info:
+        list(pipe)
+    text = str(info.value) + "".join(str(e) for e in info.value.exceptions)
+    assert "w0/fetch" in text, text

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -129,3 +130,20 @@ def test_stages_after_windowed_branches_keep_items_one_for_one() -> None:
         list(Pipeline(merge).batch(2))
     with pytest.raises(ConfigError, match="give each of the merge's inputs a window"):
         list(Pipeline(merge, window=2))
+
+
+def _slow_odd(x: tuple[int, int]) -> tuple[int, int]:
+    if x[1] % 2:
+        time.sleep(0.002)
+    return x
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("window", [1, 2])
+def test_windowed_branches_then_an_unordered_map_finish(window: int, leak_check: None) -> None:
+    inputs = [Pipeline(range(200), name=f"in{b}", window=window).map(lambda x, b=b: (b, x))
+              for b in range(3)]
+    pipe = Pipeline(Merge(inputs, RoundRobin(), name="turns")).map(
+        _slow_odd, concurrency=8, ordered=False)
+    got = list(pipe)
+    assert sorted(got) == [(b, x) for b in range(3) for x in range(200)]
