@@ -327,11 +327,24 @@ def _decode(
 
 
 def _orientation(im: Image.Image) -> int:
+    if im.format == "TIFF" and _tiff_loads_upright():
+        return 1  # PIL turns it upright as it loads, and gives its size upright
     try:
         value = im.getexif().get(0x0112, 1)
     except Exception:  # a damaged EXIF block does not make the picture undecodable
         return 1
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+@functools.cache
+def _tiff_loads_upright() -> bool:
+    """Whether PIL applies a TIFF's orientation tag itself (newer Pillow does, in ``load_end``)."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buf = io.BytesIO()
+    Image.new("L", (2, 1)).save(buf, "TIFF", exif=exif)
+    with Image.open(buf) as im:
+        return im.size == (1, 2)
 
 
 def _crop(

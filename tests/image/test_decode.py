@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, ImageFile
+from PIL import Image, ImageFile, ImageOps
 
 from asyncflow import ConfigError, DecodeError, SourceError, SourceNotFound, image
 from asyncflow._blob import Blob
@@ -252,6 +252,23 @@ def test_exif_rotation_with_draft(orientation: int) -> None:
     ref = np.asarray(upright.resize((200, 100), Image.Resampling.BILINEAR))
     assert mad(ours, ref) < 3.0
 
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_a_tiff_is_turned_upright_once_as_exif_transpose_does(orientation: int) -> None:
+    """PIL turns a TIFF upright itself as it loads (and gives its size upright): turning it
+    again by its orientation tag would undo a flip and lay a rotation on its side."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    data = encode(Image.fromarray(smooth(96, 64)), "TIFF", exif=exif)
+    with Image.open(io.BytesIO(data)) as im:
+        upright = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+    np.testing.assert_array_equal(image.decode(data), upright)
+    height, width = upright.shape[:2]
+    box = image.augmentation(data, size=16).box  # the centre square of the upright picture
+    side = min(height, width)
+    assert box == ((width - side) / 2, (height - side) / 2, (width + side) / 2,
+                   (height + side) / 2)
 
 # -- training augmentation --------------------------------------------------------------
 
