@@ -313,6 +313,8 @@ def _decode(
             _jpeg.load(im, scans, data, label)
         elif fast is None:
             im.load()
+            if im.format == "PNG":
+                _png.check_rows(im, data, label)
         pic: Image.Image = im if fast is None else fast
         pic = before_resize(pic if op is None else pic.transpose(op))
         if crop is not None:
