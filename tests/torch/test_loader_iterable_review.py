@@ -206,7 +206,7 @@ def test_state_taken_after_some_workers_ended_resumes_the_exact_remaining_batche
                           timeout=60)
 
     whole = _torch(dataset(sizes), batch_size=2, num_workers=4)
-    for cut in (1, 3, 5):  # after worker 2 ended; after worker 3 too; near the end
+    for cut in (1, 3, 5, 7):  # after worker 2 ended; worker 3 too; near the end; at it
         loader = make()
         it = iter(loader)
         head = [next(it).tolist() for _ in range(cut)]
