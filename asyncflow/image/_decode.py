@@ -264,6 +264,9 @@ def _read(
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, UnidentifiedImageError):
         return "not an image in any format PIL reads"
+    if isinstance(exc, Image.DecompressionBombError):  # PIL's limit holds whatever max_pixels
+        return (f"DecompressionBombError: {exc} (PIL's own limit, 2 x "
+                "PIL.Image.MAX_IMAGE_PIXELS: raise that too)")
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

@@ -434,6 +434,14 @@ def test_pixel_limit_is_configurable() -> None:
     assert image.decode(data, max_pixels=10_000).shape == (100, 100, 3)
 
 
+def test_a_max_pixels_above_pil_s_own_limit_says_which_limit_refused() -> None:
+    """PIL refuses twice its MAX_IMAGE_PIXELS when it opens the file, before max_pixels is
+    read: the error says so, instead of naming a limit the caller had raised."""
+    with pytest.raises(DecodeError, match=r"big\.png: DecompressionBombError: .*"
+                                          r"PIL\.Image\.MAX_IMAGE_PIXELS: raise that too"):
+        image.decode(png_bomb(20_000, 10_000), max_pixels=10**9, name="big.png")
+
+
 def test_missing_file_is_a_source_error(tmp_path: Path) -> None:
     with pytest.raises(SourceNotFound, match=r"gone\.jpg"):
         image.decode(tmp_path / "gone.jpg")
