@@ -261,3 +261,43 @@ def test_a_second_iterator_stops_the_first_which_then_raises_rather_than_end_sho
         next(fourth)
     assert _plain(loader) == whole[1:]
     del first, second, third, fourth, loader
+
+
+class IterFailsOnce(tud.IterableDataset[int]):
+    """Worker 0 streams long; worker 1's ``iter()`` raises while the file ``flag`` exists
+    (removing it): once."""
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    def __iter__(self) -> Iterator[int]:
+        info = tud.get_worker_info()
+        assert info is not None
+        if info.id == 1 and Path(self.flag).exists():
+            Path(self.flag).unlink()
+            raise KeyError("worker 1's iter() broke")
+        return iter(range(100 * info.id, 100 * info.id + (1000 if info.id == 0 else 3)))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_workers_iter_raising_while_another_waits_on_its_window_fails_the_epoch_only(
+    tmp_path: Path, persistent: bool, leak_check: None
+) -> None:
+    flag = tmp_path / "flag"
+    flag.touch()
+    loader = DataLoader(IterFailsOnce(str(flag)), num_workers=2, prefetch_factor=1,
+                        workers="processes", persistent_workers=persistent, timeout=60)
+    it = iter(loader)
+    assert next(it).tolist() == [0]
+    time.sleep(0.3)  # worker 0 fills its window and waits for credits
+    # worker 1's turn: its iter()'s own error (torch's own loader raises it there too, then
+    # fails each later turn of that worker with an UnboundLocalError), and the epoch ends
+    with pytest.raises(KeyError, match="broke"):
+        next(it)
+    assert _plain(it) == []
+    # the next epoch is whole: worker 0's 1000 items and worker 1's 3, in turn
+    got = _plain(loader)
+    assert got[:6] == [[0], [100], [1], [101], [2], [102]]
+    assert [b[0] for b in got[6:]] == list(range(3, 1000))
+    del it, loader
