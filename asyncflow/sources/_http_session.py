@@ -202,7 +202,9 @@ async def body(
                 yield chunk
                 continue
             inflater.push(chunk)
-            while data := inflater.pull():
+            # A slice at a time: a gzip bomb's 256 KiB inflate to 256 MiB in one call, all
+            # of it held before a reader's max_bytes could refuse the first slice.
+            while data := inflater.pull(_CHUNK):
                 yield data
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise translate(exc, what, timeout) from None

@@ -97,7 +97,9 @@ class Retry:
     backoff * 2 ** (n - 1))]`` ("full jitter"), so that many clients throttled together do
     not come back together. A ``Retry-After`` of ``R`` seconds from the server (seconds or an
     HTTP date, capped at ``max_retry_after``) makes the wait ``R`` plus a jitter drawn from
-    ``[0, max(R / 2, that cap)]``: never earlier than asked, and never all at once.
+    ``[0, max(R / 2, that cap)]``: never earlier than asked, and never all at once. A
+    throttled read asked to wait past the end of its ``patience`` waits only until then, and
+    gives up there unless a read from its host succeeded meanwhile.
 
     One HTTP attempt may hold two requests: aiohttp reconnects once by itself when a
     connection drops before the response begins, as a stale keep-alive connection does.
@@ -331,6 +333,13 @@ async def with_retries(
                         break
                     wait = retry.delay(min(throttles, _THROTTLE_BACKOFF_STEPS),
                                        failure.retry_after)
+                    left = progress + retry.patience - loop.time()
+                    if wait >= left:  # asked to wait past the patience: give up at its end
+                        await asyncio.sleep(left)  # unless another read succeeds by then
+                        progress = started if gate is None else max(started, gate.last_success)
+                        if stalled := loop.time() - progress >= retry.patience:
+                            break
+                        continue
                     log.debug("%s: %s (throttled %d times); try again in %.2fs", what,
                               failure.reason, throttles, wait)
                 else:
