@@ -123,8 +123,10 @@ def _translate(exc: BaseException, what: object, retry: Retry) -> Exception:
 
 class S3Resume:
     """What the first answer said of an object (its ETag and size), which a resumed read must
-    match: a resumed ``GetObject`` carries ``IfMatch``, so an object replaced between tries
-    is an error, never two versions spliced together."""
+    match: a resumed ``GetObject`` carries ``IfMatch``, and its answer's own ETag is checked
+    too (some S3-compatible stores ignore ``IfMatch``), so an object replaced between tries
+    is an error, never two versions spliced together; an object without an ETag is never
+    resumed."""
 
     __slots__ = ("etag", "total")
 
@@ -134,6 +136,15 @@ class S3Resume:
 
 
 def _check_resumed(resp: dict[str, Any], offset: int, resume: S3Resume, what: object) -> None:
+    # IfMatch asks the store; a store that ignores it (or sent no ETag to match) would
+    # answer another version's bytes, so the answer's own ETag must prove it too.
+    if resume.etag is None:
+        raise SourceError(f"{what}: the first answer had no ETag, so nothing proves a resumed "
+                          f"range (from byte {offset}) continues the same object; cannot resume")
+    if resp.get("ETag") != resume.etag:
+        raise SourceError(f"{what}: the object changed while it was being read (its ETag "
+                          f"{str(resp.get('ETag'))[:80]} is not {resume.etag[:80]}); a resumed "
+                          "read would splice two versions")
     answered = resp.get("ContentRange")
     want = f"bytes {offset}-{(resume.total or 0) - 1}/{resume.total}"
     if resume.total is not None and answered != want:
@@ -173,10 +184,10 @@ async def stream(
     if not offset:
         resume.etag = resp.get("ETag")
         resume.total = expected if isinstance(expected, int) else None
-    else:
-        _check_resumed(resp, offset, resume, what)
     got = 0
-    async with resp["Body"] as body:
+    async with resp["Body"] as body:  # closed (its connection too) however the try ends
+        if offset:
+            _check_resumed(resp, offset, resume, what)
         try:
             async for chunk in body.iter_chunks(_CHUNK):
                 got += len(chunk)
