@@ -44,6 +44,11 @@ class Draws:
             )
             self.asked += 1
 
+    def wait_all(self) -> None:
+        """Until the source has let in every item (up to 20 s): a branch with no window."""
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.drawn == ITEMS, timeout=20), self.drawn
+
 
 class Logged(Sequence[int]):
     """A sequence source that counts the items read from it."""

@@ -49,11 +49,7 @@ def test_without_windows_a_branch_reads_ahead_of_the_consumer(leak_check: None) 
     draws = [Draws(1), Draws(1)]
     with Pipeline(_branches(draws, None)).open() as run:
         next(run)
-        assert draws[0].cond.acquire(timeout=5)
-        try:
-            assert draws[0].cond.wait_for(lambda: draws[0].drawn == ITEMS, timeout=20)
-        finally:
-            draws[0].cond.release()
+        draws[0].wait_all()
     assert draws[0].over
 
 
@@ -82,11 +78,7 @@ def test_a_window_on_one_input_bounds_that_branch_only(leak_check: None) -> None
         assert next(run) == 0  # branch 1 first
         for _ in range(4):
             next(run)
-        assert draws[1].cond.acquire(timeout=5)
-        try:
-            assert draws[1].cond.wait_for(lambda: draws[1].drawn == ITEMS, timeout=20)
-        finally:
-            draws[1].cond.release()
+        draws[1].wait_all()
     assert draws[0].drawn <= 2 + 2 + 1  # two received, a window of two, one asked for
 
 
