@@ -7,6 +7,7 @@ cites these tests for each claim it makes.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -329,6 +330,14 @@ class RankRecorder(Recorder):
             "trained": self.trained, "sampler": type(loader.sampler).__name__,
             "loader": f"{type(loader).__module__}.{type(loader).__qualname__}",
         }))
+        # Lightning destroys only NCCL's process group at exit; gloo's, left up, once aborted
+        # a rank's interpreter as it exited ("terminate called without an active exception").
+        atexit.register(_destroy_process_group)
+
+
+def _destroy_process_group() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.slow
