@@ -199,7 +199,7 @@ def _add_chain(
         previous = output
     lineage.attach(names, nodes, specs, keep=keep, nested=not handoff)
     if handoff:
-        graph.lineage, graph.window = lineage, window
+        graph.lineage = lineage
     return chain
 
 
@@ -277,7 +277,6 @@ def _merge_node(
         era = ledger.upcoming(i)  # resumed: the branch's epoch again (its order, its seeds)
         new = _add_branch(graph, branch_at(pipe, era), run, at, resume=era.plan)
         ledger.install(i, new.contexts[-1])  # its last stage's (nested branches come first)
-        _owe_to(ctx, new)
         branches.append(new)
     ledger.built(merge.inputs)
 
@@ -289,7 +288,6 @@ def _merge_node(
                           counters_of={c.name: c.counters for c in old.contexts},
                           resume=era.plan, keep=ledger.keeps)
         ledger.install(i, new.contexts[-1])
-        _owe_to(ctx, new)
         graph.move(start, old.contexts)
         graph.deferred.difference_update(old.contexts)
         if old.scope in graph.scopes:
@@ -303,12 +301,6 @@ def _merge_node(
 
     return MergeNode(ctx, merge, branches, spawn, rebuild, graph.tasks, graph.failed,
                      ledger=ledger)
-
-
-def _owe_to(ctx: NodeContext, branch: BranchRun) -> None:
-    """Close ``branch``'s window with the merged run's (``ctx``: the merge's)."""
-    if isinstance(ctx.window, BranchCredits) and branch.window is not None:
-        ctx.window.add(branch.window)
 
 
 def _process_pool(

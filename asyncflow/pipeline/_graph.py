@@ -16,7 +16,6 @@ from ._node import Node, NodeContext
 from ._options import RunOptions
 from ._pool_holder import PoolHolder
 from ._thread_pool import WorkerPool
-from ._window import Window
 
 __all__ = ["Graph", "RunResources"]
 
@@ -50,8 +49,13 @@ class Graph:
     spawn: Callable[[Sequence[NodeContext]], None] | None = None
     #: The ledgers of the pipeline's own stages: what the consumer's items came from.
     lineage: Lineage = field(default_factory=Lineage)
-    #: The run's bound on the items between its source and its consumer (``window``).
-    window: Window | None = None
+
+    def close_windows(self) -> None:
+        """Close every stage's window, a nested merge's branches' too (any thread): a failed
+        or stopping run wakes each source waiting for credits, to end its stream."""
+        for ctx in list(self.contexts):  # a copy: a merge may restart a branch meanwhile
+            if ctx.window is not None:
+                ctx.window.close()
 
     def move(self, start: int, old: Sequence[NodeContext]) -> None:
         """Put the entries from ``start`` on in the place of those of ``old`` (a contiguous

@@ -108,8 +108,7 @@ class Runtime:
             started = self._started
         self.lineage.freeze()  # what the torn-down stages do from now on settles nothing
         self.stop_event.set()
-        if self.graph.window is not None:
-            self.graph.window.close()
+        self.graph.close_windows()
         # A failure before the stop still reaches a consumer waiting for items.
         self.handoff.abort(self._final_error())
         if not started:
@@ -345,8 +344,7 @@ class Runtime:
     def _fail(self, ctx: NodeContext, inp: Any, out: Any, failures: list[BaseException]) -> None:
         self.graph.failed.add(ctx)
         self.lineage.freeze()
-        if self.graph.window is not None:  # the items it held never reach the consumer
-            self.graph.window.close()
+        self.graph.close_windows()  # the items it held never reach the consumer
         for exc in failures:
             note_stage(exc, ctx)
             if not any(e is exc for e in self.errors):

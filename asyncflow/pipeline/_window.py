@@ -96,11 +96,6 @@ class BranchCredits(Window):
     def __init__(self) -> None:
         super().__init__(0)
         self._owed: deque[Window | None] = deque()
-        self._branches: list[Window] = []
-
-    def add(self, window: Window) -> None:
-        """A branch's window, closed with this one."""
-        self._branches.append(window)
 
     def owe(self, window: Window | None) -> None:
         """The merge puts out an item of the branch whose window is ``window`` (on the run's
@@ -117,11 +112,3 @@ class BranchCredits(Window):
                 return
             if window is not None:
                 window.give(1)
-
-    def close(self) -> None:
-        """Close the branches' windows too, waking their sources to end their streams: a
-        failed stage leaves its items' credits owed, and a source would wait for them while
-        the merge waits for the branch's next item (or for its stages to end)."""
-        super().close()
-        for window in self._branches:
-            window.close()

@@ -101,17 +101,21 @@ async def test_a_failed_stage_after_the_merge_wakes_the_branches_waiting_for_cre
     assert started.is_set()
 
 
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
 async def test_a_failed_branch_stage_wakes_its_source_waiting_for_credits(
-    leak_check: None,
+    nested: bool, leak_check: None,
 ) -> None:
     def fails(x: int) -> int:
         raise ValueError(f"item {x}")
 
     inputs = [Pipeline(range(ITEMS), name="fails", window=1).map(fails),
               Pipeline(range(ITEMS), name="fine", window=1)]
+    pipe = Pipeline(Merge(inputs, RoundRobin(), name="inner"))
+    if nested:  # the windowed branches are one input of an outer merge
+        pipe = Pipeline(Merge([pipe, Pipeline(range(5), name="other")], RoundRobin()))
     async with asyncio.timeout(20):
         with pytest.raises(PipelineError) as caught:
-            async for _ in Pipeline(Merge(inputs, RoundRobin())):
+            async for _ in pipe:
                 pass
     assert isinstance(caught.value.exceptions[0], ValueError)
 
