@@ -268,6 +268,31 @@ def _plural(n: int) -> str:
     return f"{n} attempt" if n == 1 else f"{n} attempts"
 
 
+async def _wait_patiently(
+    wait: float, started: float, gate: Limiter | None, patience: float
+) -> bool:
+    """Sleep ``wait`` seconds, unless the host goes ``patience`` seconds without a success
+    (any read of it, counted from ``started`` at the earliest) first.
+
+    Returns:
+        ``True`` once the whole wait has passed (never earlier than a ``Retry-After`` asked);
+        ``False`` as soon as the patience is spent: give up.
+
+    Cancellation:
+        Cancelling the caller cancels the sleep; nothing is left running.
+    """
+    loop = asyncio.get_running_loop()
+    end = loop.time() + wait
+    while True:
+        progress = started if gate is None else max(started, gate.last_success)
+        left = progress + patience - loop.time()
+        if left <= 0:
+            return False
+        if (remaining := end - loop.time()) <= 0:
+            return True
+        await asyncio.sleep(min(remaining, left))  # another read's success extends the patience
+
+
 async def with_retries(
     attempt: Callable[[], Awaitable[T]],
     *,
@@ -328,20 +353,13 @@ async def with_retries(
                     break
                 if failure.throttled and retry.attempts > 1:
                     throttles += 1
-                    progress = started if gate is None else max(started, gate.last_success)
-                    if stalled := loop.time() - progress >= retry.patience:
-                        break
                     wait = retry.delay(min(throttles, _THROTTLE_BACKOFF_STEPS),
                                        failure.retry_after)
-                    left = progress + retry.patience - loop.time()
-                    if wait >= left:  # asked to wait past the patience: give up at its end
-                        await asyncio.sleep(left)  # unless another read succeeds by then
-                        progress = started if gate is None else max(started, gate.last_success)
-                        if stalled := loop.time() - progress >= retry.patience:
-                            break
-                        continue
                     log.debug("%s: %s (throttled %d times); try again in %.2fs", what,
                               failure.reason, throttles, wait)
+                    if stalled := not await _wait_patiently(wait, started, gate, retry.patience):
+                        break
+                    continue
                 else:
                     errors += 1
                     if errors >= retry.attempts:

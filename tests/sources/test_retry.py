@@ -160,6 +160,41 @@ async def test_throttling_gives_up_after_patience_without_progress() -> None:
     )
 
 
+class _Host:
+    """A host limiter double whose other reads keep succeeding (``gate.last_success``)."""
+
+    def __init__(self) -> None:
+        self.last_success = asyncio.get_running_loop().time()
+
+    async def run(self, attempt: Callable[[], object], **_: object) -> object:
+        return await attempt()  # type: ignore[misc]
+
+
+async def test_a_throttled_try_waits_all_of_retry_after_while_the_host_makes_progress() -> None:
+    loop = asyncio.get_running_loop()
+    host, tries = _Host(), []
+
+    async def throttled_once() -> str:
+        tries.append(loop.time())
+        if len(tries) == 1:
+            raise Transient("HTTP 429", status=429, retry_after=0.6, throttled=True)
+        return "ok"
+
+    async def others_succeed() -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            host.last_success = loop.time()
+
+    beside = asyncio.create_task(others_succeed())
+    try:
+        async with asyncio.timeout(10):
+            assert await with_retries(throttled_once, what="GET x", gate=host,  # type: ignore[arg-type]
+                                      retry=Retry(patience=0.3), timeout=Timeout()) == "ok"
+    finally:
+        beside.cancel()
+    assert tries[1] - tries[0] >= 0.6  # the server's Retry-After, past the patience: all of it
+
+
 async def test_one_attempt_turns_retrying_off_for_throttling_too() -> None:
     calls = 0
 
