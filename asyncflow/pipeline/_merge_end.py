@@ -1,7 +1,8 @@
 """A merge branch that ends its own stream: :data:`END_OF_STREAM` (or an :class:`EndOfStream`
 with a value) among its items is where the branch ends, as if it had run out.
 
-A stage returns it where the branch's source cannot know the stream has ended: a map whose
+The branch's last stage returns it (only the merge reads it: an earlier stage would get it as
+an item) where the branch's source cannot know the stream has ended: a map whose
 worker's own iterator ran out (an ``IterableDataset``'s worker), while the source goes on
 handing it tasks. The merge (``_merge.py``) drops the marker and whatever the branch put out
 after it, stops the branch's stages, hands the marker's ``value`` to ``Merge.on_end``, and

@@ -177,3 +177,12 @@ def test_an_end_whose_value_cannot_cross_from_a_worker_process_fails_naming_its_
         list(pipe)
     text = str(info.value) + "".join(str(e) for e in info.value.exceptions)
     assert "w0/fetch" in text, text
+
+
+def test_only_a_merge_reads_the_marker() -> None:
+    """Outside a merge branch the marker is an item like any other: the consumer gets it."""
+
+    def ends_at_3(x: int) -> Any:
+        return END_OF_STREAM if x == 3 else x
+
+    assert list(Pipeline(range(6)).map(ends_at_3)) == [0, 1, 2, END_OF_STREAM, 4, 5]
