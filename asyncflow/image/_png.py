@@ -13,6 +13,7 @@ measured against the header.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 
 from PIL import Image
 
@@ -40,25 +41,10 @@ def check(data: bytes | memoryview, label: str) -> None:
     claiming more rows than that can hold is refused here, before PIL allocates the picture:
     a few kilobytes that claim 9000x9000 pixels would otherwise cost up to 324 MB a decoder.
     """
-    view = memoryview(data)
-    if bytes(view[:8]) != SIGNATURE:
+    if bytes(memoryview(data)[:8]) != SIGNATURE:
         raise DecodeError(f"cannot decode {label}: not a PNG signature")
-    pos, end, idat = 8, len(view), 0
-    while pos + 12 <= end:
-        length = int.from_bytes(view[pos : pos + 4], "big")
-        stop = pos + 8 + length
-        if stop + 4 > end:
-            raise DecodeError(f"cannot decode {label}: truncated PNG chunk")
-        ctype = bytes(view[pos + 4 : pos + 8])
-        if zlib.crc32(view[pos + 4 : stop]) != int.from_bytes(view[stop : stop + 4], "big"):
-            raise DecodeError(f"cannot decode {label}: bad PNG checksum in chunk {ctype!r}")
-        if ctype == b"IDAT":
-            idat += length
-        elif ctype == b"IEND":
-            _check_room(data, idat, label)
-            return
-        pos = stop + 4
-    raise DecodeError(f"cannot decode {label}: truncated PNG (no IEND chunk)")
+    idat = sum(len(body) for ctype, body in _chunks(data, label) if ctype == b"IDAT")
+    _check_room(data, idat, label)
 
 
 def _check_room(data: bytes | memoryview, idat: int, label: str) -> None:
@@ -80,7 +66,7 @@ def check_rows(im: Image.Image, data: bytes | memoryview, label: str) -> None:
     height = im.size[1]
     if height == 0 or not any(_blank(im, y) for y in range(max(0, height - 2), height)):
         return
-    want, got = _expected_size(data), _inflated_size(data)
+    want, got = _expected_size(data), _inflated_size(data, label)
     if got < want:
         raise DecodeError(
             f"cannot decode {label}: damaged PNG: its image data ends early ({got:,} of "
@@ -93,16 +79,22 @@ def _blank(im: Image.Image, y: int) -> bool:
     return row.count(0) == len(row)
 
 
-def _chunks(data: bytes | memoryview) -> list[tuple[bytes, memoryview]]:
-    view, pos, found = memoryview(data), 8, []
+def _chunks(data: bytes | memoryview, label: str) -> Iterator[tuple[bytes, memoryview]]:
+    """Each chunk's type and body, up to and with its ``IEND``, its CRC checked first."""
+    view, pos = memoryview(data), 8
     while pos + 12 <= len(view):
         length = int.from_bytes(view[pos : pos + 4], "big")
+        stop = pos + 8 + length
+        if stop + 4 > len(view):
+            raise DecodeError(f"cannot decode {label}: truncated PNG chunk")
         ctype = bytes(view[pos + 4 : pos + 8])
-        found.append((ctype, view[pos + 8 : pos + 8 + length]))
+        if zlib.crc32(view[pos + 4 : stop]) != int.from_bytes(view[stop : stop + 4], "big"):
+            raise DecodeError(f"cannot decode {label}: bad PNG checksum in chunk {ctype!r}")
+        yield ctype, view[pos + 8 : stop]
         if ctype == b"IEND":
-            break
-        pos += 12 + length
-    return found
+            return
+        pos = stop + 4
+    raise DecodeError(f"cannot decode {label}: truncated PNG (no IEND chunk)")
 
 
 def _expected_size(data: bytes | memoryview) -> int:
@@ -120,10 +112,10 @@ def _expected_size(data: bytes | memoryview) -> int:
     return total
 
 
-def _inflated_size(data: bytes | memoryview) -> int:
+def _inflated_size(data: bytes | memoryview, label: str) -> int:
     """How many bytes the ``IDAT`` chunks inflate to (read in pieces, never held whole)."""
     inflater, total = zlib.decompressobj(), 0
-    for ctype, body in _chunks(data):
+    for ctype, body in _chunks(data, label):
         if ctype != b"IDAT":
             continue
         pending = bytes(body)
