@@ -135,16 +135,18 @@ class S3Resume:
         self.total: int | None = None
 
 
+def _changed(what: object, etag: str, was: object) -> SourceError:
+    return SourceError(f"{what}: the object changed while it was being read (its ETag "
+                       f"{str(was)[:80]} is not {etag[:80]}); a resumed read would splice two "
+                       "versions")
+
+
 def _check_resumed(resp: dict[str, Any], offset: int, resume: S3Resume, what: object) -> None:
-    # IfMatch asks the store; a store that ignores it (or sent no ETag to match) would
-    # answer another version's bytes, so the answer's own ETag must prove it too.
-    if resume.etag is None:
-        raise SourceError(f"{what}: the first answer had no ETag, so nothing proves a resumed "
-                          f"range (from byte {offset}) continues the same object; cannot resume")
+    # IfMatch asks the store; a store that ignores it would answer another version's bytes,
+    # so the answer's own ETag must prove it too.
+    assert resume.etag is not None  # stream() resumes only an object with one
     if resp.get("ETag") != resume.etag:
-        raise SourceError(f"{what}: the object changed while it was being read (its ETag "
-                          f"{str(resp.get('ETag'))[:80]} is not {resume.etag[:80]}); a resumed "
-                          "read would splice two versions")
+        raise _changed(what, resume.etag, resp.get("ETag"))
     answered = resp.get("ContentRange")
     want = f"bytes {offset}-{(resume.total or 0) - 1}/{resume.total}"
     if resume.total is not None and answered != want:
@@ -162,21 +164,25 @@ async def stream(
     checked).
 
     Raises:
-        SourceError: The object changed since the first try, or answered another range.
+        SourceError: The object changed since the first try, or answered another range; or
+            a resumed try of an object whose first answer had no ETag (nothing could prove
+            the range continues the same object).
     """
     bucket, key = split_s3_url(url)
-    extra: dict[str, Any] = {"Range": f"bytes={offset}-"} if offset else {}
-    if offset and resume.etag:
-        extra["IfMatch"] = resume.etag
+    extra: dict[str, Any] = {}
+    if offset:
+        if resume.etag is None:
+            raise SourceError(f"{what}: the first answer had no ETag, so nothing proves a "
+                              f"resumed range (from byte {offset}) continues the same object; "
+                              "cannot resume")
+        extra = {"Range": f"bytes={offset}-", "IfMatch": resume.etag}
     try:
         resp = await client.get_object(Bucket=bucket, Key=key, **extra)
     except ClientError as exc:
         if offset and _error_code(exc)[0] == "InvalidRange":
             return  # resumed exactly at the end: nothing is left
         if offset and _error_code(exc)[0] in ("PreconditionFailed", "412"):
-            raise SourceError(f"{what}: the object changed while it was being read (its "
-                              f"ETag is no longer {resume.etag}); a "
-                              "resumed read would splice two versions") from None
+            raise _changed(what, str(resume.etag), "now") from None
         raise _translate(exc, what, retry) from None
     except _SDK_ERRORS as exc:
         raise _translate(exc, what, retry) from None

@@ -316,6 +316,9 @@ async def test_a_resumed_stream_proves_it_reads_the_same_object(s3: Any, bucket:
         await s3.put_object(Bucket=bucket, Key="shard.tar", Body=b"c" * 2000)
         with pytest.raises(asyncflow.SourceError, match="changed"):
             await _collect(_s3.stream(client, url, 1500, what=url, retry=retry, resume=resume))
+    # no ETag in the first answer: refused before any request (no client to send one)
+    with pytest.raises(asyncflow.SourceError, match="had no ETag"):
+        await _collect(_s3.stream(None, url, 1500, what=url, retry=retry, resume=_s3.S3Resume()))
 
 
 @pytest.mark.timeout(30)
