@@ -9,7 +9,7 @@ from typing import Any
 from .._errors import ConfigError, ConfigTypeError, check_int
 from ..pipeline import Processes, choose_workers, feature, usable_cpus
 from ..ranks import Part, Split
-from ._decode import _affine
+from ._decode import affine
 from ._rows import DecodeIntoSharedRow
 
 __all__ = ["check_arguments", "decode_workers", "resolve_split"]
@@ -26,7 +26,7 @@ def check_arguments(
             and ``std`` are not 3 values each (``std`` positive).
     """
     check_int("batch_size", batch_size)
-    _affine(tuple(mean), tuple(std))  # the kernel's check of mean and std
+    affine(tuple(mean), tuple(std))  # the kernel's check of mean and std
     if decode_concurrency is None:
         return usable_cpus()
     return int(check_int("decode_concurrency", decode_concurrency))

@@ -45,7 +45,8 @@ from ._geometry import (
 from ._modes import Affine, Layout, before_resize, write_rgb
 
 __all__ = [
-    "DEFAULT_MAX_BYTES", "DEFAULT_MAX_PIXELS", "Source", "augmentation", "check_pixels", "decode",
+    "DEFAULT_MAX_BYTES", "DEFAULT_MAX_PIXELS", "Source", "affine", "augmentation", "check_pixels",
+    "decode",
 ]
 
 Source = bytes | bytearray | memoryview | str | os.PathLike[str]
@@ -134,13 +135,13 @@ def decode(
         raise ConfigError(f"layout must be 'hwc' or 'chw', got {layout!r}")
     if train:
         _check_train(dims, scale, ratio)
-    affine = _affine(tuple(mean), tuple(std)) if normalize else None
+    to_float = affine(tuple(mean), tuple(std)) if normalize else None
     label, data = _read(src, name, max_bytes=max_bytes)
     if train and rng is None:
         rng = random.Random() if seed is None else item_random(seed, epoch, index)
     try:
         return _decode(data, dims, resize, rng if train else None, scale, ratio, flip,
-                       out, layout, affine, max_pixels, background, label)
+                       out, layout, to_float, max_pixels, background, label)
     except (DecodeError, ConfigError, MemoryError):
         raise
     except Exception as exc:
@@ -215,7 +216,13 @@ def _check_train(
 
 
 @functools.lru_cache(maxsize=32)
-def _affine(mean: tuple[float, ...], std: tuple[float, ...]) -> Affine:
+def affine(mean: tuple[float, ...], std: tuple[float, ...]) -> Affine:
+    """Normalize's ``(scale, offset)`` per channel, read-only float32: ``x * scale + offset``
+    is ``(x / 255 - mean) / std``.
+
+    Raises:
+        ConfigError: ``mean`` or ``std`` is not 3 values, or a ``std`` is not positive.
+    """
     if len(mean) != 3 or len(std) != 3 or any(s <= 0 for s in std):
         raise ConfigError(f"mean and std need 3 values (std > 0), got {mean}, {std}")
     m, s = np.asarray(mean, np.float64), np.asarray(std, np.float64)

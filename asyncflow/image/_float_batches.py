@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from .._recycle import PoolStats, Recycler
-from ._decode import _affine
+from ._decode import affine
 
 __all__ = ["FLOAT_POOL", "FLOAT_POOL_MAX", "PATIENCE", "FloatBatches"]
 
@@ -76,7 +76,7 @@ class FloatBatches:
     def __init__(self, shape: tuple[int, ...], mean: tuple[float, ...],
                  std: tuple[float, ...]) -> None:
         self._key: _Key = (tuple(shape), np.dtype(np.float32))
-        scale, offset = _affine(mean, std)
+        scale, offset = affine(mean, std)
         self._scale, self._offset = scale[:, None, None], offset[:, None, None]
         self._pool: Recycler[_Key, np.ndarray] = Recycler(
             _anonymous, nbytes=lambda a: a.nbytes, limit=FLOAT_POOL, returned="unreferenced",

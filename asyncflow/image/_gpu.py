@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from ..pipeline import CustomSpec, Span
-from ._decode import _affine
+from ._decode import affine
 from ._gpu_decoders import GpuDecoder
 from ._gpu_plan import Encoded, Payload, Planned, plan
 from ._resample import resample
@@ -145,7 +145,7 @@ class GpuDecodeNode:
         self.normalize = bool(options["normalize"])
         self.options = {k: options[k] for k in ("size", "train", "resize", "max_pixels")}
         self.seed = seed
-        scale, offset = _affine(tuple(options["mean"]), tuple(options["std"]))
+        scale, offset = affine(tuple(options["mean"]), tuple(options["std"]))
         self.scale = torch.tensor(scale).to(device)[:, None, None]
         self.offset = torch.tensor(offset).to(device)[:, None, None]
         cuda = device.type == "cuda"

@@ -43,9 +43,9 @@ class Inflater:
         self._tail = self._tail + data if self._tail else data
         self.raw += len(data)
 
-    def pull(self, limit: int = 0) -> bytes:
-        """Up to ``limit`` inflated bytes (``0``: all that can be); ``b""`` when more input
-        is needed."""
+    def pull(self, limit: int) -> bytes:
+        """Up to ``limit`` (> 0) inflated bytes; ``b""`` when more input is needed. Always
+        bounded: a few compressed bytes may inflate a thousandfold."""
         while self._tail or self._full:
             if not self.cut and not self._start():
                 return b""
@@ -54,7 +54,7 @@ class Inflater:
             except zlib.error as exc:
                 raise SourceError(f"{self._what}: corrupt {self.coding} data near compressed byte "
                                   f"{self.raw - len(self._tail)} ({exc})") from None
-            self._full = bool(limit) and len(out) == limit
+            self._full = len(out) == limit
             if self._inflater.eof:
                 self._tail = self._inflater.unused_data
                 self.cut = self._full = False

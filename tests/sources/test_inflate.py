@@ -14,11 +14,11 @@ from asyncflow.sources._inflate import Inflater
 RAW = bytes(range(256)) * 200
 
 
-def inflate_all(inflater: Inflater, data: bytes, limit: int = 0) -> bytes:
+def inflate_all(inflater: Inflater, data: bytes, limit: int = 1 << 20) -> bytes:
     inflater.push(data)
     out = b""
     while chunk := inflater.pull(limit):
-        assert not limit or len(chunk) <= limit
+        assert len(chunk) <= limit
         out += chunk
     return out
 
