@@ -5,8 +5,10 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ._pool import Pool
+if TYPE_CHECKING:
+    from ._process_pool import ProcessPool
 
 __all__ = ["PoolHolder"]
 
@@ -14,16 +16,15 @@ __all__ = ["PoolHolder"]
 class PoolHolder:
     """The persistent worker-process pools of one pipeline object, by stage index.
 
-    They stop when the holder (the pipeline object) is garbage-collected, or at exit. Each
-    is a :class:`~asyncflow.pipeline._pool.Pool` (a ``ProcessPool``).
+    They stop when the holder (the pipeline object) is garbage-collected, or at exit.
     """
 
     def __init__(self) -> None:
-        self.pools: dict[int, Pool] = {}
+        self.pools: dict[int, ProcessPool] = {}
         self._lock = threading.Lock()
         weakref.finalize(self, _shutdown_pools, self.pools)
 
-    def get(self, index: int, make: Callable[[], Pool]) -> Pool:
+    def get(self, index: int, make: Callable[[], ProcessPool]) -> ProcessPool:
         """The persistent pool of stage ``index``, made by ``make()`` when it has none (or
         its pool was shut down)."""
         with self._lock:
@@ -37,7 +38,7 @@ class PoolHolder:
         _shutdown_pools(self.pools, timeout)
 
 
-def _shutdown_pools(pools: dict[int, Pool], timeout: float = 2.0) -> None:
+def _shutdown_pools(pools: dict[int, ProcessPool], timeout: float = 2.0) -> None:
     for pool in list(pools.values()):
         pool.shutdown(timeout)
     pools.clear()

@@ -34,7 +34,6 @@ from ._boot import Boot, boot_payload, start_context, without_main
 from ._fork import ForkTemplate, fork_refused, fork_template
 from ._jobs import Job, Slot, blame, exit_reason, merge, settle, stop_workers
 from ._offload import ChunkResult
-from ._pool import PoolStats
 from ._pool_reader import PoolReader
 from ._protocols import round_robin
 from ._worker_options import Processes
@@ -277,14 +276,6 @@ class ProcessPool(PoolReader):
 
     def _name(self) -> str:
         return f"{self.prefix}p{next(self._names)}"
-
-    def statistics(self) -> PoolStats:
-        """The pool now (any thread): its workers alive and the chunks they hold."""
-        with self._lock:
-            workers = sum(s.process.is_alive() for s in self._slots)
-            busy = sum(len(s.jobs) for s in self._slots) + len(self._waiting)
-        return PoolStats(kind="processes", name=f"asyncflow-{self.stage}", size=self.size,
-                         workers=workers, busy=busy)
 
     def _died(self, slot: Slot) -> None:
         slot.process.join(0.5)
