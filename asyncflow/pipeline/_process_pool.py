@@ -102,7 +102,6 @@ class ProcessPool(PoolReader):
         self._lock = threading.Lock()
         self._slots: list[Slot] = []
         self._broken: BaseException | None = None
-        self._waiting: list[Job] = []  # submitted while the only worker is being replaced
         self._closed = False
         self._started = False
         self._start_lock = threading.Lock()  # held while the workers are spawned
@@ -225,8 +224,7 @@ class ProcessPool(PoolReader):
             Cancelling the future drops the result; the worker finishes the chunk.
         """
         loop = asyncio.get_running_loop()
-        job = Job(next(self._jids), items, first, epoch, loop, loop.create_future())
-        job.keys = keys
+        job = Job(next(self._jids), items, first, epoch, keys, loop, loop.create_future())
         self._dispatch(job)
         return job.fut
 
@@ -242,10 +240,6 @@ class ProcessPool(PoolReader):
                 settle(job, None, self._broken or RuntimeError(
                     f"the process pool is {'shut down' if self._closed else 'not started'}"))
                 return
-            if not self._slots:  # the one worker died: its replacement sends this on
-                _segments.discard(segments)
-                self._waiting.append(job)
-                return
             slot = self._pick(job)
             slot.jobs.append(job)
             # Sent under the lock: the reader matches each answer to the oldest job of its
@@ -253,8 +247,8 @@ class ProcessPool(PoolReader):
             # when the loop (submit) and the reader thread (resubmit) dispatch at once.
             try:
                 send(slot.conn, "job", payload, segments)
-            except (OSError, ValueError):
-                _segments.discard(segments)  # the worker died: the reader thread resubmits the job
+            except (OSError, ValueError):  # the worker died: its replacement takes the job
+                _segments.discard(segments)
 
     def _pick(self, job: Job) -> Slot:
         """The worker for ``job`` (lock held): the least loaded, or in turn (see
@@ -267,9 +261,8 @@ class ProcessPool(PoolReader):
         return min(self._slots, key=lambda s: len(s.jobs))
 
     def _take_jobs(self) -> list[Job]:
-        """Every job the workers hold or that waits for one, taken from them (lock held)."""
-        jobs = [job for slot in self._slots for job in slot.jobs] + self._waiting
-        self._waiting = []
+        """Every job the workers hold, taken from them (lock held)."""
+        jobs = [job for slot in self._slots for job in slot.jobs]
         for slot in self._slots:
             slot.jobs.clear()
         return jobs
@@ -278,51 +271,45 @@ class ProcessPool(PoolReader):
         return f"{self.prefix}p{next(self._names)}"
 
     def _died(self, slot: Slot) -> None:
+        """The worker of ``slot`` is gone: fail the item it was on, and start a replacement
+        that takes its jobs over (and those sent to it meanwhile), or fail the pool."""
         slot.process.join(0.5)
-        reason = exit_reason(slot.process.exitcode)
+        reason, pid = exit_reason(slot.process.exitcode), slot.process.pid
         with self._lock:
-            if self._closed:
+            if self._closed or self._broken is not None:
                 return
             jobs = list(slot.jobs)
             slot.jobs.clear()
-            self._slots.remove(slot)
             self.deaths += 1
-        pid = slot.process.pid
-        slot.close()
+        died = f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died"
         if not slot.ready:
-            self._fail_pool(WorkerError(
-                f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died while "
-                f"starting ({reason})"
-            ), jobs)
+            self._fail_pool(WorkerError(f"{died} while starting ({reason})"), jobs)
             return
         if jobs:  # before the replacement, which writes its own status in the same slot
             assert self._status is not None
             blame(jobs[0], STATUS.unpack_from(self._status, slot.wid * STATUS.size),
                   lambda item: WorkerError(
-                      f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died "
-                      f"({reason}) while processing item {describe_item(item)}"))
+                      f"{died} ({reason}) while processing item {describe_item(item)}"))
         try:
             replacement = self._spawn(slot.wid)
         except OSError as exc:  # a fork pool's template is gone (stopped at exit, killed)
-            self._fail_pool(WorkerError(
-                f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died ({reason}) and "
-                f"could not be replaced: {exc}"), jobs)
+            self._fail_pool(WorkerError(f"{died} ({reason}) and could not be replaced: {exc}"),
+                            jobs)
             return
         with self._lock:
-            closed = self._closed  # shut down while it started: shutdown() did not see it
+            closed = self._closed  # then shutdown() stopped the workers it saw: not this one
             if not closed:
-                self._slots.append(replacement)
-                jobs += self._waiting
-                self._waiting = []
+                self._slots[self._slots.index(slot)] = replacement
+                jobs += slot.jobs  # sent to the dead worker while its replacement started
+        slot.close()
         if closed:
-            replacement.process.kill()
-            replacement.process.join()
+            stop_workers([replacement], 0.0)
             replacement.close()
             for job in jobs:
                 settle(job, None, RuntimeError("the process pool was shut down"))
             return
         for job in jobs:
-            if job.items:
+            if len(job.skipped) < len(job.items):
                 self._dispatch(job)
             else:
                 settle(job, merge(job, [], [], 0.0), None)

@@ -25,7 +25,7 @@ from typing import Any
 
 from .._redact import format_exception, redact
 from . import _segments
-from ._portable import noted, portable
+from ._portable import FAILED, noted, portable
 from ._worker_options import WorkerInfo, run_worker_setups, set_worker_info
 from .seeding import item_seed, seed_everything
 
@@ -90,19 +90,22 @@ class _Worker:
         return f"{self.prefix}{self.count}"
 
     def run_job(self, jid: int, items: list[Any], first: int, epoch: int,
-                offsets: list[int] | None) -> None:
+                keys: list[int] | None, skip: list[int]) -> None:
         values: list[Any] = []
         failures: list[tuple[int, BaseException]] = []
         start = time.perf_counter()
         for index, item in enumerate(items):
+            if index in skip:  # a dead worker was on it: failed by the parent
+                values.append(FAILED)
+                continue
             STATUS.pack_into(self.status, self.offset, jid, index)
-            position = first + (index if offsets is None else offsets[index])
             if self.reseed:
-                seed_everything(item_seed(self.seed, epoch, position))
+                key = first + index if keys is None else keys[index]
+                seed_everything(item_seed(self.seed, epoch, key))
             try:
                 values.append(self.fn(item))
             except BaseException as exc:  # returned to the parent, which decides
-                values.append(None)
+                values.append(FAILED)
                 failures.append((index, noted(exc)))
         STATUS.pack_into(self.status, self.offset, jid, -1)
         self.reply(jid, values, failures, time.perf_counter() - start)
@@ -139,7 +142,7 @@ class _Worker:
             try:
                 pickle.dumps(value, protocol=5)
             except Exception as exc:
-                values[i] = None
+                values[i] = FAILED
                 out.append((i, WorkerError(redact(
                     f"the result ({type(value).__qualname__}) could not be pickled back from "
                     f"the worker: {exc}"))))
