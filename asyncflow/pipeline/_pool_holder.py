@@ -5,10 +5,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ._process_pool import ProcessPool
+from typing import Any
 
 __all__ = ["PoolHolder"]
 
@@ -16,15 +13,17 @@ __all__ = ["PoolHolder"]
 class PoolHolder:
     """The persistent worker-process pools of one pipeline object, by stage index.
 
-    They stop when the holder (the pipeline object) is garbage-collected, or at exit.
+    They stop when the holder (the pipeline object) is garbage-collected, or at exit. Each
+    is a ``ProcessPool``, not imported here: a pipeline loads it only once a stage runs on
+    processes.
     """
 
     def __init__(self) -> None:
-        self.pools: dict[int, ProcessPool] = {}
+        self.pools: dict[int, Any] = {}
         self._lock = threading.Lock()
         weakref.finalize(self, _shutdown_pools, self.pools)
 
-    def get(self, index: int, make: Callable[[], ProcessPool]) -> ProcessPool:
+    def get(self, index: int, make: Callable[[], Any]) -> Any:
         """The persistent pool of stage ``index``, made by ``make()`` when it has none (or
         its pool was shut down)."""
         with self._lock:
@@ -38,7 +37,7 @@ class PoolHolder:
         _shutdown_pools(self.pools, timeout)
 
 
-def _shutdown_pools(pools: dict[int, ProcessPool], timeout: float = 2.0) -> None:
+def _shutdown_pools(pools: dict[int, Any], timeout: float = 2.0) -> None:
     for pool in list(pools.values()):
         pool.shutdown(timeout)
     pools.clear()

@@ -149,7 +149,7 @@ class ProcessPool(PoolReader):
             os.close(fd)
         self._wake_r, self._wake_w = os.pipe()
         if self.boot is not None:
-            self._context = start_context(self.spec, self.boot.share(self._name))
+            self._context = start_context(self.spec, self.boot.core)
         for wid in range(self.size):
             self._slots.append(self._spawn(wid))
         self._reader = threading.Thread(

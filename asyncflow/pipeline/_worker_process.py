@@ -6,7 +6,7 @@ item it is on into its slot of a shared status file, so that the parent can name
 the worker dies. A thread of its own keeps reading the pipe, so that the parent's sends never
 wait for a busy worker; when the pipe breaks (the parent is gone) the worker exits at once.
 
-Messages are ``(kind, payload, segments)`` tuples; payloads go through ``_shm``.
+Messages are ``(kind, payload, segments)`` tuples; payloads go through ``_segments``.
 """
 
 from __future__ import annotations
@@ -44,14 +44,6 @@ def _picklable(exc: BaseException) -> Any:
     return portable(exc, lambda obj: _segments.loads(*_segments.dumps(obj)))
 
 
-class _Unloadable:
-    """A job whose items could not be unpickled here (a class of the parent's ``__main__``
-    that this process cannot import, say); the parent sends it again by value, or fails it."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.text = "".join(traceback.format_exception_only(exc)).strip()
-
-
 def _receive(conn: Connection, jobs: queue.SimpleQueue[Any]) -> None:
     try:
         while True:
@@ -61,7 +53,9 @@ def _receive(conn: Connection, jobs: queue.SimpleQueue[Any]) -> None:
             try:
                 job = _segments.loads(payload, segments)
             except Exception as exc:  # answered in turn by the main thread: results are FIFO
-                job = _Unloadable(exc)
+                # (a class of the parent's __main__ this process cannot import, say: the
+                # parent sends the job again by value, or fails it): why, as text
+                job = "".join(traceback.format_exception_only(exc)).strip()
             jobs.put(job)
     except (EOFError, OSError):
         os._exit(0)  # the parent is gone or closed the pipe: nobody waits for results
@@ -151,16 +145,16 @@ class _Worker:
 
 def worker_main(conn: Connection, boot: bytes, status_path: str, wid: int) -> None:
     """Boot from ``boot`` (a forkserver's or spawn's worker), then :func:`serve`."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # from the start: the boot may take a while
     try:
-        core, lazy, segments = pickle.loads(boot)
+        core, segments = pickle.loads(boot)
         # the setup's large buffers (a Dataset's arrays) on pages every worker shares
         setup = pickle.loads(core, buffers=_segments.map_private(segments))
-        for trigger, provider in lazy.items():
+        for trigger, provider in setup["lazy"].items():
             _segments.register_lazy_reducers(trigger, provider)
         _segments.load_reducer_modules(setup["modules"])
     except BaseException as exc:
-        _boot_error(conn, exc)
+        send(conn, "boot_error", format_exception(exc).encode(), [])
         return
     serve(conn, setup, status_path, wid)
 
@@ -168,7 +162,7 @@ def worker_main(conn: Connection, boot: bytes, status_path: str, wid: int) -> No
 def serve(conn: Connection, setup: dict[str, Any], status_path: str, wid: int) -> None:
     """Start as worker ``wid`` of ``setup`` (a forked worker gets it unpickled), then run
     jobs until told to stop. Never raises: errors go to the parent."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
         info = WorkerInfo(id=wid, pid=os.getpid(), **setup["info"])
         set_worker_info(info)
@@ -178,17 +172,14 @@ def serve(conn: Connection, setup: dict[str, Any], status_path: str, wid: int) -
             setup["init"](info)
         worker = _Worker(conn, wid, setup, status_path)
     except BaseException as exc:
-        _boot_error(conn, exc)
+        send(conn, "boot_error", format_exception(exc).encode(), [])
         return
     send(conn, "ready", b"", [])
     jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
     threading.Thread(target=_receive, args=(conn, jobs), daemon=True).start()
     while (job := jobs.get()) is not None:
-        if isinstance(job, _Unloadable):
-            send(conn, "unloadable", job.text.encode(), [])
+        if isinstance(job, str):  # could not be unpickled here
+            send(conn, "unloadable", job.encode(), [])
         else:
             worker.run_job(*job)
 
-
-def _boot_error(conn: Connection, exc: BaseException) -> None:
-    send(conn, "boot_error", format_exception(exc).encode(), [])
