@@ -15,7 +15,6 @@ items of its chunks go to the other workers, and a new worker takes its number.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import mmap
@@ -43,9 +42,6 @@ __all__ = ["ProcessPool"]
 
 logger = logging.getLogger("asyncflow")
 
-_PER_WORKER = 2  # chunks queued per worker: one running, one ready to start
-
-
 class ProcessPool(PoolReader):
     """``size`` worker processes running ``fn`` for the stage ``stage``.
 
@@ -66,8 +62,7 @@ class ProcessPool(PoolReader):
         self.size = size
         self.spec = spec
         self.stage = stage
-        self.token = secrets.token_hex(4)
-        self.prefix = _segments.segment_prefix(self.token)
+        self.prefix = _segments.segment_prefix(secrets.token_hex(4))
         self._status_path = os.path.join(_segments.SHM_DIR, f"{self.prefix}status")
         self._template: ForkTemplate | None = None
         #: How the workers start, and why, where ``spec.fallback`` left a choice (the run
@@ -107,7 +102,6 @@ class ProcessPool(PoolReader):
         self._start_lock = threading.Lock()  # held while the workers are spawned
         self._start_error: BaseException | None = None
         self._reader: threading.Thread | None = None
-        self._wake_r, self._wake_w = -1, -1
         self._status: mmap.mmap | None = None
 
     # -- lifetime -----------------------------------------------------------------------
@@ -147,7 +141,6 @@ class ProcessPool(PoolReader):
             self._status = mmap.mmap(fd, STATUS.size * self.size)
         finally:
             os.close(fd)
-        self._wake_r, self._wake_w = os.pipe()
         if self.boot is not None:
             self._context = start_context(self.spec, self.boot.core)
         for wid in range(self.size):
@@ -183,18 +176,11 @@ class ProcessPool(PoolReader):
             self._closed = True
             slots = list(self._slots)
             pending = self._take_jobs()
-        stop_workers(slots, timeout)
-        if self._wake_w >= 0:
-            with contextlib.suppress(OSError):
-                os.write(self._wake_w, b"x")
+        stop_workers(slots, timeout)  # their sentinels wake the reader, which sees it closed
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(timeout + 1.0)
         for slot in slots:
             slot.close()
-        for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                os.close(fd)
-        self._wake_r = self._wake_w = -1
         if self._status is not None:
             self._status.close()
         if self._template is not None:

@@ -11,6 +11,7 @@ Messages are ``(kind, payload, segments)`` tuples; payloads go through ``_segmen
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import pickle
@@ -71,7 +72,7 @@ class _Worker:
         # The pid too: a dead worker's replacement takes its number, and a segment the dead one
         # wrote but never sent must not collide with the replacement's names.
         self.prefix = f"{setup['prefix']}w{wid}-{os.getpid()}-"
-        self.count = 0
+        self._numbers = itertools.count(1)
         fd = os.open(status_path, os.O_RDWR)
         try:
             self.status = mmap.mmap(fd, os.fstat(fd).st_size)
@@ -80,8 +81,7 @@ class _Worker:
         self.offset = wid * STATUS.size
 
     def name(self) -> str:
-        self.count += 1
-        return f"{self.prefix}{self.count}"
+        return f"{self.prefix}{next(self._numbers)}"
 
     def run_job(self, jid: int, items: list[Any], first: int, epoch: int,
                 keys: list[int] | None, skip: list[int]) -> None:
