@@ -36,7 +36,7 @@ from ._offload import ChunkResult
 from ._pool_reader import PoolReader
 from ._protocols import round_robin
 from ._worker_options import Processes
-from ._worker_process import STATUS, send, worker_main
+from ._worker_process import STATUS, map_status, send, worker_main
 
 __all__ = ["ProcessPool"]
 
@@ -135,12 +135,7 @@ class ProcessPool(PoolReader):
 
     def _start(self) -> None:
         _segments.sweep_stale()
-        fd = os.open(self._status_path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, STATUS.size * self.size)
-            self._status = mmap.mmap(fd, STATUS.size * self.size)
-        finally:
-            os.close(fd)
+        self._status = map_status(self._status_path, self.size)
         if self.boot is not None:
             self._context = start_context(self.spec, self.boot.core)
         for wid in range(self.size):
@@ -238,12 +233,9 @@ class ProcessPool(PoolReader):
 
     def _pick(self, job: Job) -> Slot:
         """The worker for ``job`` (lock held): the least loaded, or in turn (see
-        ``round_robin``) when that worker is there (not being replaced)."""
+        ``round_robin``; a replacement takes its dead worker's slot, and its jobs)."""
         if self.round_robin and job.keys is None:
-            wid = job.first % self.size
-            for slot in self._slots:
-                if slot.wid == wid:
-                    return slot
+            return self._slots[job.first % self.size]
         return min(self._slots, key=lambda s: len(s.jobs))
 
     def _take_jobs(self) -> list[Job]:

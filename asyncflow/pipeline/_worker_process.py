@@ -30,7 +30,7 @@ from ._portable import FAILED, noted, portable
 from ._worker_options import WorkerInfo, run_worker_setups, set_worker_info
 from .seeding import item_seed, seed_everything
 
-__all__ = ["STATUS", "send", "serve", "worker_main"]
+__all__ = ["STATUS", "map_status", "send", "serve", "worker_main"]
 
 #: Per worker: the job id and the index in it of the item being processed (int64 each).
 STATUS = struct.Struct("<qq")
@@ -40,8 +40,20 @@ def send(conn: Connection, kind: str, payload: bytes, segments: list[tuple[str, 
     conn.send_bytes(pickle.dumps((kind, payload, segments), protocol=5))
 
 
+def map_status(path: str, workers: int = 0) -> mmap.mmap:
+    """The status file at ``path``, mapped shared: made for ``workers`` (the parent), else
+    opened (a worker)."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR if workers else os.O_RDWR, 0o600)
+    try:
+        if workers:
+            os.ftruncate(fd, STATUS.size * workers)
+        return mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
 def _picklable(exc: BaseException) -> Any:
-    """``exc`` as it can travel back through ``_shm`` (see ``_portable.py``)."""
+    """``exc`` as it can travel back through ``_segments`` (see ``_portable.py``)."""
     return portable(exc, lambda obj: _segments.loads(*_segments.dumps(obj)))
 
 
@@ -73,11 +85,7 @@ class _Worker:
         # wrote but never sent must not collide with the replacement's names.
         self.prefix = f"{setup['prefix']}w{wid}-{os.getpid()}-"
         self._numbers = itertools.count(1)
-        fd = os.open(status_path, os.O_RDWR)
-        try:
-            self.status = mmap.mmap(fd, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
+        self.status = map_status(status_path)
         self.offset = wid * STATUS.size
 
     def name(self) -> str:
