@@ -159,15 +159,12 @@ class ProcessPool(PoolReader):
         child.close()
         return Slot(wid, process, parent)
 
-    def shutdown(self, timeout: float = 2.0) -> list[str]:
-        """Stop every worker (asked, then terminated, then killed) and sweep their segments.
-
-        Returns:
-            ``[]``: a worker that does not stop is killed, never abandoned.
-        """
+    def shutdown(self, timeout: float = 2.0) -> None:
+        """Stop every worker (asked, then terminated, then killed: never abandoned) and sweep
+        their segments. Idempotent."""
         with self._lock:
             if self._closed:
-                return []
+                return
             self._closed = True
             slots = list(self._slots)
             pending = self._take_jobs()
@@ -184,7 +181,6 @@ class ProcessPool(PoolReader):
         error = RuntimeError("the process pool was shut down")
         for job in pending:
             settle(job, None, error)
-        return []
 
     @property
     def closed(self) -> bool:
