@@ -57,8 +57,8 @@ def _warm_process_wide_resources() -> None:
     import asyncflow.torch  # noqa: F401  (the tensor reducer: torch is preloaded too)
     from asyncflow.pipeline import Processes, _boot
 
-    # (a payload naming torch: the server preloads it, since the tests start workers often)
-    _boot.start_context(Processes(), __import__("pickle").dumps((b"torch", {})))
+    # (a boot pickle naming torch: the server preloads it, since the tests start workers often)
+    _boot.start_context(Processes(), b"torch")
     forkserver.ensure_running()
 
 

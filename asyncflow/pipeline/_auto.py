@@ -3,6 +3,8 @@ reason shown in ``stats()``."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from typing import Any
 
 from .._errors import ConfigError
@@ -13,8 +15,6 @@ __all__ = ["choose_workers", "usable_cpus"]
 
 def usable_cpus() -> int:
     """The CPUs this process may run on."""
-    import os
-
     try:
         return len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # not on Linux
@@ -41,9 +41,6 @@ def choose_workers(
     Returns:
         ``(Processes or None for threads, the reason)``; the reason is shown in ``stats()``.
     """
-    import multiprocessing
-    import os
-
     from ._segments import SHM_DIR
 
     cores = usable_cpus()

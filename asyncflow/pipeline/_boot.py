@@ -64,10 +64,8 @@ class Boot:
     bytes, their inner pickle and the unpickled dataset; docs/performance.md).
     """
 
-    def __init__(self, core: bytes, buffers: list[pickle.PickleBuffer],
-                 providers: dict[str, str]) -> None:
+    def __init__(self, core: bytes, buffers: list[pickle.PickleBuffer]) -> None:
         self.core = core
-        self.providers = providers
         self._buffers = buffers  # references to the parent's own buffers, not copies
         self._payload: bytes | None = None
 
@@ -84,7 +82,7 @@ class Boot:
             except OSError:
                 shared = [bytearray(buffer.raw()) for buffer in self._buffers]
             self._buffers = []
-            self._payload = pickle.dumps((self.core, self.providers, shared))
+            self._payload = pickle.dumps((self.core, shared))
         return self._payload
 
 
@@ -98,6 +96,7 @@ def worker_setup(fn: Callable[[Any], Any], size: int, spec: Processes, stage: st
         # worker only once the worker has imported its trigger (torch): an image decoder's
         # workers never import torch.
         "setups": [h for h in worker_setups() if h.__module__ not in providers.values()],
+        "lazy": providers,
         "modules": _segments.eager_reducer_modules(),
         "info": {"num_workers": size, "seed": spec.seed or 0, "stage": stage},
         "reseed": spec.reseed,
@@ -106,10 +105,9 @@ def worker_setup(fn: Callable[[Any], Any], size: int, spec: Processes, stage: st
 
 def boot_payload(fn: Callable[[Any], Any], size: int, spec: Processes, stage: str,
                   prefix: str) -> Boot:
-    providers = _segments.lazy_providers()
     setup = worker_setup(fn, size, spec, stage, prefix)
     try:
-        return Boot(*_segments.pickle_by_value(setup), providers)
+        return Boot(*_segments.pickle_by_value(setup))
     except Exception as exc:
         what = "init" if _pickles(fn) else "function"
         obj = spec.init if what == "init" else fn
@@ -140,9 +138,9 @@ def _pickles(obj: Any) -> bool:
 _preloaded = False
 
 
-def start_context(spec: Processes, boot: bytes = b"") -> Any:
-    # ``boot``: a pickled tuple whose first part is the pickle workers run (Boot.share's)
-    """The start context; for the first forkserver pool, the server's preload list.
+def start_context(spec: Processes, core: bytes = b"") -> Any:
+    """The start context; for the first forkserver pool (``core``: its :class:`Boot`'s), the
+    server's preload list.
 
     Workers fork from the server with the preloaded modules already imported: a worker starts
     in milliseconds instead of importing NumPy and PIL again. A lazy provider (torch's) is
@@ -155,7 +153,6 @@ def start_context(spec: Processes, boot: bytes = b"") -> Any:
         _preloaded = True
         heavy = ["asyncflow.pipeline._worker_process", *_segments.eager_reducer_modules()]
         heavy += [m for m in ("numpy", "PIL.Image") if m in sys.modules]
-        core = pickle.loads(boot)[0] if boot else b""
         for trigger, provider in _segments.lazy_providers().items():
             if trigger.encode() in core:  # the function or its Dataset refers to torch
                 heavy.append(provider)

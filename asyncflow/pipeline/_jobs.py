@@ -13,34 +13,31 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ._loop import settle_soon
-from ._offload import FAILED, ChunkResult
+from ._offload import ChunkResult
+from ._portable import FAILED
 from ._worker_process import send
 
 __all__ = ["Job", "Slot", "blame", "exit_reason", "merge", "settle", "stop_workers"]
 
 
 class Job:
-    __slots__ = ("by_value", "epoch", "first", "fut", "items", "jid", "keys", "loop",
-                 "origin", "skipped")
+    __slots__ = ("by_value", "epoch", "first", "fut", "items", "jid", "keys", "loop", "skipped")
 
     def __init__(self, jid: int, items: list[Any], first: int, epoch: int,
-                 loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> None:
-        # A copy: a dead worker's item is taken out of it, and the caller still reads its own.
-        self.jid, self.items, self.first, self.epoch = jid, list(items), first, epoch
+                 keys: list[int] | None, loop: asyncio.AbstractEventLoop,
+                 fut: asyncio.Future[Any]) -> None:
+        self.jid, self.items, self.first, self.epoch = jid, items, first, epoch
+        self.keys = keys  # the items' seed keys, when not their positions
         self.loop, self.fut = loop, fut
-        self.origin: list[int] = list(range(len(items)))  # index in the caller's chunk
+        # the items a dead worker was on, failed: the worker that takes the job over skips them
         self.skipped: list[tuple[int, BaseException]] = []
         self.by_value = False  # the worker could not load the items by reference
-        self.keys: list[int] | None = None  # the items' seed keys, when not their positions
 
-
-    def message(self) -> tuple[int, list[Any], int, int, list[int] | None]:
-        """What the worker is sent: the items, and how it seeds them (item ``k`` from
-        ``first + offsets[k]``; ``offsets`` ``None``: ``first + k``)."""
-        first, offsets = self.first, self.origin if self.skipped else None
-        if self.keys is not None:
-            first, offsets = 0, [self.keys[k] for k in self.origin]
-        return (self.jid, self.items, first, self.epoch, offsets)
+    def message(self) -> tuple[int, list[Any], int, int, list[int] | None, list[int]]:
+        """What the worker is sent: the items, how it seeds them (item ``k`` from ``keys[k]``,
+        else from ``first + k``), and those it skips."""
+        skip = [index for index, _ in self.skipped]
+        return (self.jid, self.items, self.first, self.epoch, self.keys, skip)
 
 
 class Slot:
@@ -61,13 +58,11 @@ class Slot:
 
 def blame(job: Job, status: tuple[int, int], error: Callable[[Any], BaseException]) -> None:
     """Fail with ``error(item)`` the item of ``job`` a dead worker was on (``status``: the
-    job id and index its status slot held); the chunk's other items keep their positions
-    (seeds), to go to another worker. Nothing if it died between items."""
+    job id and index its status slot held); the chunk's other items go to another worker.
+    Nothing if it died between items."""
     jid, index = status
-    if jid != job.jid or not 0 <= index < len(job.items):
-        return
-    job.skipped.append((job.origin[index], error(job.items[index])))
-    del job.items[index], job.origin[index]
+    if jid == job.jid and 0 <= index < len(job.items):
+        job.skipped.append((index, error(job.items[index])))
 
 
 def stop_workers(slots: list[Slot], timeout: float) -> None:
@@ -102,17 +97,12 @@ def exit_reason(code: int | None) -> str:
 
 
 def merge(job: Job, values: list[Any], failures: list[tuple[int, BaseException]],
-           elapsed: float) -> ChunkResult:
-    """The worker's results in the caller's indexing, with the skipped items failed."""
-    total = len(job.origin) + len(job.skipped)
-    out: list[Any] = [FAILED] * total
-    failed = {i for i, _ in failures}
-    for k, orig in enumerate(job.origin):
-        if k < len(values) and k not in failed:
-            out[orig] = values[k]
-    merged = [(job.origin[i], exc) for i, exc in failures] + job.skipped
-    merged.sort(key=lambda pair: pair[0])
-    return out, merged, elapsed
+          elapsed: float) -> ChunkResult:
+    """The worker's results (``[]``: none, every item failed) with the skipped items failed."""
+    skipped = dict(job.skipped)
+    failures = [(i, exc) for i, exc in failures if i not in skipped] + job.skipped
+    failures.sort(key=lambda pair: pair[0])
+    return values or [FAILED] * len(job.items), failures, elapsed
 
 
 def settle(job: Job, result: Any, error: BaseException | None) -> None:

@@ -16,9 +16,9 @@ from .._redact import describe_item, format_exception
 from .._scope import RunScope
 from ._failures import FailureBudget
 from ._lineage import Lineage
-from ._offload import WorkerPool
 from ._protocols import Node, ReceiveHook, Receiver, Sender
 from ._stats import StageCounters
+from ._thread_pool import WorkerPool
 from ._window import Window
 
 logger = logging.getLogger("asyncflow")
@@ -181,7 +181,7 @@ class NodeContext:
         """
         if self.executor is not None:
             return asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-        return self._pool.submit(asyncio.get_running_loop(), self.name, fn, *args)
+        return self._pool.stages.submit(asyncio.get_running_loop(), self.name, fn, *args)
 
     async def run_timed(self, fn: Callable[..., Any], *args: Any) -> Any:
         """:meth:`run_sync`, counted as the stage's work: one chunk, in flight meanwhile, and

@@ -16,18 +16,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._portable import FAILED, noted, portable
-from ._thread_pool import WorkerPool
 
-__all__ = [
-    "FAILED",
-    "SOURCE_CHUNK",
-    "ChunkResult",
-    "WorkerPool",
-    "aclose_iterator",
-    "next_chunk",
-    "run_chunk",
-    "run_chunk_remote",
-]
+__all__ = ["SOURCE_CHUNK", "ChunkResult", "aclose_iterator", "next_chunk", "run_chunk",
+           "run_chunk_remote"]
 
 #: Items a source or an expansion reads per hand-off.
 SOURCE_CHUNK = 256

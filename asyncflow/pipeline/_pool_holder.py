@@ -5,8 +5,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-
-from ._pool import Pool
+from typing import Any
 
 __all__ = ["PoolHolder"]
 
@@ -15,15 +14,16 @@ class PoolHolder:
     """The persistent worker-process pools of one pipeline object, by stage index.
 
     They stop when the holder (the pipeline object) is garbage-collected, or at exit. Each
-    is a :class:`~asyncflow.pipeline._pool.Pool` (a ``ProcessPool``).
+    is a ``ProcessPool``, not imported here: a pipeline loads it only once a stage runs on
+    processes.
     """
 
     def __init__(self) -> None:
-        self.pools: dict[int, Pool] = {}
+        self.pools: dict[int, Any] = {}
         self._lock = threading.Lock()
         weakref.finalize(self, _shutdown_pools, self.pools)
 
-    def get(self, index: int, make: Callable[[], Pool]) -> Pool:
+    def get(self, index: int, make: Callable[[], Any]) -> Any:
         """The persistent pool of stage ``index``, made by ``make()`` when it has none (or
         its pool was shut down)."""
         with self._lock:
@@ -37,7 +37,7 @@ class PoolHolder:
         _shutdown_pools(self.pools, timeout)
 
 
-def _shutdown_pools(pools: dict[int, Pool], timeout: float = 2.0) -> None:
+def _shutdown_pools(pools: dict[int, Any], timeout: float = 2.0) -> None:
     for pool in list(pools.values()):
         pool.shutdown(timeout)
     pools.clear()

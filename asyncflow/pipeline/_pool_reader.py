@@ -30,7 +30,6 @@ class PoolReader(ABC):
     _closed: bool
     _lock: threading.Lock
     _slots: list[Slot]
-    _wake_r: int
 
     @abstractmethod
     def _dispatch(self, job: Job) -> None:
@@ -51,7 +50,7 @@ class PoolReader(ABC):
                     by_conn = {s.conn: s for s in self._slots}
                     by_sentinel = {s.process.sentinel: s for s in self._slots}
                 with gate.waiting():
-                    ready = wait([*by_conn, *by_sentinel, self._wake_r])
+                    ready = wait([*by_conn, *by_sentinel])
                 if not self._closed:
                     self._handle(ready, by_conn, by_sentinel)
 

@@ -15,7 +15,6 @@ items of its chunks go to the other workers, and a new worker takes its number.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import mmap
@@ -34,18 +33,14 @@ from ._boot import Boot, boot_payload, start_context, without_main
 from ._fork import ForkTemplate, fork_refused, fork_template
 from ._jobs import Job, Slot, blame, exit_reason, merge, settle, stop_workers
 from ._offload import ChunkResult
-from ._pool import PoolStats
 from ._pool_reader import PoolReader
 from ._protocols import round_robin
 from ._worker_options import Processes
-from ._worker_process import STATUS, send, worker_main
+from ._worker_process import STATUS, map_status, send, worker_main
 
 __all__ = ["ProcessPool"]
 
 logger = logging.getLogger("asyncflow")
-
-_PER_WORKER = 2  # chunks queued per worker: one running, one ready to start
-
 
 class ProcessPool(PoolReader):
     """``size`` worker processes running ``fn`` for the stage ``stage``.
@@ -67,8 +62,7 @@ class ProcessPool(PoolReader):
         self.size = size
         self.spec = spec
         self.stage = stage
-        self.token = secrets.token_hex(4)
-        self.prefix = _segments.segment_prefix(self.token)
+        self.prefix = _segments.segment_prefix(secrets.token_hex(4))
         self._status_path = os.path.join(_segments.SHM_DIR, f"{self.prefix}status")
         self._template: ForkTemplate | None = None
         #: How the workers start, and why, where ``spec.fallback`` left a choice (the run
@@ -103,13 +97,11 @@ class ProcessPool(PoolReader):
         self._lock = threading.Lock()
         self._slots: list[Slot] = []
         self._broken: BaseException | None = None
-        self._waiting: list[Job] = []  # submitted while the only worker is being replaced
         self._closed = False
         self._started = False
         self._start_lock = threading.Lock()  # held while the workers are spawned
         self._start_error: BaseException | None = None
         self._reader: threading.Thread | None = None
-        self._wake_r, self._wake_w = -1, -1
         self._status: mmap.mmap | None = None
 
     # -- lifetime -----------------------------------------------------------------------
@@ -143,15 +135,9 @@ class ProcessPool(PoolReader):
 
     def _start(self) -> None:
         _segments.sweep_stale()
-        fd = os.open(self._status_path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, STATUS.size * self.size)
-            self._status = mmap.mmap(fd, STATUS.size * self.size)
-        finally:
-            os.close(fd)
-        self._wake_r, self._wake_w = os.pipe()
+        self._status = map_status(self._status_path, self.size)
         if self.boot is not None:
-            self._context = start_context(self.spec, self.boot.share(self._name))
+            self._context = start_context(self.spec, self.boot.core)
         for wid in range(self.size):
             self._slots.append(self._spawn(wid))
         self._reader = threading.Thread(
@@ -173,30 +159,20 @@ class ProcessPool(PoolReader):
         child.close()
         return Slot(wid, process, parent)
 
-    def shutdown(self, timeout: float = 2.0) -> list[str]:
-        """Stop every worker (asked, then terminated, then killed) and sweep their segments.
-
-        Returns:
-            ``[]``: a worker that does not stop is killed, never abandoned.
-        """
+    def shutdown(self, timeout: float = 2.0) -> None:
+        """Stop every worker (asked, then terminated, then killed: never abandoned) and sweep
+        their segments. Idempotent."""
         with self._lock:
             if self._closed:
-                return []
+                return
             self._closed = True
             slots = list(self._slots)
             pending = self._take_jobs()
-        stop_workers(slots, timeout)
-        if self._wake_w >= 0:
-            with contextlib.suppress(OSError):
-                os.write(self._wake_w, b"x")
+        stop_workers(slots, timeout)  # their sentinels wake the reader, which sees it closed
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(timeout + 1.0)
         for slot in slots:
             slot.close()
-        for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                os.close(fd)
-        self._wake_r = self._wake_w = -1
         if self._status is not None:
             self._status.close()
         if self._template is not None:
@@ -205,7 +181,6 @@ class ProcessPool(PoolReader):
         error = RuntimeError("the process pool was shut down")
         for job in pending:
             settle(job, None, error)
-        return []
 
     @property
     def closed(self) -> bool:
@@ -226,8 +201,7 @@ class ProcessPool(PoolReader):
             Cancelling the future drops the result; the worker finishes the chunk.
         """
         loop = asyncio.get_running_loop()
-        job = Job(next(self._jids), items, first, epoch, loop, loop.create_future())
-        job.keys = keys
+        job = Job(next(self._jids), items, first, epoch, keys, loop, loop.create_future())
         self._dispatch(job)
         return job.fut
 
@@ -243,10 +217,6 @@ class ProcessPool(PoolReader):
                 settle(job, None, self._broken or RuntimeError(
                     f"the process pool is {'shut down' if self._closed else 'not started'}"))
                 return
-            if not self._slots:  # the one worker died: its replacement sends this on
-                _segments.discard(segments)
-                self._waiting.append(job)
-                return
             slot = self._pick(job)
             slot.jobs.append(job)
             # Sent under the lock: the reader matches each answer to the oldest job of its
@@ -254,23 +224,19 @@ class ProcessPool(PoolReader):
             # when the loop (submit) and the reader thread (resubmit) dispatch at once.
             try:
                 send(slot.conn, "job", payload, segments)
-            except (OSError, ValueError):
-                _segments.discard(segments)  # the worker died: the reader thread resubmits the job
+            except (OSError, ValueError):  # the worker died: its replacement takes the job
+                _segments.discard(segments)
 
     def _pick(self, job: Job) -> Slot:
         """The worker for ``job`` (lock held): the least loaded, or in turn (see
-        ``round_robin``) when that worker is there (not being replaced)."""
+        ``round_robin``; a replacement takes its dead worker's slot, and its jobs)."""
         if self.round_robin and job.keys is None:
-            wid = job.first % self.size
-            for slot in self._slots:
-                if slot.wid == wid:
-                    return slot
+            return self._slots[job.first % self.size]
         return min(self._slots, key=lambda s: len(s.jobs))
 
     def _take_jobs(self) -> list[Job]:
-        """Every job the workers hold or that waits for one, taken from them (lock held)."""
-        jobs = [job for slot in self._slots for job in slot.jobs] + self._waiting
-        self._waiting = []
+        """Every job the workers hold, taken from them (lock held)."""
+        jobs = [job for slot in self._slots for job in slot.jobs]
         for slot in self._slots:
             slot.jobs.clear()
         return jobs
@@ -278,60 +244,46 @@ class ProcessPool(PoolReader):
     def _name(self) -> str:
         return f"{self.prefix}p{next(self._names)}"
 
-    def statistics(self) -> PoolStats:
-        """The pool now (any thread): its workers alive and the chunks they hold."""
-        with self._lock:
-            workers = sum(s.process.is_alive() for s in self._slots)
-            busy = sum(len(s.jobs) for s in self._slots) + len(self._waiting)
-        return PoolStats(kind="processes", name=f"asyncflow-{self.stage}", size=self.size,
-                         workers=workers, busy=busy)
-
     def _died(self, slot: Slot) -> None:
+        """The worker of ``slot`` is gone: fail the item it was on, and start a replacement
+        that takes its jobs over (and those sent to it meanwhile), or fail the pool."""
         slot.process.join(0.5)
-        reason = exit_reason(slot.process.exitcode)
+        reason, pid = exit_reason(slot.process.exitcode), slot.process.pid
         with self._lock:
-            if self._closed:
+            if self._closed or self._broken is not None:
                 return
             jobs = list(slot.jobs)
             slot.jobs.clear()
-            self._slots.remove(slot)
             self.deaths += 1
-        pid = slot.process.pid
-        slot.close()
+        died = f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died"
         if not slot.ready:
-            self._fail_pool(WorkerError(
-                f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died while "
-                f"starting ({reason})"
-            ), jobs)
+            self._fail_pool(WorkerError(f"{died} while starting ({reason})"), jobs)
             return
         if jobs:  # before the replacement, which writes its own status in the same slot
             assert self._status is not None
             blame(jobs[0], STATUS.unpack_from(self._status, slot.wid * STATUS.size),
                   lambda item: WorkerError(
-                      f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died "
-                      f"({reason}) while processing item {describe_item(item)}"))
+                      f"{died} ({reason}) while processing item {describe_item(item)}"))
         try:
             replacement = self._spawn(slot.wid)
         except OSError as exc:  # a fork pool's template is gone (stopped at exit, killed)
-            self._fail_pool(WorkerError(
-                f"worker {slot.wid} of stage {self.stage!r} (pid {pid}) died ({reason}) and "
-                f"could not be replaced: {exc}"), jobs)
+            self._fail_pool(WorkerError(f"{died} ({reason}) and could not be replaced: {exc}"),
+                            jobs)
             return
         with self._lock:
-            closed = self._closed  # shut down while it started: shutdown() did not see it
+            closed = self._closed  # then shutdown() stopped the workers it saw: not this one
             if not closed:
-                self._slots.append(replacement)
-                jobs += self._waiting
-                self._waiting = []
+                self._slots[self._slots.index(slot)] = replacement
+                jobs += slot.jobs  # sent to the dead worker while its replacement started
+        slot.close()
         if closed:
-            replacement.process.kill()
-            replacement.process.join()
+            stop_workers([replacement], 0.0)
             replacement.close()
             for job in jobs:
                 settle(job, None, RuntimeError("the process pool was shut down"))
             return
         for job in jobs:
-            if job.items:
+            if len(job.skipped) < len(job.items):
                 self._dispatch(job)
             else:
                 settle(job, merge(job, [], [], 0.0), None)

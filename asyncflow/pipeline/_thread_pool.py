@@ -6,10 +6,9 @@ writes: :func:`run_thread`, ``asyncio.to_thread``, ``run_in_executor(None, ...)`
 pool per run. The pool is the run loop's default executor, so code that knows nothing of
 asyncflow lands on it too.
 
-Helpers have a reserve of their own (:data:`HELPER_THREADS`): the pool holds one thread per
-sync call the stages can have in flight plus that reserve, and at most that many helper calls
-run at once (the rest wait their turn), so helpers can neither starve the stages' calls nor
-deadlock them by taking their threads.
+Helpers have threads of their own (:data:`HELPER_THREADS`), beside one thread per sync call
+the stages can have in flight; helper calls beyond them wait their turn, so helpers can neither
+starve the stages' calls nor deadlock them by taking their threads.
 
 The threads are daemon threads named ``asyncflow-<pipeline>-worker-<n>``: a function stuck in
 C code cannot block interpreter exit, and the run reports which stage it abandoned.
@@ -21,19 +20,19 @@ lifetime: :func:`run_thread` finds the run's pool there, and :func:`run_failed` 
 from __future__ import annotations
 
 import asyncio
-import collections
+import contextlib
 import contextvars
 import functools
+import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ._loop import settle_soon
-from ._pool import PoolStats
 
 __all__ = ["HELPER_THREADS", "RunLocal", "WorkerPool", "enter_run", "run_failed", "run_thread"]
 
@@ -55,100 +54,57 @@ def _settle_concurrent(fut: Future[Any], result: Any, error: BaseException | Non
         fut.set_result(result)
 
 
-class WorkerPool:
-    """Daemon threads, started on demand, that run one run's sync work.
+class Threads:
+    """Daemon threads, started on demand up to ``size``, that run calls from one queue; the
+    calls beyond ``size`` wait their turn there."""
 
-    Args:
-        size: The most threads for the stages: the sum of the sync stages' concurrencies
-            (plus one for the source), so a stage never waits for a thread another holds.
-        name: Prefix of the threads' names.
-        helpers: The most helper calls (:meth:`submit_helper`) running at once, on threads
-            of their own beyond ``size``.
-    """
-
-    def __init__(self, size: int, name: str, helpers: int = HELPER_THREADS) -> None:
-        self._size = max(1, size) + max(0, helpers)
-        self._helpers = max(1, helpers)
+    def __init__(self, size: int, name: str, numbers: Iterator[int], busy: dict[int, str]):
+        self._size = size
         self._name = name
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._numbers = numbers  # the pool's, so that no two of its threads share a name
+        self._busy = busy  # thread ident: the label of the call it runs (the pool's)
+        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._busy: dict[int, str] = {}
+        self._idle = 0  # threads waiting for a call, less the calls queued
         self._lock = threading.Lock()
-        self._idle = 0
-        self._closed = False
-        self._helping = 0
-        self._waiting: collections.deque[tuple[Any, ...]] = collections.deque()
-        self.executor = _Executor(self)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def name(self) -> str:
-        return self._name
+        self.closed = False
 
     def submit(
         self, loop: asyncio.AbstractEventLoop, label: str, fn: Callable[..., Any], *args: Any
     ) -> asyncio.Future[Any]:
-        """Run a stage's ``fn(*args)`` on a worker; the returned future (of ``loop``) gets
-        its result.
+        """Run ``fn(*args)`` on one of the threads; the returned future (of ``loop``) gets its
+        result.
 
         Raises:
             RuntimeError: The pool is shut down.
 
         Cancellation:
-            Cancelling the future abandons the result; a call already running finishes on
-            its thread.
+            Cancelling the future abandons the result; a call already running (or queued)
+            still runs on its thread.
         """
         fut = loop.create_future()
-        self._put((settle_soon, (loop, fut), label, fn, args), helper=False)
+        self.put((settle_soon, (loop, fut), label, fn, args))
         return fut
 
-    def submit_helper(
-        self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any
-    ) -> asyncio.Future[Any]:
-        """:meth:`submit` for a loop-side helper: within the helpers' reserve, queued while
-        it is full.
-
-        Cancellation:
-            As :meth:`submit`: the call still runs (once its turn comes, if queued).
-        """
-        fut = loop.create_future()
-        self._put((settle_soon, (loop, fut), HELPER, fn, args), helper=True)
-        return fut
-
-    def _put(self, job: tuple[Any, ...], *, helper: bool) -> None:
+    def put(self, call: tuple[Any, ...]) -> None:
+        """Queue ``(settle, where, label, fn, args)``: ``settle(*where, result, error)`` is
+        called with what ``fn(*args)`` returned or raised."""
         with self._lock:
-            if self._closed:
+            if self.closed:
                 raise RuntimeError("worker pool is shut down")
-            if helper:
-                if self._helping >= self._helpers:
-                    self._waiting.append(job)
-                    return
-                self._helping += 1
-            self._reserve_thread()
-        self._jobs.put((*job, helper))
-
-    def _reserve_thread(self) -> None:
-        # Called with the lock held: an idle thread takes the job, or a new one starts.
-        if self._idle == 0 and len(self._threads) < self._size:
-            thread = threading.Thread(
-                target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True
-            )
-            self._threads.append(thread)
-            thread.start()
-        else:
-            self._idle -= 1
+            if self._idle == 0 and len(self._threads) < self._size:
+                thread = threading.Thread(target=self._work, daemon=True,
+                                          name=f"{self._name}-{next(self._numbers)}")
+                self._threads.append(thread)
+                thread.start()
+            else:
+                self._idle -= 1
+        self._calls.put(call)
 
     def _work(self) -> None:
         ident = threading.get_ident()
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            # settle(*where, ...): settle_soon with (loop, future), or a concurrent future's
-            settle, where, label, fn, args, helper = job
+        while (call := self._calls.get()) is not None:
+            settle, where, label, fn, args = call
             self._busy[ident] = label
             result, error = None, None
             try:
@@ -158,35 +114,55 @@ class WorkerPool:
             self._busy.pop(ident, None)
             with self._lock:
                 self._idle += 1
-                if helper:
-                    self._helping -= 1
-                    if self._waiting and not self._closed:
-                        self._helping += 1
-                        self._reserve_thread()
-                        self._jobs.put((*self._waiting.popleft(), True))
             settle(*where, result, error)
-            del where, result, error, job, args
+            del where, result, error, call, args
 
-    def statistics(self) -> PoolStats:
-        """The pool now (any thread)."""
+    def stop(self) -> list[threading.Thread]:
+        """Refuse further calls, drop those queued (their callers get a ``RuntimeError``) and
+        end each thread after its call; its threads."""
         with self._lock:
-            workers = sum(t.is_alive() for t in self._threads)
-        return PoolStats(kind="threads", name=self._name, size=self._size, workers=workers,
-                         busy=len(self._busy))
+            self.closed = True
+            threads = list(self._threads)
+        with contextlib.suppress(queue.Empty):
+            while True:
+                settle, where, *_ = self._calls.get_nowait()
+                settle(*where, None, RuntimeError("worker pool is shut down"))
+        for _ in threads:
+            self._calls.put(None)
+        return threads
+
+
+class WorkerPool:
+    """One run's threads: those of its stages, and a reserve of loop-side helpers' own.
+
+    Args:
+        size: The most threads for the stages: the sum of the sync stages' concurrencies
+            (plus one for the source), so a stage never waits for a thread another holds.
+        name: Prefix of the threads' names.
+        helpers: The most helper calls running at once, on threads of their own.
+
+    Attributes:
+        stages: The stages' threads (their calls labelled with the stage's name).
+        helpers: The helpers' threads (:func:`run_thread`, the loop's default executor).
+    """
+
+    def __init__(self, size: int, name: str, helpers: int = HELPER_THREADS) -> None:
+        numbers = itertools.count()
+        self._busy: dict[int, str] = {}
+        self.stages = Threads(max(1, size), name, numbers, self._busy)
+        self.helpers = Threads(max(1, helpers), name, numbers, self._busy)
+        self.executor = _Executor(self.helpers, name)
+
+    @property
+    def closed(self) -> bool:
+        return self.stages.closed
 
     def shutdown(self, timeout: float = 2.0) -> list[str]:
         """Stop the threads; return the labels of calls still running after ``timeout``.
 
-        Helper calls still queued are dropped: their callers get a ``RuntimeError``.
+        Calls still queued are dropped: their callers get a ``RuntimeError``.
         """
-        with self._lock:
-            self._closed = True
-            threads = list(self._threads)
-            waiting, self._waiting = list(self._waiting), collections.deque()
-        for settle, where, *_ in waiting:
-            settle(*where, None, RuntimeError("worker pool is shut down"))
-        for _ in threads:
-            self._jobs.put(None)
+        threads = self.stages.stop() + self.helpers.stop()
         deadline = time.monotonic() + timeout
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -194,21 +170,21 @@ class WorkerPool:
 
 
 class _Executor(ThreadPoolExecutor):
-    """The pool as a run loop's default executor: each call a helper call.
+    """The helpers' threads as a run loop's default executor.
 
     A ``ThreadPoolExecutor`` by type only (asyncio's ``set_default_executor`` insists on
     one); it starts no thread of its own. Its ``shutdown`` only refuses further calls: the
     run shuts the pool down itself, after the loop.
     """
 
-    def __init__(self, pool: WorkerPool) -> None:
-        super().__init__(max_workers=1, thread_name_prefix=pool.name)
-        self._pool = pool
+    def __init__(self, helpers: Threads, name: str) -> None:
+        super().__init__(max_workers=1, thread_name_prefix=name)
+        self._helpers = helpers
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         fut: Future[T] = Future()
         call = functools.partial(fn, *args, **kwargs)
-        self._pool._put((_settle_concurrent, (fut,), HELPER, call, ()), helper=True)
+        self._helpers.put((_settle_concurrent, (fut,), HELPER, call, ()))
         return fut
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -271,5 +247,5 @@ async def run_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
     if run is None or run.pool.closed:
         return await asyncio.to_thread(call)
-    result: T = await run.pool.submit_helper(asyncio.get_running_loop(), call)
+    result: T = await run.pool.helpers.submit(asyncio.get_running_loop(), HELPER, call)
     return result

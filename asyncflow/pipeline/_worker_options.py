@@ -8,7 +8,7 @@ consumer's own Python (a training step) from competing with the workers for the 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from .._errors import ConfigError, check_int
@@ -147,8 +147,6 @@ def resolve_workers(workers: Any) -> Processes | None:
         )
     spec: Processes = workers
     if spec.seed is None:
-        from dataclasses import replace
-
         spec = replace(spec, seed=fresh_seed())
     return spec
 

@@ -6,11 +6,12 @@ item it is on into its slot of a shared status file, so that the parent can name
 the worker dies. A thread of its own keeps reading the pipe, so that the parent's sends never
 wait for a busy worker; when the pipe breaks (the parent is gone) the worker exits at once.
 
-Messages are ``(kind, payload, segments)`` tuples; payloads go through ``_shm``.
+Messages are ``(kind, payload, segments)`` tuples; payloads go through ``_segments``.
 """
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import pickle
@@ -25,11 +26,11 @@ from typing import Any
 
 from .._redact import format_exception, redact
 from . import _segments
-from ._portable import noted, portable
+from ._portable import FAILED, noted, portable
 from ._worker_options import WorkerInfo, run_worker_setups, set_worker_info
 from .seeding import item_seed, seed_everything
 
-__all__ = ["STATUS", "send", "serve", "worker_main"]
+__all__ = ["STATUS", "map_status", "send", "serve", "worker_main"]
 
 #: Per worker: the job id and the index in it of the item being processed (int64 each).
 STATUS = struct.Struct("<qq")
@@ -39,17 +40,21 @@ def send(conn: Connection, kind: str, payload: bytes, segments: list[tuple[str, 
     conn.send_bytes(pickle.dumps((kind, payload, segments), protocol=5))
 
 
+def map_status(path: str, workers: int = 0) -> mmap.mmap:
+    """The status file at ``path``, mapped shared: made for ``workers`` (the parent), else
+    opened (a worker)."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR if workers else os.O_RDWR, 0o600)
+    try:
+        if workers:
+            os.ftruncate(fd, STATUS.size * workers)
+        return mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
 def _picklable(exc: BaseException) -> Any:
-    """``exc`` as it can travel back through ``_shm`` (see ``_portable.py``)."""
+    """``exc`` as it can travel back through ``_segments`` (see ``_portable.py``)."""
     return portable(exc, lambda obj: _segments.loads(*_segments.dumps(obj)))
-
-
-class _Unloadable:
-    """A job whose items could not be unpickled here (a class of the parent's ``__main__``
-    that this process cannot import, say); the parent sends it again by value, or fails it."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.text = "".join(traceback.format_exception_only(exc)).strip()
 
 
 def _receive(conn: Connection, jobs: queue.SimpleQueue[Any]) -> None:
@@ -61,7 +66,9 @@ def _receive(conn: Connection, jobs: queue.SimpleQueue[Any]) -> None:
             try:
                 job = _segments.loads(payload, segments)
             except Exception as exc:  # answered in turn by the main thread: results are FIFO
-                job = _Unloadable(exc)
+                # (a class of the parent's __main__ this process cannot import, say: the
+                # parent sends the job again by value, or fails it): why, as text
+                job = "".join(traceback.format_exception_only(exc)).strip()
             jobs.put(job)
     except (EOFError, OSError):
         os._exit(0)  # the parent is gone or closed the pipe: nobody waits for results
@@ -77,32 +84,30 @@ class _Worker:
         # The pid too: a dead worker's replacement takes its number, and a segment the dead one
         # wrote but never sent must not collide with the replacement's names.
         self.prefix = f"{setup['prefix']}w{wid}-{os.getpid()}-"
-        self.count = 0
-        fd = os.open(status_path, os.O_RDWR)
-        try:
-            self.status = mmap.mmap(fd, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
+        self._numbers = itertools.count(1)
+        self.status = map_status(status_path)
         self.offset = wid * STATUS.size
 
     def name(self) -> str:
-        self.count += 1
-        return f"{self.prefix}{self.count}"
+        return f"{self.prefix}{next(self._numbers)}"
 
     def run_job(self, jid: int, items: list[Any], first: int, epoch: int,
-                offsets: list[int] | None) -> None:
+                keys: list[int] | None, skip: list[int]) -> None:
         values: list[Any] = []
         failures: list[tuple[int, BaseException]] = []
         start = time.perf_counter()
         for index, item in enumerate(items):
+            if index in skip:  # a dead worker was on it: failed by the parent
+                values.append(FAILED)
+                continue
             STATUS.pack_into(self.status, self.offset, jid, index)
-            position = first + (index if offsets is None else offsets[index])
             if self.reseed:
-                seed_everything(item_seed(self.seed, epoch, position))
+                key = first + index if keys is None else keys[index]
+                seed_everything(item_seed(self.seed, epoch, key))
             try:
                 values.append(self.fn(item))
             except BaseException as exc:  # returned to the parent, which decides
-                values.append(None)
+                values.append(FAILED)
                 failures.append((index, noted(exc)))
         STATUS.pack_into(self.status, self.offset, jid, -1)
         self.reply(jid, values, failures, time.perf_counter() - start)
@@ -139,7 +144,7 @@ class _Worker:
             try:
                 pickle.dumps(value, protocol=5)
             except Exception as exc:
-                values[i] = None
+                values[i] = FAILED
                 out.append((i, WorkerError(redact(
                     f"the result ({type(value).__qualname__}) could not be pickled back from "
                     f"the worker: {exc}"))))
@@ -148,16 +153,16 @@ class _Worker:
 
 def worker_main(conn: Connection, boot: bytes, status_path: str, wid: int) -> None:
     """Boot from ``boot`` (a forkserver's or spawn's worker), then :func:`serve`."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # from the start: the boot may take a while
     try:
-        core, lazy, segments = pickle.loads(boot)
+        core, segments = pickle.loads(boot)
         # the setup's large buffers (a Dataset's arrays) on pages every worker shares
         setup = pickle.loads(core, buffers=_segments.map_private(segments))
-        for trigger, provider in lazy.items():
+        for trigger, provider in setup["lazy"].items():
             _segments.register_lazy_reducers(trigger, provider)
         _segments.load_reducer_modules(setup["modules"])
     except BaseException as exc:
-        _boot_error(conn, exc)
+        send(conn, "boot_error", format_exception(exc).encode(), [])
         return
     serve(conn, setup, status_path, wid)
 
@@ -165,7 +170,7 @@ def worker_main(conn: Connection, boot: bytes, status_path: str, wid: int) -> No
 def serve(conn: Connection, setup: dict[str, Any], status_path: str, wid: int) -> None:
     """Start as worker ``wid`` of ``setup`` (a forked worker gets it unpickled), then run
     jobs until told to stop. Never raises: errors go to the parent."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
         info = WorkerInfo(id=wid, pid=os.getpid(), **setup["info"])
         set_worker_info(info)
@@ -175,17 +180,14 @@ def serve(conn: Connection, setup: dict[str, Any], status_path: str, wid: int) -
             setup["init"](info)
         worker = _Worker(conn, wid, setup, status_path)
     except BaseException as exc:
-        _boot_error(conn, exc)
+        send(conn, "boot_error", format_exception(exc).encode(), [])
         return
     send(conn, "ready", b"", [])
     jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
     threading.Thread(target=_receive, args=(conn, jobs), daemon=True).start()
     while (job := jobs.get()) is not None:
-        if isinstance(job, _Unloadable):
-            send(conn, "unloadable", job.text.encode(), [])
+        if isinstance(job, str):  # could not be unpickled here
+            send(conn, "unloadable", job.encode(), [])
         else:
             worker.run_job(*job)
 
-
-def _boot_error(conn: Connection, exc: BaseException) -> None:
-    send(conn, "boot_error", format_exception(exc).encode(), [])

@@ -10,7 +10,9 @@ import time
 import pytest
 
 from asyncflow import Pipeline
-from asyncflow.pipeline._offload import FAILED, WorkerPool, next_chunk, run_chunk
+from asyncflow.pipeline._offload import next_chunk, run_chunk
+from asyncflow.pipeline._portable import FAILED
+from asyncflow.pipeline._thread_pool import WorkerPool
 
 
 def test_run_chunk_returns_failures_in_place() -> None:
@@ -43,12 +45,12 @@ def test_next_chunk_keeps_items_read_before_an_error() -> None:
 async def test_pool_runs_on_daemon_threads_and_reports_stuck_calls() -> None:
     pool = WorkerPool(2, "test-pool")
     loop = asyncio.get_running_loop()
-    idents = await asyncio.gather(*(pool.submit(loop, "quick", threading.get_ident)
+    idents = await asyncio.gather(*(pool.stages.submit(loop, "quick", threading.get_ident)
                                     for _ in range(4)))
     assert threading.get_ident() not in idents
     assert all(t.daemon for t in threading.enumerate() if t.name.startswith("test-pool"))
     release = threading.Event()
-    pool.submit(loop, "stuck-stage", release.wait, 10)
+    pool.stages.submit(loop, "stuck-stage", release.wait, 10)
     await asyncio.sleep(0.05)
     start = time.monotonic()
     assert pool.shutdown(0.2) == ["stuck-stage"]

@@ -366,11 +366,12 @@ def test_unpicklable_result_fails_its_item_clearly() -> None:
 
 def test_a_result_that_cannot_be_pickled_leaves_the_chunks_other_failures_as_they_are(
 ) -> None:
+    from asyncflow.pipeline._portable import FAILED
     from asyncflow.pipeline._worker_process import _picklable, _Worker
 
     failures = [(0, _picklable(NeedsTwoArguments("custom", 7)))]  # sent by state
-    values, out = _Worker._salvage([None, threading.Lock()], failures)
-    assert values[1] is None and [i for i, _ in out] == [0, 1]
+    values, out = _Worker._salvage([FAILED, threading.Lock()], failures)
+    assert values[1] is FAILED and [i for i, _ in out] == [0, 1]
     back = pickle.loads(pickle.dumps(out[0][1], protocol=5))
     assert type(back) is NeedsTwoArguments and back.code == 7  # not a WorkerError
     assert isinstance(out[1][1], WorkerError) and "could not be pickled" in str(out[1][1])

@@ -10,10 +10,7 @@ import pytest
 
 from asyncflow import Pipeline
 from asyncflow.pipeline import CustomSpec, NodeContext, run_failed, run_thread
-from asyncflow.pipeline._pool import Pool
-from asyncflow.pipeline._process_pool import ProcessPool
-from asyncflow.pipeline._thread_pool import HELPER_THREADS, WorkerPool
-from asyncflow.pipeline._worker_options import Processes
+from asyncflow.pipeline._thread_pool import HELPER, HELPER_THREADS, WorkerPool
 
 
 def test_to_thread_and_run_thread_in_a_stage_use_the_runs_threads(leak_check: None) -> None:
@@ -77,18 +74,17 @@ async def test_the_pool_queues_helpers_beyond_its_reserve_and_drops_them_at_shut
     pool = WorkerPool(1, "asyncflow-test-worker", helpers=1)
     loop = asyncio.get_running_loop()
     gate = threading.Event()
-    first = pool.submit_helper(loop, gate.wait)
-    queued = pool.submit_helper(loop, lambda: "ran")
-    stage = pool.submit(loop, "stage", lambda: "stage ran")  # not held up by the helpers
+    first = pool.helpers.submit(loop, HELPER, gate.wait)
+    queued = pool.helpers.submit(loop, HELPER, lambda: "ran")
+    stage = pool.stages.submit(loop, "stage", lambda: "stage ran")  # not held up by the helpers
     assert await stage == "stage ran"
     assert not queued.done()
-    stats = pool.statistics()
-    assert stats.kind == "threads" and stats.busy == 1 and stats.size == 2
     gate.set()
     assert await first is True and await queued == "ran"
-    blocker = threading.Event()
-    pool.submit_helper(loop, blocker.wait)
-    dropped = pool.submit_helper(loop, lambda: "never")  # queued: the reserve is full
+    blocker, running = threading.Event(), threading.Event()
+    pool.helpers.submit(loop, HELPER, lambda: running.set() or blocker.wait())
+    await asyncio.to_thread(running.wait, 10)  # running, not queued: a stop leaves it be
+    dropped = pool.helpers.submit(loop, HELPER, lambda: "never")  # queued: the reserve is full
     try:
         assert await asyncio.to_thread(pool.shutdown, 0.05) == ["helper"]  # still blocked
     finally:
@@ -96,17 +92,6 @@ async def test_the_pool_queues_helpers_beyond_its_reserve_and_drops_them_at_shut
     assert pool.closed
     with pytest.raises(RuntimeError, match="shut down"):
         await dropped
-
-
-def test_both_kinds_of_pool_are_pools() -> None:
-    threads = WorkerPool(1, "asyncflow-test-worker")
-    processes = ProcessPool(abs, 1, Processes(), "abs")
-    try:
-        assert isinstance(threads, Pool) and isinstance(processes, Pool)
-        assert processes.statistics().kind == "processes"
-        assert processes.statistics().workers == 0  # started by the stage's first run
-    finally:
-        assert threads.shutdown(1.0) == [] and processes.shutdown(1.0) == []
 
 
 def test_run_failed_tells_a_stage_whether_its_input_ended_by_a_failure(
