@@ -44,7 +44,7 @@ from ._checks import ALL_CHECKED, Checks
 from ._fingerprint import describe_change
 from ._format import MANIFEST, CacheInvalid, leftovers, read_manifest, remove_cache, remove_path
 from ._lock import WriterLock, take_lock
-from ._reader import Reader, files_match, stamps_of
+from ._reader import Reader, Stamps, files_match, stamps_of
 from ._replay import BufferPool, KeptMapping, permutation, replay
 from ._upstream import Upstream, stream, take
 from ._writer import Writer
@@ -89,7 +89,6 @@ class CacheSource:
     buffers: BufferPool = field(default_factory=BufferPool, compare=False, repr=False)
     kept: KeptMapping = field(default_factory=KeptMapping, compare=False, repr=False)
     checks: Checks = field(default_factory=Checks, compare=False, repr=False)
-    refused: set[Any] = field(default_factory=set, compare=False, repr=False)
 
     def shuffled(self, seed: int | None) -> CacheSource:
         """This source replaying in a random order by index: with a ``seed``, the order
@@ -128,8 +127,8 @@ class CacheSource:
             if self._mismatch(manifest) is not None:
                 return False
             stamps = stamps_of(self.path, manifest)
-            return (self.checks.damage(stamps) is None and stamps not in self.refused
-                    and files_match(self.path, manifest, stamps))
+            return self.checks.damage(stamps) is None and files_match(self.path, manifest,
+                                                                      stamps)
         except (FileNotFoundError, CacheInvalid):
             return False
 
@@ -147,7 +146,6 @@ class CacheSource:
         # releases the lock and removes an unfinished write at once.
         reader = await run_thread(self._open, True)
         if reader is None and upstream is None:
-            await run_thread(self._refuse)
             await run_thread(self._discard, None)
             raise SourceError(f"cache {self.path} was found unusable when its epoch began "
                               "(see the asyncflow.cache log); the next epoch rebuilds it")
@@ -188,8 +186,7 @@ class CacheSource:
         inline = defer and reader.layout == "batches" and self.checks.complete(reader)
         # replay() maps the files a shuffled replay reads through: on a thread too
         items = await run_thread(replay, reader, order, self.buffers, self.kept,
-                                        defer=defer,
-                                        checks=ALL_CHECKED if inline else self.checks)
+                                 defer=defer, checks=ALL_CHECKED if inline else self.checks)
         # Items that hold no memory of their own (single samples, views of the mapping,
         # deferred copies) are taken from the thread several at a time, so that the hand-offs
         # cost little per item; copied batches one at a time, so that few buffers are in use.
@@ -246,31 +243,28 @@ class CacheSource:
             return None
         return reader
 
-    def _refuse(self) -> None:
-        """Remember the files of a cache found unusable, so :meth:`ready` says no to them."""
+    def _discard(self, stamps: Stamps | None) -> None:
+        """Take a damaged cache out of use: its files are noted as damaged (``checks``), so
+        :meth:`ready` says no to them, and on disk its manifest (the mark of a finished cache)
+        is removed, so that the next epoch rebuilds it in any process, not only in this one.
+        On disk only under the writer lock, and only while the files are still those found
+        damaged (``stamps``; ``None``: those at ``path`` now, found unusable as a replay
+        began): a writer's new cache is never removed."""
         with contextlib.suppress(FileNotFoundError, CacheInvalid):
-            self.refused.add(stamps_of(self.path, read_manifest(self.path)))
-
-    def _discard(self, stamps: Any) -> None:
-        """Take a damaged cache out of use on disk (its manifest, the mark of a finished
-        cache, is removed), so that the next epoch rebuilds it in any process, not only in
-        this one. Only under the writer lock, and only while the files are still those
-        found damaged (``stamps``; ``None``: those :meth:`_refuse` noted): a writer's new
-        cache is never removed."""
-        lock = WriterLock(self.path)
-        if not lock.acquire():
-            return  # a writer is at work: it replaces the cache anyway
-        try:
-            now = stamps_of(self.path, read_manifest(self.path))
-            if now == stamps or (stamps is None and now in self.refused):
-                (self.path / MANIFEST).unlink()
-                why = (stamps is not None and self.checks.damage(stamps)) or "damaged"
-                log.warning("cache %s cannot be used: %s; its manifest is removed, "
-                            "rebuilding it in the next epoch (of any process)", self.path, why)
-        except (FileNotFoundError, CacheInvalid):
-            pass
-        finally:
-            lock.release()
+            if stamps is None:
+                stamps = stamps_of(self.path, read_manifest(self.path))
+                self.checks.refuse(stamps, "found unusable as its replay began")
+            lock = WriterLock(self.path)
+            if not lock.acquire():
+                return  # a writer is at work: it replaces the cache anyway
+            try:
+                if stamps_of(self.path, read_manifest(self.path)) == stamps:
+                    (self.path / MANIFEST).unlink()
+                    log.warning("cache %s cannot be used: %s; its manifest is removed, "
+                                "rebuilding it in the next epoch (of any process)", self.path,
+                                self.checks.damage(stamps))
+            finally:
+                lock.release()
 
     async def _fill(self, upstream: Upstream) -> AsyncGenerator[Any, None]:
         """Pass upstream's items through, writing each; commit when upstream ends.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,11 +60,7 @@ class CacheInfo:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (for ``--json`` output)."""
-        data = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        data["path"] = str(self.path)
-        data["fields"] = [f.to_json() for f in self.fields]
-        data["unfinished"] = list(self.unfinished)
-        return data
+        return {**dataclasses.asdict(self), "path": str(self.path)}
 
     def __str__(self) -> str:
         status = "usable" if self.usable else f"not usable: {self.problem}"

@@ -11,6 +11,7 @@ run goes on (in a terminal the bar's postfix names the bottleneck instead).
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -147,8 +148,4 @@ def progress_hook(**options: Any) -> Callable[[Any], ProgressBar]:
     if count is not None and not callable(count):
         raise ConfigError(f"progress(count=...) must be a callable, got {count!r}")
     check_seconds("interval", options.get("interval", 1.0), zero=True)
-
-    def factory(run: Any) -> ProgressBar:
-        return ProgressBar(run, **options)
-
-    return factory
+    return functools.partial(ProgressBar, **options)
