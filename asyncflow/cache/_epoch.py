@@ -1,7 +1,7 @@
 """One epoch of a cached pipeline: replay the cache, or fill it from upstream, or read upstream.
 
-:class:`CacheSource` is a zero-argument callable; each call returns the async iterator of one
-epoch and decides afresh:
+Each :meth:`CacheSource.run_epoch` returns the async iterator of one epoch and decides
+afresh:
 
 1. a valid cache with the upstream's fingerprint exists: replay it (shuffled when asked);
 2. otherwise, when this process takes the writer lock: pass upstream's items through while
@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,22 +47,21 @@ from ._format import MANIFEST, CacheInvalid, leftovers, read_manifest, remove_ca
 from ._lock import WriterLock, take_lock
 from ._reader import Reader, Stamps, files_match, stamps_of
 from ._replay import BufferPool, KeptMapping, permutation, replay
-from ._upstream import Upstream, stream, take
 from ._writer import Writer
 
-__all__ = ["CacheSource"]
+__all__ = ["CacheSource", "Upstream"]
 
 log = logging.getLogger("asyncflow.cache")
+
+#: Opens upstream's items for one pass (a filling run's ``cache`` stage hands them on).
+Upstream = Callable[[], AsyncGenerator[Any, None]]
 
 
 @dataclass(frozen=True)
 class CacheSource:
-    """The source of a cached pipeline; each call is one epoch.
+    """The source of a cached pipeline; each :meth:`run_epoch` is one epoch.
 
     Args:
-        upstream: Returns a fresh iterable (or async iterable) of upstream's items for one
-            pass, for epochs started by calling the source; ``None``: the epochs are given
-            their upstream (:meth:`run_epoch`).
         path: The cache directory.
         layout: What upstream's items are: ``samples``, ``batches`` (collated: fields with a
             batch dimension) or ``lists`` (of samples); batches are stored per sample and
@@ -76,7 +76,6 @@ class CacheSource:
         durable: fsync the cache when committing it.
     """
 
-    upstream: Upstream | None
     path: Path
     layout: str
     fingerprint: str
@@ -97,7 +96,9 @@ class CacheSource:
         return dataclasses.replace(self, shuffle=True, seed=seed)
 
     def __call__(self) -> AsyncGenerator[Any, None]:
-        return self.run_epoch(self.upstream)
+        """An epoch that replays (a filling run's ``cache`` stage gives its epoch upstream's
+        items: :meth:`run_epoch`)."""
+        return self.run_epoch(None)
 
     def listing_identity(self) -> dict[str, Any]:
         """What a resume state must find again (``asyncflow/pipeline/_identity.py``): the
@@ -157,7 +158,7 @@ class CacheSource:
                 if not self.wait:
                     log.info("cache %s is being written by process %s; this epoch reads "
                              "upstream", self.path, holder)
-                    async with contextlib.aclosing(stream(upstream())) as items:
+                    async with contextlib.aclosing(upstream()) as items:
                         async for item in items:
                             yield item
                     return
@@ -196,8 +197,9 @@ class CacheSource:
                 yield item
             return
         size = 1 if copies else _REPLAY_CHUNK[reader.layout]
+        chunk: list[Any]
         try:
-            while chunk := await run_thread(take, items, size):
+            while chunk := await run_thread(list, itertools.islice(items, size)):
                 for item in chunk:
                     yield item
         except SourceError:
@@ -280,7 +282,7 @@ class CacheSource:
         meta = {"fingerprint": self.fingerprint, "key": self.key, "upstream": self.summary}
         writer = await run_thread(Writer, self.path, layout=self.layout, meta=meta)
         try:
-            async with contextlib.aclosing(stream(upstream())) as items:
+            async with contextlib.aclosing(upstream()) as items:
                 async for item in items:
                     await run_thread(writer.write, item)
                     yield item

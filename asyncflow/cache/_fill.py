@@ -14,6 +14,10 @@ while another process writes), it opens the gate and passes upstream's items thr
 each; it commits when upstream's stream ends complete. Replaying after all, it keeps the gate
 shut (upstream's source ends at once, its stages see an empty stream) and puts out the cache's
 items itself.
+
+The gate reads upstream's source as the engine reads a source (:func:`stream`): an async
+iterable on the loop, a sequence too (its items exist already), any other iterator on the
+run's threads, as it may list files or read a manifest.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
@@ -33,15 +37,15 @@ from ..pipeline import (
     Receiver,
     Sender,
     apply_hooks,
+    run_thread,
 )
-from ._upstream import stream
 
 if TYPE_CHECKING:
     from ._epoch import CacheSource
 
-__all__ = ["CacheNode", "Gate", "cache_stage", "one_shot_guard"]
+__all__ = ["CacheNode", "Gate", "cache_stage", "one_shot_guard", "stream"]
 
-_CHUNK = 256  # items taken from a channel at a time
+_CHUNK = 256  # items taken from a channel, or from a sync upstream per thread hand-off
 
 
 class Gate:
@@ -96,6 +100,47 @@ class Gate:
         return True
 
 
+async def stream(source: Iterable[Any] | AsyncIterable[Any]) -> AsyncGenerator[Any, None]:
+    """The items of ``source``, closed (``aclose`` / ``close``) when the stream ends or is
+    closed: an async iterable iterated on the loop, a sequence too, any other iterator
+    advanced on the run's threads (:func:`~asyncflow.pipeline.run_thread`), ``_CHUNK`` items
+    a hand-off.
+
+    Cancellation:
+        A chunk being taken on a thread finishes there before the iterator is closed (a
+        generator cannot be closed while a thread runs it).
+    """
+    if isinstance(source, AsyncIterable):
+        it = source.__aiter__()
+        try:
+            async for item in it:
+                yield item
+        finally:
+            aclose = getattr(it, "aclose", None)
+            if aclose is not None:
+                await aclose()
+    elif isinstance(source, Sequence):
+        for item in source:
+            yield item
+    else:
+        its = iter(source)
+        taking: asyncio.Future[list[Any]] | None = None
+        try:
+            while True:
+                taking = asyncio.ensure_future(run_thread(list, itertools.islice(its, _CHUNK)))
+                chunk = await asyncio.shield(taking)
+                if not chunk:
+                    break
+                for item in chunk:
+                    yield item
+        finally:
+            if taking is not None and not taking.done():
+                await asyncio.wait([taking])
+            close = getattr(its, "close", None)
+            if close is not None:
+                await run_thread(close)
+
+
 class CacheNode:
     """The ``cache`` stage: replays, fills (writing what passes), or passes upstream through.
 
@@ -130,7 +175,7 @@ class CacheNode:
         finally:
             self._gate.release(False)  # never read: upstream's source ends at once
 
-    def _upstream(self, inp: Receiver) -> AsyncIterator[Any]:
+    def _upstream(self, inp: Receiver) -> AsyncGenerator[Any, None]:
         self._gate.release(True)
         return self._receive(inp)
 

@@ -26,7 +26,6 @@ from ._format import (
     BLOCK_BYTES,
     FORMAT,
     HEADER_BYTES,
-    LAYOUTS,
     VERSION,
     npy_header,
     remove_cache,
@@ -54,8 +53,6 @@ class Writer:
     """
 
     def __init__(self, path: Path, *, layout: str, meta: dict[str, Any]) -> None:
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         self.path = path
         self.layout = layout
         self.count = 0
