@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .._errors import SourceError
 from ..pipeline import current_epoch, listing_identity, run_failed, run_thread
 from ._checks import ALL_CHECKED, Checks
@@ -136,11 +134,6 @@ class CacheSource:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r})"
 
-    def _order(self, count: int, epoch: int) -> np.ndarray | None:
-        if not self.shuffle:
-            return None
-        return permutation(count, None if self.seed is None else [self.seed % 2**64, epoch])
-
     async def _epoch(self, epoch: int, upstream: Upstream | None, *, defer: bool = False
                      ) -> AsyncGenerator[Any, None]:
         # An async generator: the engine closes it (aclose) however the run ends, which
@@ -181,7 +174,8 @@ class CacheSource:
 
     async def _replay(self, reader: Reader, epoch: int, *, defer: bool
                       ) -> AsyncGenerator[Any, None]:
-        order = self._order(reader.count, epoch)
+        order = None if not self.shuffle else permutation(
+            reader.count, None if self.seed is None else [self.seed % 2**64, epoch])
         # Deferred copies of blocks all checked already: advancing costs microseconds (row
         # indices, a residency probe), less than a thread hand-off; the consumer copies.
         inline = defer and reader.layout == "batches" and self.checks.complete(reader)

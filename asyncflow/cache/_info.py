@@ -37,7 +37,7 @@ class CacheInfo:
         created: When it was committed (UTC, ISO 8601).
         fingerprint: The upstream pipeline's fingerprint.
         key: The user's extra fingerprint input.
-        upstream: A summary of the upstream pipeline's description.
+        upstream: A summary of the upstream pipeline's description: one entry per stage.
         writer: The pid of a process writing a new copy now, else None.
         unfinished: Temporary directories of writers that did not finish.
     """
@@ -82,11 +82,8 @@ class CacheInfo:
                 rows.append((label, value))
         if self.key is not None:
             rows.append(("key", json.dumps(self.key)))
-        if isinstance(self.upstream, list):
-            for i, stage in enumerate(self.upstream):
-                rows.append(("upstream" if i == 0 else "", clip_json(stage, 100)))
-        elif self.upstream is not None:
-            rows.append(("upstream", clip_json(self.upstream, 100)))
+        for i, stage in enumerate(self.upstream or ()):  # the summary: one entry a stage
+            rows.append(("upstream" if i == 0 else "", clip_json(stage, 100)))
         if self.writer is not None:
             rows.append(("writer", f"process {self.writer} is writing a new copy now"))
         for i, name in enumerate(self.unfinished):
