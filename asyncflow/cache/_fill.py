@@ -55,11 +55,11 @@ class Gate:
         open_upstream: Opens upstream's source (its :meth:`Pipeline.run_plan`'s
             ``open_source``): an iterable or async iterable.
         check_reuse: Called before upstream's source is opened; raises when it cannot be
-            read again.
+            read again (:func:`one_shot_guard`).
     """
 
     def __init__(self, open_upstream: Callable[[], Any],
-                 check_reuse: Callable[[], None] | None = None) -> None:
+                 check_reuse: Callable[[], None]) -> None:
         self._open = open_upstream
         self._check_reuse = check_reuse
         self._decided: asyncio.Future[bool] | None = None
@@ -95,8 +95,7 @@ class Gate:
         """
         if not await self._future():
             return False
-        if self._check_reuse is not None:
-            self._check_reuse()
+        self._check_reuse()
         return True
 
 
@@ -165,7 +164,7 @@ class CacheNode:
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
         ctx = self.ctx
-        upstream = functools.partial(self._upstream, inp)
+        upstream = functools.partial(self._receive, inp)
         try:
             epoch = self._source.run_epoch(upstream, defer=self._defer)
             async with contextlib.aclosing(epoch) as items:
@@ -175,11 +174,9 @@ class CacheNode:
         finally:
             self._gate.release(False)  # never read: upstream's source ends at once
 
-    def _upstream(self, inp: Receiver) -> AsyncGenerator[Any, None]:
-        self._gate.release(True)
-        return self._receive(inp)
-
     async def _receive(self, inp: Receiver) -> AsyncGenerator[Any, None]:
+        """Upstream's items, once the gate lets its source read (the epoch reads upstream)."""
+        self._gate.release(True)
         counters = self.ctx.counters
         while items := await inp.get_many(_CHUNK):
             counters.items_in += len(items)
@@ -201,17 +198,15 @@ def cache_stage(source: CacheSource, gate: Gate, *, defer: bool, buffer: int | N
     )
 
 
-def one_shot_guard(source: Any) -> Callable[[], None] | None:
-    """For an upstream whose source is an iterator (read once): a check that raises
-    ``ConfigError`` when a second filling epoch would read it again."""
+def one_shot_guard(source: Any) -> Callable[[], None]:
+    """The check a filling epoch makes before it reads upstream's ``source``: for an
+    iterator (read once), it raises ``ConfigError`` when a second one would read it again."""
     one_shot = (hasattr(source, "__next__") and iter(source) is source) or hasattr(
         source, "__anext__")
-    if not one_shot:
-        return None
     opened = itertools.count()
 
     def check() -> None:
-        if next(opened):
+        if next(opened) and one_shot:
             raise ConfigError(
                 f"the upstream source {type(source).__name__} is an iterator, so it can be "
                 "read once, and an earlier epoch has read it without finishing the cache; "
