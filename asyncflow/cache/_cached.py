@@ -161,7 +161,7 @@ def _upstream_stages(upstream: Pipeline[Any], plan: RunPlan) -> Iterator[StageSp
     budget where it has none of its own (the run's options are the cached pipeline's)."""
     limit = plan.options.max_failures
     for spec in upstream.stages if plan.stages is None else plan.stages:
-        if getattr(spec, "max_failures", limit) is None and dataclasses.is_dataclass(spec):
+        if getattr(spec, "max_failures", limit) is None:
             spec = dataclasses.replace(spec, max_failures=limit)  # type: ignore[call-arg]
         yield spec
 
@@ -213,8 +213,6 @@ def cache(
     Raises:
         ConfigError: An option is invalid, or ``path`` is something other than a cache.
     """
-    if not isinstance(pipe, Pipeline):
-        raise ConfigError(f"cache() needs a Pipeline, got {type(pipe).__name__}")
     try:
         where = Path(os.fspath(path)).expanduser()
     except TypeError:
@@ -224,7 +222,7 @@ def cache(
     layout = _layout(pipe, batched)
     description = _description(pipe)
     source = CacheSource(
-        upstream=None, path=where, layout=layout,
+        path=where, layout=layout,
         fingerprint=upstream_fingerprint(description, key), summary=summarize(description),
         key=canonical(key), wait=wait, durable=durable,
     )

@@ -81,6 +81,10 @@ class Checks:
         earlier epoch, else None."""
         return self._damaged.get(stamps)
 
+    def refuse(self, stamps: Stamps, why: str) -> None:
+        """Note the files of ``stamps`` as damaged (``why``): :meth:`damage` says so."""
+        self._damaged[stamps] = why
+
     def verify(self, reader: Reader, rows: slice | np.ndarray,
                arrays: Sequence[np.ndarray] | None = None) -> None:
         """Check the blocks holding ``rows`` of every field that were not checked yet.
@@ -136,7 +140,7 @@ class Checks:
         rows = f"row {first}" if first == last else f"rows {first}-{last}"
         why = (f"{reader.manifest['files'][index]} (field {field.name}) is damaged: {rows}, "
                f"bytes {start}-{stop - 1} of the file, do not match their checksum")
-        self._damaged[reader.stamps] = why
+        self.refuse(reader.stamps, why)
         return SourceError(f"cache {reader.path}: {why}; its next epoch rebuilds it")
 
 

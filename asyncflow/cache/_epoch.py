@@ -1,7 +1,7 @@
 """One epoch of a cached pipeline: replay the cache, or fill it from upstream, or read upstream.
 
-:class:`CacheSource` is a zero-argument callable; each call returns the async iterator of one
-epoch and decides afresh:
+Each :meth:`CacheSource.run_epoch` returns the async iterator of one epoch and decides
+afresh:
 
 1. a valid cache with the upstream's fingerprint exists: replay it (shuffled when asked);
 2. otherwise, when this process takes the writer lock: pass upstream's items through while
@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from .._errors import SourceError
 from ..pipeline import current_epoch, listing_identity, run_failed, run_thread
@@ -44,24 +43,23 @@ from ._checks import ALL_CHECKED, Checks
 from ._fingerprint import describe_change
 from ._format import MANIFEST, CacheInvalid, leftovers, read_manifest, remove_cache, remove_path
 from ._lock import WriterLock, take_lock
-from ._reader import Reader, files_match, stamps_of
+from ._reader import Reader, Stamps, files_match, stamps_of
 from ._replay import BufferPool, KeptMapping, permutation, replay
-from ._upstream import Upstream, stream, take
 from ._writer import Writer
 
-__all__ = ["CacheSource"]
+__all__ = ["CacheSource", "Upstream"]
 
 log = logging.getLogger("asyncflow.cache")
+
+#: Opens upstream's items for one pass (a filling run's ``cache`` stage hands them on).
+Upstream = Callable[[], AsyncGenerator[Any, None]]
 
 
 @dataclass(frozen=True)
 class CacheSource:
-    """The source of a cached pipeline; each call is one epoch.
+    """The source of a cached pipeline; each :meth:`run_epoch` is one epoch.
 
     Args:
-        upstream: Returns a fresh iterable (or async iterable) of upstream's items for one
-            pass, for epochs started by calling the source; ``None``: the epochs are given
-            their upstream (:meth:`run_epoch`).
         path: The cache directory.
         layout: What upstream's items are: ``samples``, ``batches`` (collated: fields with a
             batch dimension) or ``lists`` (of samples); batches are stored per sample and
@@ -76,7 +74,6 @@ class CacheSource:
         durable: fsync the cache when committing it.
     """
 
-    upstream: Upstream | None
     path: Path
     layout: str
     fingerprint: str
@@ -89,7 +86,6 @@ class CacheSource:
     buffers: BufferPool = field(default_factory=BufferPool, compare=False, repr=False)
     kept: KeptMapping = field(default_factory=KeptMapping, compare=False, repr=False)
     checks: Checks = field(default_factory=Checks, compare=False, repr=False)
-    refused: set[Any] = field(default_factory=set, compare=False, repr=False)
 
     def shuffled(self, seed: int | None) -> CacheSource:
         """This source replaying in a random order by index: with a ``seed``, the order
@@ -98,7 +94,9 @@ class CacheSource:
         return dataclasses.replace(self, shuffle=True, seed=seed)
 
     def __call__(self) -> AsyncGenerator[Any, None]:
-        return self.run_epoch(self.upstream)
+        """An epoch that replays (a filling run's ``cache`` stage gives its epoch upstream's
+        items: :meth:`run_epoch`)."""
+        return self.run_epoch(None)
 
     def listing_identity(self) -> dict[str, Any]:
         """What a resume state must find again (``asyncflow/pipeline/_identity.py``): the
@@ -128,18 +126,13 @@ class CacheSource:
             if self._mismatch(manifest) is not None:
                 return False
             stamps = stamps_of(self.path, manifest)
-            return (self.checks.damage(stamps) is None and stamps not in self.refused
-                    and files_match(self.path, manifest, stamps))
+            return self.checks.damage(stamps) is None and files_match(self.path, manifest,
+                                                                      stamps)
         except (FileNotFoundError, CacheInvalid):
             return False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r})"
-
-    def _order(self, count: int, epoch: int) -> np.ndarray | None:
-        if not self.shuffle:
-            return None
-        return permutation(count, None if self.seed is None else [self.seed % 2**64, epoch])
 
     async def _epoch(self, epoch: int, upstream: Upstream | None, *, defer: bool = False
                      ) -> AsyncGenerator[Any, None]:
@@ -147,7 +140,6 @@ class CacheSource:
         # releases the lock and removes an unfinished write at once.
         reader = await run_thread(self._open, True)
         if reader is None and upstream is None:
-            await run_thread(self._refuse)
             await run_thread(self._discard, None)
             raise SourceError(f"cache {self.path} was found unusable when its epoch began "
                               "(see the asyncflow.cache log); the next epoch rebuilds it")
@@ -159,7 +151,7 @@ class CacheSource:
                 if not self.wait:
                     log.info("cache %s is being written by process %s; this epoch reads "
                              "upstream", self.path, holder)
-                    async with contextlib.aclosing(stream(upstream())) as items:
+                    async with contextlib.aclosing(upstream()) as items:
                         async for item in items:
                             yield item
                     return
@@ -182,14 +174,14 @@ class CacheSource:
 
     async def _replay(self, reader: Reader, epoch: int, *, defer: bool
                       ) -> AsyncGenerator[Any, None]:
-        order = self._order(reader.count, epoch)
+        order = None if not self.shuffle else permutation(
+            reader.count, None if self.seed is None else [self.seed % 2**64, epoch])
         # Deferred copies of blocks all checked already: advancing costs microseconds (row
         # indices, a residency probe), less than a thread hand-off; the consumer copies.
         inline = defer and reader.layout == "batches" and self.checks.complete(reader)
         # replay() maps the files a shuffled replay reads through: on a thread too
         items = await run_thread(replay, reader, order, self.buffers, self.kept,
-                                        defer=defer,
-                                        checks=ALL_CHECKED if inline else self.checks)
+                                 defer=defer, checks=ALL_CHECKED if inline else self.checks)
         # Items that hold no memory of their own (single samples, views of the mapping,
         # deferred copies) are taken from the thread several at a time, so that the hand-offs
         # cost little per item; copied batches one at a time, so that few buffers are in use.
@@ -199,8 +191,9 @@ class CacheSource:
                 yield item
             return
         size = 1 if copies else _REPLAY_CHUNK[reader.layout]
+        chunk: list[Any]
         try:
-            while chunk := await run_thread(take, items, size):
+            while chunk := await run_thread(list, itertools.islice(items, size)):
                 for item in chunk:
                     yield item
         except SourceError:
@@ -246,31 +239,28 @@ class CacheSource:
             return None
         return reader
 
-    def _refuse(self) -> None:
-        """Remember the files of a cache found unusable, so :meth:`ready` says no to them."""
+    def _discard(self, stamps: Stamps | None) -> None:
+        """Take a damaged cache out of use: its files are noted as damaged (``checks``), so
+        :meth:`ready` says no to them, and on disk its manifest (the mark of a finished cache)
+        is removed, so that the next epoch rebuilds it in any process, not only in this one.
+        On disk only under the writer lock, and only while the files are still those found
+        damaged (``stamps``; ``None``: those at ``path`` now, found unusable as a replay
+        began): a writer's new cache is never removed."""
         with contextlib.suppress(FileNotFoundError, CacheInvalid):
-            self.refused.add(stamps_of(self.path, read_manifest(self.path)))
-
-    def _discard(self, stamps: Any) -> None:
-        """Take a damaged cache out of use on disk (its manifest, the mark of a finished
-        cache, is removed), so that the next epoch rebuilds it in any process, not only in
-        this one. Only under the writer lock, and only while the files are still those
-        found damaged (``stamps``; ``None``: those :meth:`_refuse` noted): a writer's new
-        cache is never removed."""
-        lock = WriterLock(self.path)
-        if not lock.acquire():
-            return  # a writer is at work: it replaces the cache anyway
-        try:
-            now = stamps_of(self.path, read_manifest(self.path))
-            if now == stamps or (stamps is None and now in self.refused):
-                (self.path / MANIFEST).unlink()
-                why = (stamps is not None and self.checks.damage(stamps)) or "damaged"
-                log.warning("cache %s cannot be used: %s; its manifest is removed, "
-                            "rebuilding it in the next epoch (of any process)", self.path, why)
-        except (FileNotFoundError, CacheInvalid):
-            pass
-        finally:
-            lock.release()
+            if stamps is None:
+                stamps = stamps_of(self.path, read_manifest(self.path))
+                self.checks.refuse(stamps, "found unusable as its replay began")
+            lock = WriterLock(self.path)
+            if not lock.acquire():
+                return  # a writer is at work: it replaces the cache anyway
+            try:
+                if stamps_of(self.path, read_manifest(self.path)) == stamps:
+                    (self.path / MANIFEST).unlink()
+                    log.warning("cache %s cannot be used: %s; its manifest is removed, "
+                                "rebuilding it in the next epoch (of any process)", self.path,
+                                self.checks.damage(stamps))
+            finally:
+                lock.release()
 
     async def _fill(self, upstream: Upstream) -> AsyncGenerator[Any, None]:
         """Pass upstream's items through, writing each; commit when upstream ends.
@@ -286,7 +276,7 @@ class CacheSource:
         meta = {"fingerprint": self.fingerprint, "key": self.key, "upstream": self.summary}
         writer = await run_thread(Writer, self.path, layout=self.layout, meta=meta)
         try:
-            async with contextlib.aclosing(stream(upstream())) as items:
+            async with contextlib.aclosing(upstream()) as items:
                 async for item in items:
                     await run_thread(writer.write, item)
                     yield item

@@ -14,6 +14,10 @@ while another process writes), it opens the gate and passes upstream's items thr
 each; it commits when upstream's stream ends complete. Replaying after all, it keeps the gate
 shut (upstream's source ends at once, its stages see an empty stream) and puts out the cache's
 items itself.
+
+The gate reads upstream's source as the engine reads a source (:func:`stream`): an async
+iterable on the loop, a sequence too (its items exist already), any other iterator on the
+run's threads, as it may list files or read a manifest.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
@@ -33,15 +37,15 @@ from ..pipeline import (
     Receiver,
     Sender,
     apply_hooks,
+    run_thread,
 )
-from ._upstream import stream
 
 if TYPE_CHECKING:
     from ._epoch import CacheSource
 
-__all__ = ["CacheNode", "Gate", "cache_stage", "one_shot_guard"]
+__all__ = ["CacheNode", "Gate", "cache_stage", "one_shot_guard", "stream"]
 
-_CHUNK = 256  # items taken from a channel at a time
+_CHUNK = 256  # items taken from a channel, or from a sync upstream per thread hand-off
 
 
 class Gate:
@@ -51,11 +55,11 @@ class Gate:
         open_upstream: Opens upstream's source (its :meth:`Pipeline.run_plan`'s
             ``open_source``): an iterable or async iterable.
         check_reuse: Called before upstream's source is opened; raises when it cannot be
-            read again.
+            read again (:func:`one_shot_guard`).
     """
 
     def __init__(self, open_upstream: Callable[[], Any],
-                 check_reuse: Callable[[], None] | None = None) -> None:
+                 check_reuse: Callable[[], None]) -> None:
         self._open = open_upstream
         self._check_reuse = check_reuse
         self._decided: asyncio.Future[bool] | None = None
@@ -91,9 +95,49 @@ class Gate:
         """
         if not await self._future():
             return False
-        if self._check_reuse is not None:
-            self._check_reuse()
+        self._check_reuse()
         return True
+
+
+async def stream(source: Iterable[Any] | AsyncIterable[Any]) -> AsyncGenerator[Any, None]:
+    """The items of ``source``, closed (``aclose`` / ``close``) when the stream ends or is
+    closed: an async iterable iterated on the loop, a sequence too, any other iterator
+    advanced on the run's threads (:func:`~asyncflow.pipeline.run_thread`), ``_CHUNK`` items
+    a hand-off.
+
+    Cancellation:
+        A chunk being taken on a thread finishes there before the iterator is closed (a
+        generator cannot be closed while a thread runs it).
+    """
+    if isinstance(source, AsyncIterable):
+        it = source.__aiter__()
+        try:
+            async for item in it:
+                yield item
+        finally:
+            aclose = getattr(it, "aclose", None)
+            if aclose is not None:
+                await aclose()
+    elif isinstance(source, Sequence):
+        for item in source:
+            yield item
+    else:
+        its = iter(source)
+        taking: asyncio.Future[list[Any]] | None = None
+        try:
+            while True:
+                taking = asyncio.ensure_future(run_thread(list, itertools.islice(its, _CHUNK)))
+                chunk = await asyncio.shield(taking)
+                if not chunk:
+                    break
+                for item in chunk:
+                    yield item
+        finally:
+            if taking is not None and not taking.done():
+                await asyncio.wait([taking])
+            close = getattr(its, "close", None)
+            if close is not None:
+                await run_thread(close)
 
 
 class CacheNode:
@@ -120,7 +164,7 @@ class CacheNode:
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
         ctx = self.ctx
-        upstream = functools.partial(self._upstream, inp)
+        upstream = functools.partial(self._receive, inp)
         try:
             epoch = self._source.run_epoch(upstream, defer=self._defer)
             async with contextlib.aclosing(epoch) as items:
@@ -130,11 +174,9 @@ class CacheNode:
         finally:
             self._gate.release(False)  # never read: upstream's source ends at once
 
-    def _upstream(self, inp: Receiver) -> AsyncIterator[Any]:
-        self._gate.release(True)
-        return self._receive(inp)
-
     async def _receive(self, inp: Receiver) -> AsyncGenerator[Any, None]:
+        """Upstream's items, once the gate lets its source read (the epoch reads upstream)."""
+        self._gate.release(True)
         counters = self.ctx.counters
         while items := await inp.get_many(_CHUNK):
             counters.items_in += len(items)
@@ -156,17 +198,15 @@ def cache_stage(source: CacheSource, gate: Gate, *, defer: bool, buffer: int | N
     )
 
 
-def one_shot_guard(source: Any) -> Callable[[], None] | None:
-    """For an upstream whose source is an iterator (read once): a check that raises
-    ``ConfigError`` when a second filling epoch would read it again."""
+def one_shot_guard(source: Any) -> Callable[[], None]:
+    """The check a filling epoch makes before it reads upstream's ``source``: for an
+    iterator (read once), it raises ``ConfigError`` when a second one would read it again."""
     one_shot = (hasattr(source, "__next__") and iter(source) is source) or hasattr(
         source, "__anext__")
-    if not one_shot:
-        return None
     opened = itertools.count()
 
     def check() -> None:
-        if next(opened):
+        if next(opened) and one_shot:
             raise ConfigError(
                 f"the upstream source {type(source).__name__} is an iterator, so it can be "
                 "read once, and an earlier epoch has read it without finishing the cache; "

@@ -28,7 +28,13 @@ from pathlib import PurePath
 from typing import Any
 
 from .._redact import redact
-from ..pipeline import describe_difference, item_token, sequence_identity, short_digest
+from ..pipeline import (
+    describe_difference,
+    item_token,
+    sequence_identity,
+    short_digest,
+    state_checksum,
+)
 
 __all__ = ["canonical", "clip_json", "describe_change", "describe_value", "file_stat",
            "summarize", "upstream_fingerprint"]
@@ -127,13 +133,10 @@ def _what(value: Any, depth: int, seen: set[int]) -> Any:
 
 
 def file_stat(name: str | PurePath) -> tuple[int, int] | None:
-    """The size and ``st_mtime_ns`` of the local regular file ``name`` names, else None."""
-    text = os.fspath(name)
-    if text.startswith("file://"):
-        text = text[len("file://"):]
-    elif "://" in text:
-        return None
-    if not text or len(text) > 4096 or "\0" in text:
+    """The size and ``st_mtime_ns`` of the local regular file ``name`` names, else None (a
+    URL, or a text that names nothing: ``os.stat`` refuses an empty or long name, or a NUL)."""
+    text = os.fspath(name).removeprefix("file://")
+    if "://" in text:
         return None
     try:
         found = os.stat(text)
@@ -181,9 +184,9 @@ def _dumps(value: Any) -> str:
 
 
 def upstream_fingerprint(description: Any, key: Any = None) -> str:
-    """The digest (``short_digest``) of the canonical JSON of ``description`` and ``key``."""
-    payload = _dumps({"upstream": canonical(description), "key": canonical(key)})
-    return short_digest(payload.encode("utf-8"))
+    """The checksum of ``description`` and ``key`` as canonical JSON: a plain-JSON record's
+    (``state_checksum``, as a resume state's)."""
+    return state_checksum({"upstream": canonical(description), "key": canonical(key)})
 
 
 def summarize(description: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ class CacheInfo:
         created: When it was committed (UTC, ISO 8601).
         fingerprint: The upstream pipeline's fingerprint.
         key: The user's extra fingerprint input.
-        upstream: A summary of the upstream pipeline's description.
+        upstream: A summary of the upstream pipeline's description: one entry per stage.
         writer: The pid of a process writing a new copy now, else None.
         unfinished: Temporary directories of writers that did not finish.
     """
@@ -59,11 +60,7 @@ class CacheInfo:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (for ``--json`` output)."""
-        data = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        data["path"] = str(self.path)
-        data["fields"] = [f.to_json() for f in self.fields]
-        data["unfinished"] = list(self.unfinished)
-        return data
+        return {**dataclasses.asdict(self), "path": str(self.path)}
 
     def __str__(self) -> str:
         status = "usable" if self.usable else f"not usable: {self.problem}"
@@ -85,11 +82,8 @@ class CacheInfo:
                 rows.append((label, value))
         if self.key is not None:
             rows.append(("key", json.dumps(self.key)))
-        if isinstance(self.upstream, list):
-            for i, stage in enumerate(self.upstream):
-                rows.append(("upstream" if i == 0 else "", clip_json(stage, 100)))
-        elif self.upstream is not None:
-            rows.append(("upstream", clip_json(self.upstream, 100)))
+        for i, stage in enumerate(self.upstream or ()):  # the summary: one entry a stage
+            rows.append(("upstream" if i == 0 else "", clip_json(stage, 100)))
         if self.writer is not None:
             rows.append(("writer", f"process {self.writer} is writing a new copy now"))
         for i, name in enumerate(self.unfinished):

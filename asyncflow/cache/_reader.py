@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import mmap
 import os
 import sys
@@ -32,7 +33,7 @@ from ._format import (
 )
 from ._schema import Field
 
-__all__ = ["Reader", "Stamps", "field_array", "files_match", "map_shared", "stamps_of"]
+__all__ = ["Reader", "Stamps", "files_match", "map_shared", "stamps_of"]
 
 #: Per field file: device, inode, size and modification time (which file it is: a cache's
 #: files are never written in place).
@@ -171,21 +172,34 @@ def _resident(page: int) -> bool:
     return bool(vec.value & 1)
 
 
-def _map(
-    file: Path, field: Field, count: int
-) -> tuple[np.ndarray, mmap.mmap | None, os.stat_result]:
-    expected = HEADER_BYTES + count * field.sample_bytes
+def _map(file: Path, field: Field, count: int, stamp: tuple[int, int, int, int] | None = None
+         ) -> tuple[np.ndarray, mmap.mmap | None, os.stat_result]:
+    """``field``'s file checked (``_check_file``) and mapped as an array ``[count, *shape]``:
+    privately (copy-on-write), or shared and read-only where the kernel refuses that (strict
+    overcommit) or where ``stamp`` asks for the very file a reader checked.
+
+    Raises:
+        CacheInvalid: The file is missing, not the one of ``stamp``, or not what ``field``
+            and ``count`` make it.
+    """
+    end = HEADER_BYTES + count * field.sample_bytes
     with _open_field(file) as fh:
         stat = os.fstat(fh.fileno())
+        if stamp is not None and _stamp(stat) != stamp:
+            raise CacheInvalid(f"{file.name} changed while it was being opened")
         _check_file(file.name, stat.st_size, fh, field, count)
-        if count * field.sample_bytes == 0:
+        if end == HEADER_BYTES:
             return np.zeros((count, *field.shape), dtype=field.dtype), None, stat
-        try:
-            mm = mmap.mmap(fh.fileno(), expected, flags=mmap.MAP_PRIVATE | _MAP_NORESERVE,
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        except OSError:  # strict overcommit: fall back to a shared read-only mapping
-            mm = mmap.mmap(fh.fileno(), expected, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-    return field_array(mm, field, count), mm, stat
+        mm = None
+        if stamp is None:
+            with contextlib.suppress(OSError):  # strict overcommit: the shared mapping below
+                mm = mmap.mmap(fh.fileno(), end, flags=mmap.MAP_PRIVATE | _MAP_NORESERVE,
+                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        if mm is None:
+            mm = mmap.mmap(fh.fileno(), end, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    array = np.frombuffer(mm, dtype=field.dtype, count=count * math.prod(field.shape),
+                          offset=HEADER_BYTES)
+    return array.reshape((count, *field.shape)), mm, stat
 
 
 def _tables(manifest: dict[str, Any], fields: tuple[Field, ...]) -> list[int]:
@@ -271,31 +285,12 @@ def _open_field(file: Path) -> Any:
         raise CacheInvalid(f"{file.name} is missing") from None
 
 
-def field_array(mm: mmap.mmap, field: Field, count: int) -> np.ndarray:
-    """The ``[count, *shape]`` array of ``field`` in a mapping of its whole file."""
-    items = count * int(np.prod(field.shape, dtype=np.int64))
-    array = np.frombuffer(mm, dtype=field.dtype, count=items, offset=HEADER_BYTES)
-    return array.reshape((count, *field.shape))
-
-
 def map_shared(reader: Reader) -> tuple[np.ndarray, ...]:
     """Read-only arrays of ``reader``'s fields over shared mappings of the same files.
 
     Unlike ``reader.arrays`` they are safe to keep across epochs: nobody can write through
     them. Raises :class:`CacheInvalid` when a file is no longer the one ``reader`` checked.
     """
-    arrays = []
-    for name, field, array, stamp in zip(
-        reader.manifest["files"], reader.fields, reader.arrays, reader.stamps, strict=True
-    ):
-        if array.nbytes == 0:
-            arrays.append(array)
-            continue
-        with _open_field(reader.path / name) as fh:
-            stat = os.fstat(fh.fileno())
-            if _stamp(stat) != stamp:
-                raise CacheInvalid(f"{name} changed while it was being opened")
-            mm = mmap.mmap(fh.fileno(), stat.st_size, flags=mmap.MAP_SHARED,
-                           prot=mmap.PROT_READ)
-        arrays.append(field_array(mm, field, reader.count))
-    return tuple(arrays)
+    return tuple(_map(reader.path / str(name), field, reader.count, stamp)[0]
+                 for name, field, stamp in zip(reader.manifest["files"], reader.fields,
+                                               reader.stamps, strict=True))

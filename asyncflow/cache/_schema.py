@@ -54,12 +54,9 @@ class Field:
         """Bytes one sample of this field takes."""
         return np.dtype(self.dtype).itemsize * math.prod(self.shape)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "dtype": self.dtype,
-                "shape": list(self.shape), "device": self.device}
-
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Field:
+        """The field a manifest holds (``dataclasses.asdict(field)``, as JSON)."""
         return cls(name=str(data["name"]), kind=str(data["kind"]), dtype=str(data["dtype"]),
                    shape=tuple(int(n) for n in data["shape"]),
                    device=str(data.get("device", "cpu")))

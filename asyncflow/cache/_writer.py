@@ -10,6 +10,7 @@ loop (``CacheSource`` does, on worker threads).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import time
@@ -25,7 +26,6 @@ from ._format import (
     BLOCK_BYTES,
     FORMAT,
     HEADER_BYTES,
-    LAYOUTS,
     VERSION,
     npy_header,
     remove_cache,
@@ -53,8 +53,6 @@ class Writer:
     """
 
     def __init__(self, path: Path, *, layout: str, meta: dict[str, Any]) -> None:
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         self.path = path
         self.layout = layout
         self.count = 0
@@ -141,7 +139,7 @@ class Writer:
             "layout": self.layout,
             "batch_size": self.batch_size,
             "structure": self._schema.structure if self._schema else None,
-            "fields": [f.to_json() for f in fields],
+            "fields": [dataclasses.asdict(f) for f in fields],
             "files": [f"field{i}.npy" for i in range(len(fields))],
             "checksums": {"algorithm": "crc32", "block_bytes": BLOCK_BYTES, "tables": tables},
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

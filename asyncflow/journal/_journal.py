@@ -229,8 +229,7 @@ def explain(source: str | os.PathLike[str] | Journal, *, epoch: int, step: int,
                 if not (isinstance(run, dict) and isinstance(run.get("config"), dict)):
                     current = TornHeader(number, text)  # its records cannot be read
                     continue
-                current = run["config"] if run.get("epoch") == epoch or run["config"].get(
-                    "kind") == "image.folder" else {}
+                current = run["config"]
             elif text.startswith(prefix):
                 if isinstance(value, dict):
                     found = (number, value, current)

@@ -90,7 +90,9 @@ class ProfileReport:
         measured = [s for s in self.stages if s.best_rate > 0]
         if not measured:
             return None
-        return min(measured, key=lambda s: _per_source_item(s, self)).name
+        # A batch stage sees 1/32 as many items as the source: compare rates in source items
+        # (a stage with a rate was fed some).
+        return min(measured, key=lambda s: s.best_rate * self.sample / s.items_in).name
 
     def apply(self, pipe: Any) -> Any:
         """``pipe`` with each stage's concurrency set to the recommendation."""
@@ -159,12 +161,6 @@ class ProfileReport:
             self._headers(), self._rows(html=True), highlight=marked, caption=self._caption(),
             align=self._align(),
         )
-
-
-def _per_source_item(stage: StageProfile, report: ProfileReport) -> float:
-    # A batch stage sees 1/32 as many items as the source: compare rates in source items.
-    ratio = report.sample / stage.items_in if stage.items_in else 1.0
-    return stage.best_rate * ratio
 
 
 #: The buffer between the profiled stage and the stages after it: never full, so that the

@@ -11,6 +11,7 @@ run goes on (in a terminal the bar's postfix names the bottleneck instead).
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -34,25 +35,18 @@ def in_notebook() -> bool:
 
 
 def _bar_class(widget: bool | None) -> type[Any]:
-    from tqdm.std import tqdm as text_bar
+    from tqdm.std import tqdm as bar
 
-    use_widget = in_notebook() if widget is None else widget
-    if use_widget:
+    if in_notebook() if widget is None else widget:
         try:
             import ipywidgets  # noqa: F401
-            from tqdm.notebook import tqdm as widget_bar
+            from tqdm.notebook import tqdm as bar
         except ImportError:
             if widget:  # asked for explicitly
                 raise
-        else:
-            return widget_bar  # type: ignore[no-any-return]
-    return text_bar  # type: ignore[no-any-return]
-
-
-def _no_monitor(cls: type[Any]) -> type[Any]:
     # tqdm's monitor thread would outlive a run (until every bar in the process closes);
     # a bar updated on every item does not need it.
-    return type(cls.__name__, (cls,), {"monitor_interval": 0})
+    return type(bar.__name__, (bar,), {"monitor_interval": 0})
 
 
 class ProgressBar:
@@ -90,7 +84,7 @@ class ProgressBar:
         self._interval = interval
         self._next_refresh = time.monotonic() + interval
         self._handle: Any = None
-        cls = _no_monitor(_bar_class(widget))
+        cls = _bar_class(widget)
         tqdm_options.setdefault("dynamic_ncols", True)
         self.bar = cls(total=total, desc=desc, unit=unit, **tqdm_options)
         if stats and in_notebook():
@@ -147,8 +141,4 @@ def progress_hook(**options: Any) -> Callable[[Any], ProgressBar]:
     if count is not None and not callable(count):
         raise ConfigError(f"progress(count=...) must be a callable, got {count!r}")
     check_seconds("interval", options.get("interval", 1.0), zero=True)
-
-    def factory(run: Any) -> ProgressBar:
-        return ProgressBar(run, **options)
-
-    return factory
+    return functools.partial(ProgressBar, **options)

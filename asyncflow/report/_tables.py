@@ -37,11 +37,12 @@ def table_text(headers: Sequence[str], rows: Iterable[Sequence[str]], *,
                align: str | None = None) -> str:
     """Align ``rows`` under ``headers``.
 
-    ``align`` holds one letter per column, ``l`` or ``r``; by default the first column is
-    left-aligned and the others right-aligned.
+    ``align`` holds one letter per column, ``l`` or ``r`` (``zip(..., strict=True)`` refuses
+    another length); by default the first column is left-aligned and the others
+    right-aligned.
     """
     body = [list(map(str, row)) for row in rows]
-    align = _alignment(align, len(headers))
+    align = align or "l" + "r" * (len(headers) - 1)
     widths = [max(map(len, column)) for column in zip(headers, *body, strict=True)]
 
     def line(cells: Sequence[str]) -> str:
@@ -53,14 +54,6 @@ def table_text(headers: Sequence[str], rows: Iterable[Sequence[str]], *,
     return "\n".join([line(list(headers)), rule, *(line(r) for r in body)])
 
 
-def _alignment(align: str | None, columns: int) -> str:
-    if align is None:
-        return "l" + "r" * (columns - 1)
-    if len(align) != columns or set(align) - {"l", "r"}:
-        raise ValueError(f"align needs one of 'l' / 'r' per column, got {align!r}")
-    return align
-
-
 def table_html(headers: Sequence[str], rows: Iterable[Sequence[str]], *,
                highlight: Iterable[int] = (), caption: str = "", align: str | None = None
                ) -> str:
@@ -70,7 +63,7 @@ def table_html(headers: Sequence[str], rows: Iterable[Sequence[str]], *,
     :func:`table_text`'s.
     """
     marked = set(highlight)
-    align = _alignment(align, len(headers))
+    align = align or "l" + "r" * (len(headers) - 1)
     styles = [" style='text-align:left'" if a == "l" else "" for a in align]
     head = "".join(f"<th{st}>{html.escape(h)}</th>" for h, st in zip(headers, styles, strict=True))
     lines = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,19 @@ def batch(i: int) -> tuple[np.ndarray, np.ndarray]:
 
 def labels(items: Any) -> list[int]:
     return [int(x) for _, b in items for x in b]
+
+
+def test_a_sync_upstream_is_advanced_on_the_runs_threads_not_its_loop(tmp_path: Path) -> None:
+    advanced_in: set[str] = set()
+
+    def upstream() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for i in range(3):
+            advanced_in.add(threading.current_thread().name)  # it may list files or read
+            yield batch(i)
+
+    pipe = Pipeline(upstream, name="sync").cache(tmp_path / "c", batched=True)
+    assert labels(pipe) == list(range(12))  # fills the cache
+    assert advanced_in and all(name.startswith("asyncflow-sync-worker-") for name in advanced_in)
 
 
 def test_a_filling_epoch_is_one_run_on_one_loop_thread(tmp_path: Path, leak_check: None) -> None:

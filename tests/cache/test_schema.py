@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -30,7 +32,7 @@ def test_schema_of_a_sample_records_kinds_dtypes_and_shapes() -> None:
         ("tensor", "uint8", (3, 2)), ("ndarray", "float32", (4,)), ("int", "int64", ()),
         ("float", "float64", ()), ("bool", "bool", ()), ("scalar", "int16", ()),
     ]
-    assert Field.from_json(schema.fields[0].to_json()) == schema.fields[0]
+    assert Field.from_json(dataclasses.asdict(schema.fields[0])) == schema.fields[0]
 
 
 def test_schema_of_a_batch_drops_the_batch_dimension() -> None:
