@@ -147,11 +147,7 @@ class Lineage:
         consumer's last item. Thread-safe: writers check :attr:`Ledger.on` with the lock."""
         with self.lock:
             for ledger in self.ledgers:
-                ledger.on = False
-            branches = [b for ledger in self.ledgers for b in getattr(ledger, "lineages", ())]
-        for branch in branches:  # a merge's: each branch keeps its own records
-            if branch is not None and branch is not self:
-                branch.freeze()
+                ledger.on = False  # a merge's freezes its branches' lineages too
 
     def follow(self, floor: Callable[[], int]) -> None:
         """Compact as the consumer advances: ``floor()`` is a count it has surely received
@@ -167,7 +163,7 @@ class Lineage:
     @property
     def resumed(self) -> SourcePlan:
         """Where this run's source started: the positions a resumed run leaves out."""
-        return self.source.plan if isinstance(self.source, SourceLedger) else SourcePlan()
+        return self.source.plan
 
     def hold(self, ordinal: int) -> None:
         """Keep the records of outputs ``ordinal`` and later until the next call, whatever

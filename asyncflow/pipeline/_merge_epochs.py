@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from .._errors import ConfigError, check_int
 from ._protocols import EpochSampler
 from ._source_ledger import SourcePlan
-from ._span import Span
+from ._span import Span, is_count
 
 __all__ = ["BranchLineage", "Era", "Track", "branch_at", "count_on", "tracks_of"]
 
@@ -202,11 +202,9 @@ def tracks_of(state: Any, branches: int, name: str) -> list[Track] | None:
 
 
 def _runs(runs: Any, what: str) -> list[list[int]]:
-    def count(x: Any, low: int) -> bool:
-        return isinstance(x, int) and not isinstance(x, bool) and x >= low
-
     if not isinstance(runs, list) or not all(
-        isinstance(r, list) and len(r) == 2 and count(r[0], 0) and count(r[1], 1) for r in runs
+        isinstance(r, list) and len(r) == 2 and is_count(r[0]) and is_count(r[1]) and r[1]
+        for r in runs
     ):
         raise ConfigError(f"{what}: done must be [length, count] pairs, got {runs!r}")
     return [list(r) for r in runs]

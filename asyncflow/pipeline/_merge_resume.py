@@ -66,17 +66,17 @@ class MergeLedger(SourceLedger):
     @property
     def on(self) -> bool:
         """Whether records are kept: set by the run's lineage (``Lineage.attach``), turned
-        off when the run stops. A merge whose run keeps none (a stage after it keeps no
-        ledger; a merge within a merge) turns its branches' records off too."""
+        off when the run stops. Turned off, it turns its branches' records off too (a run
+        that keeps none: a stage after the merge keeps no ledger; a merge within a merge)."""
         return self._on
 
     @on.setter
     def on(self, value: bool) -> None:
         if self._keeps is None:
             self._keeps = value
-            if not value:
-                for lineage in self.lineages:
-                    lineage.freeze()
+        if not value:
+            for lineage in self.lineages:
+                lineage.freeze()
         self._on = value
 
     @property
@@ -86,7 +86,7 @@ class MergeLedger(SourceLedger):
 
     @property
     def lineages(self) -> list[BranchLineage]:
-        """The lineages of the eras still held (``Lineage.freeze`` freezes them too)."""
+        """The lineages of the eras still held."""
         return [e.lineage for t in self.tracks for e in t.eras if e.lineage is not None]
 
     # -- on the run's loop ----------------------------------------------------------------
