@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from .._errors import ConfigError, check_int
 from ._protocols import EpochSampler
 from ._source_ledger import SourcePlan
-from ._span import Span, is_count
+from ._span import GrowingSpan, Span, is_count
 
 __all__ = ["BranchLineage", "Era", "Track", "branch_at", "count_on", "tracks_of"]
 
@@ -57,7 +57,7 @@ class Era:
         plan: A resumed era not built yet: where its branch starts.
     """
 
-    __slots__ = ("epoch", "floor", "length", "lineage", "next", "plan", "ran", "sampler",
+    __slots__ = ("epoch", "length", "lineage", "next", "outputs", "plan", "ran", "sampler",
                  "settled", "skip")
 
     def __init__(self, epoch: int = -1, taken: Span | None = None,
@@ -67,15 +67,17 @@ class Era:
         self.sampler = sampler  # the epoch a sampler source draws (it counts its own)
         self.lineage: BranchLineage | None = None  # the branch run's, once built
         self.skip = taken if taken is not None else Span()
-        self.settled = self.skip  # items settled, compacted here
-        self.floor = 0  # the branch run's outputs settled and compacted here
+        self.settled = GrowingSpan(self.skip.mark)  # items settled (passed over, or taken)
+        self.settled.add(self.skip.ranges)
+        self.outputs = GrowingSpan()  # the branch run's outputs settled
         self.next = 0  # items taken or passed over
         self.ran = 0  # the branch run's outputs taken
         self.length: int | None = None  # its items, once it ran out
 
-    def floor_now(self) -> int:
-        """The branch run's outputs settled and compacted (its lineage compacts up to it)."""
-        return self.floor
+    def outputs_settled(self) -> int:
+        """The branch run's outputs settled, every one below it (its lineage compacts up to
+        it)."""
+        return self.outputs.mark
 
     @property
     def reported(self) -> bool:

@@ -30,7 +30,7 @@ from typing import Any
 from .._errors import ConfigError
 from ._merge_epochs import BranchLineage, Era, Track, add_run, branch_at, count_on, tracks_of
 from ._source_ledger import SourceLedger, SourcePlan
-from ._span import GrowingSpan, Span
+from ._span import runs
 
 __all__ = ["END", "PASS", "SKIP", "TAKE", "MergeLedger", "branch_at", "tracks_of"]
 
@@ -59,7 +59,7 @@ class MergeLedger(SourceLedger):
         self.tracks = tracks if tracks is not None else [Track() for _ in range(branches)]
         self.picks: list[tuple[int, Era, int, int]] = []  # (branch, era, item, ordinal) from
         self.first_out = 0  # this output ordinal on
-        self.settled = GrowingSpan()  # the outputs settled
+        self._waiting: list[tuple[int, int]] = []  # outputs settled before they were picked
         self._on = False  # until the run's lineage says whether it keeps records
         self._keeps: bool | None = None
 
@@ -107,7 +107,7 @@ class MergeLedger(SourceLedger):
         era = self.tracks[branch].era
         with self.lock:
             era.epoch, era.lineage, era.plan = ctx.epoch, ctx.lineage, None
-        ctx.lineage.follow(era.floor_now)
+        ctx.lineage.follow(era.outputs_settled)
 
     def pick(self, branch: int) -> int:
         """What a choice of ``branch`` is: :data:`TAKE`, :data:`PASS`, :data:`SKIP` or
@@ -184,60 +184,47 @@ class MergeLedger(SourceLedger):
 
     # -- under the run's lineage lock -----------------------------------------------------
 
-    def _per_era(self, outputs: Span) -> tuple[dict[Era, list[int]], dict[Era, list[int]]]:
-        """Per era, the items and branch-run ordinals of the settled outputs still listed."""
+    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
+        """The positions (merge outputs) newly settled; each settled output's item and
+        branch-run ordinal go to its era at once, and the picks below ``mark`` are dropped."""
         items: dict[Era, list[int]] = {}
         ordinals: dict[Era, list[int]] = {}
         first, end = self.first_out, self.first_out + len(self.picks)
-        for low, high in outputs.intervals():
-            low, high = max(low, first) - first, min(high, end) - first
-            for _, era, item, ordinal in self.picks[low:high] if low < high else ():
+        waiting, self._waiting = self._waiting, []
+        for low, high in [*waiting, *outputs]:
+            if high > end:  # not picked yet (a custom stage's last output, counted whole)
+                self._waiting.append((max(low, end), high))
+            for _, era, item, ordinal in self.picks[max(low - first, 0):max(high - first, 0)]:
                 items.setdefault(era, []).append(item)
                 ordinals.setdefault(era, []).append(ordinal)
-        return items, ordinals
-
-    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
-        """The positions (merge outputs) newly settled; the picks below ``mark`` are
-        folded into their eras' settled items."""
-        self.settled.add(outputs)
-        self._drop(mark)
+        for era, got in items.items():
+            era.settled.add(runs(got))
+            era.outputs.add(runs(ordinals[era]))
+        drop = min(len(self.picks), mark - first)
+        if drop > 0:
+            del self.picks[:drop]
+            self.first_out += drop
+            for track in self.tracks:
+                track.fold()
         return super().settle(outputs, mark)
 
-    def _drop(self, mark: int) -> None:
-        drop = min(len(self.picks), mark - self.first_out)
-        if drop <= 0:
-            return
-        items: dict[Era, list[int]] = {}
-        for _, era, item, ordinal in self.picks[:drop]:
-            items.setdefault(era, []).append(item)
-            era.floor = ordinal + 1  # an era's outputs are taken in order
-        for era, settled in items.items():
-            done = era.settled
-            era.settled = Span.of(done.mark, settled, done.ranges)
-        del self.picks[:drop]
-        self.first_out += drop
-        for track in self.tracks:
-            track.fold()
-
     def get_state(self) -> dict[str, Any] | None:
-        items, ordinals = self._per_era(self.settled.span())
         branches = []
         for track in self.tracks:
             done = [list(run) for run in track.done]
             listed = [era for era in track.eras if era.reported]
             eras: list[dict[str, Any]] = []
             for index, era in enumerate(listed):
-                taken = Span.of(era.settled.mark, items.get(era, []), era.settled.ranges)
                 if (not eras and index < len(listed) - 1 and era.length is not None
-                        and taken.mark >= era.length):
+                        and era.settled.mark >= era.length):
                     add_run(done, era.length)  # settled in full, like those folded already
                     continue
-                eras.append(_era_state(era, taken, ordinals.get(era, [])))
+                eras.append(_era_state(era))
             branches.append({"done": done, "eras": eras})
         return {"branches": branches}
 
 
-def _era_state(era: Era, taken: Span, ordinals: list[int]) -> dict[str, Any]:
+def _era_state(era: Era) -> dict[str, Any]:
     """An era's saved state (lock held).
 
     Raises:
@@ -247,9 +234,9 @@ def _era_state(era: Era, taken: Span, ordinals: list[int]) -> dict[str, Any]:
         assert era.plan is not None
         positions, extras = era.plan.skip, era.plan.nodes
     else:
-        positions, extras = era.lineage.snapshot_of(Span.of(era.floor, ordinals))
+        positions, extras = era.lineage.snapshot_of(era.outputs.span())
     state = {"epoch": era.epoch, "positions": positions.to_json(), "nodes": extras,
-             "taken": taken.to_json()}
+             "taken": era.settled.to_json()}
     if era.sampler is not None:
         state["sampler"] = era.sampler
     return state
