@@ -59,7 +59,6 @@ class MergeLedger(SourceLedger):
         self.tracks = tracks if tracks is not None else [Track() for _ in range(branches)]
         self.picks: list[tuple[int, Era, int, int]] = []  # (branch, era, item, ordinal) from
         self.first_out = 0  # this output ordinal on
-        self._waiting: list[tuple[int, int]] = []  # outputs settled before they were picked
         self._on = False  # until the run's lineage says whether it keeps records
         self._keeps: bool | None = None
 
@@ -184,29 +183,31 @@ class MergeLedger(SourceLedger):
 
     # -- under the run's lineage lock -----------------------------------------------------
 
-    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
-        """The positions (merge outputs) newly settled; each settled output's item and
-        branch-run ordinal go to its era at once, and the picks below ``mark`` are dropped."""
+    def settled(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The positions (merge outputs) ``[start, end)``, settled now: each one's item and
+        branch-run ordinal go to its era."""
         items: dict[Era, list[int]] = {}
         ordinals: dict[Era, list[int]] = {}
-        first, end = self.first_out, self.first_out + len(self.picks)
-        waiting, self._waiting = self._waiting, []
-        for low, high in [*waiting, *outputs]:
-            if high > end:  # not picked yet (a custom stage's last output, counted whole)
-                self._waiting.append((max(low, end), high))
-            for _, era, item, ordinal in self.picks[max(low - first, 0):max(high - first, 0)]:
-                items.setdefault(era, []).append(item)
-                ordinals.setdefault(era, []).append(ordinal)
+        first = self.first_out
+        for _, era, item, ordinal in self.picks[max(start - first, 0):max(end - first, 0)]:
+            items.setdefault(era, []).append(item)
+            ordinals.setdefault(era, []).append(ordinal)
         for era, got in items.items():
             era.settled.add(runs(got))
             era.outputs.add(runs(ordinals[era]))
-        drop = min(len(self.picks), mark - first)
+        return super().settled(start, end)
+
+    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
+        """The positions (merge outputs) newly settled; the picks below ``mark`` are
+        dropped."""
+        positions = super().settle(outputs, mark)
+        drop = min(len(self.picks), mark - self.first_out)
         if drop > 0:
             del self.picks[:drop]
             self.first_out += drop
             for track in self.tracks:
                 track.fold()
-        return super().settle(outputs, mark)
+        return positions
 
     def get_state(self) -> dict[str, Any] | None:
         branches = []

@@ -69,6 +69,8 @@ class SourceLedger(Ledger):
 
     def positions(self, start: int, end: int) -> list[tuple[int, int]]:
         """The position ranges of ordinals ``[start, end)`` (found by bisection)."""
+        if not self.plan.skip.ranges:  # ordinals follow the positions from the base, no gap
+            return [(self.plan.base + start, self.plan.base + end)]
         split = self._split
         if split is None or split[0] is not self.plan:
             pieces = self._pieces()
@@ -86,11 +88,7 @@ class SourceLedger(Ledger):
         return out
 
     def inputs_of(self, ordinal: int) -> list[int]:
-        if ordinal >= self.emitted:
-            return []
-        if not self.plan.skip.ranges:
-            return [self.plan.base + ordinal]
-        return [self.positions(ordinal, ordinal + 1)[0][0]]
+        return [] if ordinal >= self.emitted else [self.positions(ordinal, ordinal + 1)[0][0]]
 
     def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
         """The positions newly settled (the plan's skipped ones the first time); settled
@@ -103,15 +101,14 @@ class SourceLedger(Ledger):
         if self._beyond:
             outputs = [*self._beyond, *outputs]
             self._beyond = []
-        base, direct = plan.base, not plan.skip.ranges
         for start, end in outputs:
             if end > emitted:
                 self._beyond.append((max(start, emitted), end))
                 end = emitted
-            if start >= end:
-                continue
-            if direct:  # ordinals follow the positions from the base, no gap
-                positions.append((base + start, base + end))
-            else:
-                positions += self.positions(start, end)
+            if start < end:
+                positions += self.settled(start, end)
         return positions
+
+    def settled(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The positions of ordinals ``[start, end)``, emitted and settled now."""
+        return self.positions(start, end)
