@@ -6,7 +6,7 @@ settled source positions: a :class:`Span` (a watermark plus the ranges settled a
 which a resumed run skips. The source's ledger (``_source_ledger.py``, re-exported here) turns
 source ordinals into positions.
 
-Nodes write their records on the run's loop; :meth:`Lineage.snapshot_texts` reads them in
+Nodes write their records on the run's loop; :meth:`Lineage.snapshot` reads them in
 the consumer's thread. Both hold :attr:`Lineage.lock` (an ``RLock``), briefly. The lineage
 keeps each ledger's settled inputs (:class:`GrowingSpan`), so that a walk (a snapshot, or one
 every few hundred records as the consumer advances) gives each ledger only what settled since
@@ -205,28 +205,14 @@ class Lineage:
         span = Span.of(0, ordinals)
         return ((0, span.mark), *span.ranges) if span.mark else span.ranges
 
-    def snapshot_texts(
-        self, delivered: int
+    def snapshot(
+        self, outputs: Span
     ) -> tuple[Span, dict[str, dict[str, Any]], dict[str, str]]:
-        """The settled source positions after ``delivered`` items, each node's extras by
-        stage name, and the canonical JSON text of those extras that its ledger keeps at hand
-        (``Ledger.state_text``), by stage name; compacts on the way.
-
-        Raises:
-            LookupError: A stage keeps no ledger (:attr:`missing` names it).
-        """
-        with self.lock:
-            positions, extras = self.snapshot_of(Span(delivered))
-            texts = {}
-            for name, ledger in zip(self.names, self.ledgers, strict=True):
-                text = ledger.state_text
-                if text is not None and name in extras:
-                    texts[name] = text
-        return positions, extras, texts
-
-    def snapshot_of(self, outputs: Span) -> tuple[Span, dict[str, dict[str, Any]]]:
-        """As :meth:`snapshot_texts` without the texts, given the last stage's settled
-        outputs (a merge's branch: those of its items that the merge's consumer has settled).
+        """The settled source positions, given the last stage's settled outputs (the
+        consumer's count; a merge's branch: those of its items that the merge's consumer has
+        settled); each node's extras by stage name, and the canonical JSON text of those
+        extras that its ledger keeps at hand (``Ledger.state_text``), by stage name. Compacts
+        on the way.
 
         Raises:
             LookupError: A stage keeps no ledger (:attr:`missing` names it).
@@ -235,12 +221,14 @@ class Lineage:
             raise LookupError(self.missing)
         with self.lock:
             self._settle(outputs)
-            extras = {}
+            extras, texts = {}, {}
             for name, ledger in zip(self.names, self.ledgers, strict=True):
                 state = ledger.get_state()
                 if state is not None:
                     extras[name] = state
-            return self._inputs[0].span(), extras
+                    if ledger.state_text is not None:
+                        texts[name] = ledger.state_text
+            return self._inputs[0].span(), extras, texts
 
     def _settle(self, outputs: Span) -> None:
         """Settle ``outputs`` of the last stage (lock held): each ledger is given only what

@@ -43,7 +43,9 @@ class BranchLineage(Protocol):
     """What an era keeps of its branch run's lineage (a ``_lineage.Lineage``): the state
     behind the branch items the merge has settled, and freezing it when the run stops."""
 
-    def snapshot_of(self, outputs: Span) -> tuple[Span, dict[str, dict[str, Any]]]: ...
+    def snapshot(
+        self, outputs: Span
+    ) -> tuple[Span, dict[str, dict[str, Any]], dict[str, str]]: ...
 
     def freeze(self) -> None: ...
 

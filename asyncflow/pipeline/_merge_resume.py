@@ -235,7 +235,7 @@ def _era_state(era: Era) -> dict[str, Any]:
         assert era.plan is not None
         positions, extras = era.plan.skip, era.plan.nodes
     else:
-        positions, extras = era.lineage.snapshot_of(era.outputs.span())
+        positions, extras, _ = era.lineage.snapshot(era.outputs.span())
     state = {"epoch": era.epoch, "positions": positions.to_json(), "nodes": extras,
              "taken": era.settled.to_json()}
     if era.sampler is not None:
