@@ -34,7 +34,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._errors import ConfigError, check_int
@@ -108,7 +108,10 @@ def _digest(tokens: Sequence[str]) -> str:
     return short_digest("\0".join(tokens).encode("utf-8", "surrogatepass"))[:12]
 
 
-def _identity(n: int, parts: list[list[Any]]) -> dict[str, Any]:
+def _identity(n: int, part: Callable[[int, int], list[Any]]) -> dict[str, Any]:
+    """The identity of ``n`` items cut in parts, ``part(start, stop)`` giving each."""
+    size = _part_size(n)
+    parts = [part(start, min(n, start + size)) for start in range(0, n, size)]
     whole = short_digest(repr((n, parts)).encode("utf-8", "surrogatepass"))
     return {"items": n, "digest": whole, "parts": parts}
 
@@ -131,16 +134,13 @@ def listing_identity(names: Sequence[str], contents: Sequence[str] | None = None
         ``{"items": n, "digest": ..., "parts": [[start, first name, names digest, contents
         digest], ...]}``, plain JSON.
     """
-    n = len(names)
-    size = _part_size(n)
-    parts = []
-    for start in range(0, n, size):
-        stop = min(n, start + size)
+    def part(start: int, stop: int) -> list[Any]:
         # The name is shown (and saved with a state): redacted, then cut, so that a cut
         # never leaves a signature's tail without the name that says it is one.
-        parts.append([start, _clip(redact(names[start])), _digest(names[start:stop]),
-                      "" if contents is None else _digest(contents[start:stop])])
-    return _identity(n, parts)
+        return [start, _clip(redact(names[start])), _digest(names[start:stop]),
+                "" if contents is None else _digest(contents[start:stop])]
+
+    return _identity(len(names), part)
 
 
 def item_token(item: Any) -> str:
@@ -194,16 +194,9 @@ def sequence_identity(items: Sequence[Any], contents: Sequence[str] | None = Non
     ``range`` by its bounds, part by part: a million items cost nothing to list), with
     each item's content token where ``contents`` gives them (a cache: the files it names)."""
     if isinstance(items, range):
-        return _range_identity(items)
+        return _identity(len(items), lambda start, stop: [
+            start, repr(items[start]), _digest([repr(items[start:stop])]), ""])
     return listing_identity([item_token(items[i]) for i in range(len(items))], contents)
-
-
-def _range_identity(items: range) -> dict[str, Any]:
-    n = len(items)
-    size = _part_size(n)
-    parts = [[start, repr(items[start]), _digest([repr(items[start:start + size])]), ""]
-             for start in range(0, n, size)]
-    return _identity(n, parts)
 
 
 def _check(identity: Any, what: str) -> None:

@@ -167,14 +167,12 @@ def count_on(pipes: Sequence[Any], tracks: Sequence[Track]) -> None:
     was taken: one past the latest epoch of its eras listed (the latest built is the era a
     branch reads, and each branch lists that one). An input merged twice counts the epochs
     of both branches, interleaved: a new era takes the number it took in the run resumed."""
-    latest: dict[int, tuple[Any, int]] = {}
+    latest: dict[Any, int] = {}  # each input's SharedSource: its own count, no other
     for pipe, track in zip(pipes, tracks, strict=True):
-        source = pipe._source
         top = max(era.epoch for era in track.eras)
-        if id(source) not in latest or latest[id(source)][1] < top:
-            latest[id(source)] = (source, top)
-    for source, top in latest.values():
-        source.set_epoch(top + 1)  # the input's own count (its SharedSource): no other
+        latest[pipe._source] = max(top, latest.get(pipe._source, top))
+    for source, top in latest.items():
+        source.set_epoch(top + 1)
 
 
 def tracks_of(state: Any, branches: int, name: str) -> list[Track] | None:
