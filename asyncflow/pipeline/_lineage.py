@@ -3,8 +3,8 @@
 Each node has a ledger (``_ledger.py``) translating its settled outputs into its settled
 inputs. Composed from the consumer's delivered count back to the source, they give the
 settled source positions: a :class:`Span` (a watermark plus the ranges settled above it),
-which a resumed run skips. The source's ledger (``_source_ledger.py``, re-exported here) turns
-source ordinals into positions.
+which a resumed run skips. The source's ledger (re-exported here) turns source ordinals into
+positions.
 
 Nodes write their records on the run's loop; :meth:`Lineage.snapshot` reads them in
 the consumer's thread. Both hold :attr:`Lineage.lock` (an ``RLock``), briefly. The lineage
@@ -21,9 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._expansion import SplitLedger
-from ._ledger import FixedLedger, Ledger
+from ._ledger import FixedLedger, Ledger, SourceLedger, SourcePlan, received
 from ._protocols import SettlingNode, StatefulNode, TracingNode
-from ._source_ledger import SourceLedger, SourcePlan, received
 from ._span import GrowingSpan, Span
 
 __all__ = ["Lineage", "SourceLedger", "SourcePlan", "node_ledger", "received"]
