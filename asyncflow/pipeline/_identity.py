@@ -48,7 +48,6 @@ __all__ = ["PARTS", "canonical_json", "describe_difference", "item_token", "list
 canonical_json = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), check_circular=False
 ).encode
-_compact = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 
 
 def state_checksum(body: Mapping[str, Any], texts: Mapping[str, str] | None = None) -> str:
@@ -57,8 +56,7 @@ def state_checksum(body: Mapping[str, Any], texts: Mapping[str, str] | None = No
     Args:
         body: The state's fields, plain JSON.
         texts: The canonical text of some stages' extras (under ``"nodes"``), already at
-            hand: the same checksum, without encoding again what did not change (the
-            settled positions, sorted already, are then written directly too).
+            hand: the same checksum, without encoding again what did not change.
     """
     if texts is None:
         return short_digest(canonical_json(body).encode())
@@ -69,9 +67,6 @@ def state_checksum(body: Mapping[str, Any], texts: Mapping[str, str] | None = No
             text = "{" + ",".join(
                 f"{json.dumps(name)}:{texts.get(name) or canonical_json(value[name])}"
                 for name in sorted(value)) + "}"
-        elif key == "positions":
-            text = (f'{{"mark":{value["mark"]},'
-                    f'"ranges":{_compact(value["ranges"])}}}')
         else:
             text = canonical_json(value)
         parts.append(f"{json.dumps(key)}:{text}")

@@ -300,35 +300,17 @@ class SourceLedger(Ledger):
         super().__init__()
         self.plan = plan
         self.emitted = 0  # ordinals put out so far (settled outputs beyond do not exist)
-        self._split: tuple[SourcePlan, list[int], list[tuple[int, int, int]]] | None = None
+        self._pieces = _pieces(plan)
+        self._firsts = [piece[0] for piece in self._pieces]
         self._plan_settled = False  # the plan's skipped positions given by settle()
         self._beyond: list[tuple[int, int]] = []  # settled ordinals not yet emitted
-
-    def _pieces(self) -> list[tuple[int, int, int]]:
-        """``(first ordinal, first position, length)`` of each run of positions yielded
-        without a gap; the last is open-ended (length -1)."""
-        plan = self.plan
-        pieces, ordinal, position = [], 0, plan.base
-        for start, end in plan.skip.ranges:
-            if end <= position:
-                continue
-            pieces.append((ordinal, position, start - position))
-            ordinal += start - position
-            position = end
-        pieces.append((ordinal, position, -1))
-        return pieces
 
     def positions(self, start: int, end: int) -> list[tuple[int, int]]:
         """The position ranges of ordinals ``[start, end)`` (found by bisection)."""
         if not self.plan.skip.ranges:  # ordinals follow the positions from the base, no gap
             return [(self.plan.base + start, self.plan.base + end)]
-        split = self._split
-        if split is None or split[0] is not self.plan:
-            pieces = self._pieces()
-            split = self._split = (self.plan, [p[0] for p in pieces], pieces)
-        _, firsts, pieces = split
-        out = []
-        index = max(0, bisect.bisect_right(firsts, start) - 1)
+        pieces, out = self._pieces, []
+        index = max(0, bisect.bisect_right(self._firsts, start) - 1)
         while start < end and index < len(pieces):
             ordinal, position, length = pieces[index]
             stop = end if length < 0 else min(end, ordinal + length)
@@ -363,3 +345,17 @@ class SourceLedger(Ledger):
     def settled(self, start: int, end: int) -> list[tuple[int, int]]:
         """The positions of ordinals ``[start, end)``, emitted and settled now."""
         return self.positions(start, end)
+
+
+def _pieces(plan: SourcePlan) -> list[tuple[int, int, int]]:
+    """``(first ordinal, first position, length)`` of each run of positions yielded
+    without a gap; the last is open-ended (length -1)."""
+    pieces, ordinal, position = [], 0, plan.base
+    for start, end in plan.skip.ranges:
+        if end <= position:
+            continue
+        pieces.append((ordinal, position, start - position))
+        ordinal += start - position
+        position = end
+    pieces.append((ordinal, position, -1))
+    return pieces
