@@ -23,7 +23,7 @@ from typing import Any
 from ._expansion import SplitLedger
 from ._ledger import FixedLedger, Ledger, SourceLedger, SourcePlan, received
 from ._protocols import SettlingNode, StatefulNode, TracingNode
-from ._span import GrowingSpan, Span
+from ._span import GrowingSpan, Span, runs
 
 __all__ = ["Lineage", "SourceLedger", "SourcePlan", "node_ledger", "received"]
 
@@ -198,11 +198,7 @@ class Lineage:
     def key_of(self, index: int, ordinal: int) -> tuple[tuple[int, int], ...]:
         """The source positions behind output ``ordinal`` of ledger ``index``, as sorted
         ``(start, end)`` ranges (how a partial expansion is named)."""
-        ordinals = self._behind(index + 1, ordinal)
-        if len(ordinals) == 1:
-            return ((ordinals[0], ordinals[0] + 1),)
-        span = Span.of(0, ordinals)
-        return ((0, span.mark), *span.ranges) if span.mark else span.ranges
+        return tuple(runs(list(self._behind(index + 1, ordinal))))  # a copy: runs() sorts
 
     def snapshot(
         self, outputs: Span
