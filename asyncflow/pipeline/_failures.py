@@ -13,9 +13,8 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
-from .._errors import FailureBudgetExceeded, PipelineError
+from .._errors import FailureBudgetExceeded, FailureRecord, PipelineError
 from .._redact import describe_exception, format_exception, redact
-from ._stats import FailureRecord
 
 __all__ = [
     "FailureBudget", "final_error", "flatten", "make_error", "mark_abandoned", "note_stage",

@@ -34,7 +34,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._errors import ConfigError, check_int
@@ -48,7 +48,6 @@ __all__ = ["PARTS", "canonical_json", "describe_difference", "item_token", "list
 canonical_json = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), check_circular=False
 ).encode
-_compact = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 
 
 def state_checksum(body: Mapping[str, Any], texts: Mapping[str, str] | None = None) -> str:
@@ -57,8 +56,7 @@ def state_checksum(body: Mapping[str, Any], texts: Mapping[str, str] | None = No
     Args:
         body: The state's fields, plain JSON.
         texts: The canonical text of some stages' extras (under ``"nodes"``), already at
-            hand: the same checksum, without encoding again what did not change (the
-            settled positions, sorted already, are then written directly too).
+            hand: the same checksum, without encoding again what did not change.
     """
     if texts is None:
         return short_digest(canonical_json(body).encode())
@@ -69,9 +67,6 @@ def state_checksum(body: Mapping[str, Any], texts: Mapping[str, str] | None = No
             text = "{" + ",".join(
                 f"{json.dumps(name)}:{texts.get(name) or canonical_json(value[name])}"
                 for name in sorted(value)) + "}"
-        elif key == "positions":
-            text = (f'{{"mark":{value["mark"]},'
-                    f'"ranges":{_compact(value["ranges"])}}}')
         else:
             text = canonical_json(value)
         parts.append(f"{json.dumps(key)}:{text}")
@@ -108,7 +103,10 @@ def _digest(tokens: Sequence[str]) -> str:
     return short_digest("\0".join(tokens).encode("utf-8", "surrogatepass"))[:12]
 
 
-def _identity(n: int, parts: list[list[Any]]) -> dict[str, Any]:
+def _identity(n: int, part: Callable[[int, int], list[Any]]) -> dict[str, Any]:
+    """The identity of ``n`` items cut in parts, ``part(start, stop)`` giving each."""
+    size = _part_size(n)
+    parts = [part(start, min(n, start + size)) for start in range(0, n, size)]
     whole = short_digest(repr((n, parts)).encode("utf-8", "surrogatepass"))
     return {"items": n, "digest": whole, "parts": parts}
 
@@ -131,16 +129,13 @@ def listing_identity(names: Sequence[str], contents: Sequence[str] | None = None
         ``{"items": n, "digest": ..., "parts": [[start, first name, names digest, contents
         digest], ...]}``, plain JSON.
     """
-    n = len(names)
-    size = _part_size(n)
-    parts = []
-    for start in range(0, n, size):
-        stop = min(n, start + size)
+    def part(start: int, stop: int) -> list[Any]:
         # The name is shown (and saved with a state): redacted, then cut, so that a cut
         # never leaves a signature's tail without the name that says it is one.
-        parts.append([start, _clip(redact(names[start])), _digest(names[start:stop]),
-                      "" if contents is None else _digest(contents[start:stop])])
-    return _identity(n, parts)
+        return [start, _clip(redact(names[start])), _digest(names[start:stop]),
+                "" if contents is None else _digest(contents[start:stop])]
+
+    return _identity(len(names), part)
 
 
 def item_token(item: Any) -> str:
@@ -194,16 +189,9 @@ def sequence_identity(items: Sequence[Any], contents: Sequence[str] | None = Non
     ``range`` by its bounds, part by part: a million items cost nothing to list), with
     each item's content token where ``contents`` gives them (a cache: the files it names)."""
     if isinstance(items, range):
-        return _range_identity(items)
+        return _identity(len(items), lambda start, stop: [
+            start, repr(items[start]), _digest([repr(items[start:stop])]), ""])
     return listing_identity([item_token(items[i]) for i in range(len(items))], contents)
-
-
-def _range_identity(items: range) -> dict[str, Any]:
-    n = len(items)
-    size = _part_size(n)
-    parts = [[start, repr(items[start]), _digest([repr(items[start:start + size])]), ""]
-             for start in range(0, n, size)]
-    return _identity(n, parts)
 
 
 def _check(identity: Any, what: str) -> None:

@@ -13,19 +13,26 @@ what settled since the last one, not a walk over everything in flight. A ledger 
 only of what is in flight: it drops those of outputs below the watermark it is given. Records
 are written on the run's loop, *before* the items they describe are put out; reading and
 dropping them take the run's lineage lock.
+
+The source's ledger (:class:`SourceLedger`) turns source ordinals into positions: a resumed
+run's source skips positions (:class:`SourcePlan`: where a run's source starts), so its
+ordinals and positions differ. :func:`received` is the consumer's count of the items it took.
 """
 
 from __future__ import annotations
 
 import abc
+import bisect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sized
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._portable import FAILED
-from ._span import runs
+from ._span import Span, runs
 
-__all__ = ["FixedLedger", "Ledger", "MapLedger", "Passthrough", "ShuffleLedger"]
+__all__ = ["FixedLedger", "Ledger", "MapLedger", "Passthrough", "ShuffleLedger", "SourceLedger",
+           "SourcePlan", "received"]
 
 
 def _ignore(records: int) -> None:
@@ -259,3 +266,96 @@ class ShuffleLedger(MapLedger):
                     return
                 self.sources.extend(inputs)
             self.grew(1)
+
+
+def received(delivered: int, chunk: Sized) -> int:
+    """The items the consumer has taken, of the ``delivered`` handed to it in chunks;
+    ``chunk``: what is left of the latest (the consumer's handle takes items out of it).
+    Exact after the run stopped too (``break``, ``close()``, garbage collection): the chunk
+    outlives the handle, and what it had not taken was never delivered."""
+    return delivered - len(chunk)
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """Where a run's source starts: the position of the opened source's first item, and
+    the positions to leave out (settled in an earlier run)."""
+
+    first: int = 0
+    skip: Span = field(default_factory=Span)
+    #: Each stage's saved extras, by stage name (``Ledger.set_state``).
+    nodes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def base(self) -> int:
+        """Every position below it is settled: the first one the run may yield."""
+        return max(self.first, self.skip.mark)
+
+
+class SourceLedger(Ledger):
+    """The source's ordinals in order are the positions from :attr:`SourcePlan.base` on,
+    leaving out the skipped ones."""
+
+    def __init__(self, plan: SourcePlan) -> None:
+        super().__init__()
+        self.plan = plan
+        self.emitted = 0  # ordinals put out so far (settled outputs beyond do not exist)
+        self._pieces = _pieces(plan)
+        self._firsts = [piece[0] for piece in self._pieces]
+        self._plan_settled = False  # the plan's skipped positions given by settle()
+        self._beyond: list[tuple[int, int]] = []  # settled ordinals not yet emitted
+
+    def positions(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The position ranges of ordinals ``[start, end)`` (found by bisection)."""
+        if not self.plan.skip.ranges:  # ordinals follow the positions from the base, no gap
+            return [(self.plan.base + start, self.plan.base + end)]
+        pieces, out = self._pieces, []
+        index = max(0, bisect.bisect_right(self._firsts, start) - 1)
+        while start < end and index < len(pieces):
+            ordinal, position, length = pieces[index]
+            stop = end if length < 0 else min(end, ordinal + length)
+            if stop > start:
+                out.append((position + start - ordinal, position + stop - ordinal))
+                start = stop
+            index += 1
+        return out
+
+    def inputs_of(self, ordinal: int) -> list[int]:
+        return [] if ordinal >= self.emitted else [self.positions(ordinal, ordinal + 1)[0][0]]
+
+    def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
+        """The positions newly settled (the plan's skipped ones the first time); settled
+        ordinals not emitted yet (a custom stage's last output, counted whole) wait."""
+        plan, emitted = self.plan, self.emitted
+        positions: list[tuple[int, int]] = []
+        if not self._plan_settled:
+            self._plan_settled = True
+            positions += [*plan.skip.ranges, (0, plan.base)]
+        if self._beyond:
+            outputs = [*self._beyond, *outputs]
+            self._beyond = []
+        for start, end in outputs:
+            if end > emitted:
+                self._beyond.append((max(start, emitted), end))
+                end = emitted
+            if start < end:
+                positions += self.settled(start, end)
+        return positions
+
+    def settled(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The positions of ordinals ``[start, end)``, emitted and settled now."""
+        return self.positions(start, end)
+
+
+def _pieces(plan: SourcePlan) -> list[tuple[int, int, int]]:
+    """``(first ordinal, first position, length)`` of each run of positions yielded
+    without a gap; the last is open-ended (length -1)."""
+    pieces, ordinal, position = [], 0, plan.base
+    for start, end in plan.skip.ranges:
+        if end <= position:
+            continue
+        pieces.append((ordinal, position, start - position))
+        ordinal += start - position
+        position = end
+    pieces.append((ordinal, position, -1))
+    return pieces

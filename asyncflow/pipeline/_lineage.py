@@ -3,10 +3,10 @@
 Each node has a ledger (``_ledger.py``) translating its settled outputs into its settled
 inputs. Composed from the consumer's delivered count back to the source, they give the
 settled source positions: a :class:`Span` (a watermark plus the ranges settled above it),
-which a resumed run skips. The source's ledger (``_source_ledger.py``, re-exported here) turns
-source ordinals into positions.
+which a resumed run skips. The source's ledger (re-exported here) turns source ordinals into
+positions.
 
-Nodes write their records on the run's loop; :meth:`Lineage.snapshot_texts` reads them in
+Nodes write their records on the run's loop; :meth:`Lineage.snapshot` reads them in
 the consumer's thread. Both hold :attr:`Lineage.lock` (an ``RLock``), briefly. The lineage
 keeps each ledger's settled inputs (:class:`GrowingSpan`), so that a walk (a snapshot, or one
 every few hundred records as the consumer advances) gives each ledger only what settled since
@@ -21,10 +21,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._expansion import SplitLedger
-from ._ledger import FixedLedger, Ledger
+from ._ledger import FixedLedger, Ledger, SourceLedger, SourcePlan, received
 from ._protocols import SettlingNode, StatefulNode, TracingNode
-from ._source_ledger import SourceLedger, SourcePlan, received
-from ._span import GrowingSpan, Span
+from ._span import GrowingSpan, Span, runs
 
 __all__ = ["Lineage", "SourceLedger", "SourcePlan", "node_ledger", "received"]
 
@@ -147,11 +146,7 @@ class Lineage:
         consumer's last item. Thread-safe: writers check :attr:`Ledger.on` with the lock."""
         with self.lock:
             for ledger in self.ledgers:
-                ledger.on = False
-            branches = [b for ledger in self.ledgers for b in getattr(ledger, "lineages", ())]
-        for branch in branches:  # a merge's: each branch keeps its own records
-            if branch is not None and branch is not self:
-                branch.freeze()
+                ledger.on = False  # a merge's freezes its branches' lineages too
 
     def follow(self, floor: Callable[[], int]) -> None:
         """Compact as the consumer advances: ``floor()`` is a count it has surely received
@@ -167,7 +162,7 @@ class Lineage:
     @property
     def resumed(self) -> SourcePlan:
         """Where this run's source started: the positions a resumed run leaves out."""
-        return self.source.plan if isinstance(self.source, SourceLedger) else SourcePlan()
+        return self.source.plan
 
     def hold(self, ordinal: int) -> None:
         """Keep the records of outputs ``ordinal`` and later until the next call, whatever
@@ -203,34 +198,16 @@ class Lineage:
     def key_of(self, index: int, ordinal: int) -> tuple[tuple[int, int], ...]:
         """The source positions behind output ``ordinal`` of ledger ``index``, as sorted
         ``(start, end)`` ranges (how a partial expansion is named)."""
-        ordinals = self._behind(index + 1, ordinal)
-        if len(ordinals) == 1:
-            return ((ordinals[0], ordinals[0] + 1),)
-        span = Span.of(0, ordinals)
-        return ((0, span.mark), *span.ranges) if span.mark else span.ranges
+        return tuple(runs(list(self._behind(index + 1, ordinal))))  # a copy: runs() sorts
 
-    def snapshot_texts(
-        self, delivered: int
+    def snapshot(
+        self, outputs: Span
     ) -> tuple[Span, dict[str, dict[str, Any]], dict[str, str]]:
-        """The settled source positions after ``delivered`` items, each node's extras by
-        stage name, and the canonical JSON text of those extras that its ledger keeps at hand
-        (``Ledger.state_text``), by stage name; compacts on the way.
-
-        Raises:
-            LookupError: A stage keeps no ledger (:attr:`missing` names it).
-        """
-        with self.lock:
-            positions, extras = self.snapshot_of(Span(delivered))
-            texts = {}
-            for name, ledger in zip(self.names, self.ledgers, strict=True):
-                text = ledger.state_text
-                if text is not None and name in extras:
-                    texts[name] = text
-        return positions, extras, texts
-
-    def snapshot_of(self, outputs: Span) -> tuple[Span, dict[str, dict[str, Any]]]:
-        """As :meth:`snapshot_texts` without the texts, given the last stage's settled
-        outputs (a merge's branch: those of its items that the merge's consumer has settled).
+        """The settled source positions, given the last stage's settled outputs (the
+        consumer's count; a merge's branch: those of its items that the merge's consumer has
+        settled); each node's extras by stage name, and the canonical JSON text of those
+        extras that its ledger keeps at hand (``Ledger.state_text``), by stage name. Compacts
+        on the way.
 
         Raises:
             LookupError: A stage keeps no ledger (:attr:`missing` names it).
@@ -239,12 +216,14 @@ class Lineage:
             raise LookupError(self.missing)
         with self.lock:
             self._settle(outputs)
-            extras = {}
+            extras, texts = {}, {}
             for name, ledger in zip(self.names, self.ledgers, strict=True):
                 state = ledger.get_state()
                 if state is not None:
                     extras[name] = state
-            return self._inputs[0].span(), extras
+                    if ledger.state_text is not None:
+                        texts[name] = ledger.state_text
+            return self._inputs[0].span(), extras, texts
 
     def _settle(self, outputs: Span) -> None:
         """Settle ``outputs`` of the last stage (lock held): each ledger is given only what

@@ -62,9 +62,8 @@ class MapNode:
         self.concurrency = concurrency
         self.is_async = spec.is_async
         self.remote = isinstance(spec.executor, ProcessPoolExecutor)
-        self._ticket = 0
         self._taken = ctx.start  # an item's position in the stage's input (its seed)
-        self._reorder = Reorder(self, 2 * self.concurrency) if (
+        self._reorder = Reorder(self._emit, 2 * self.concurrency) if (
             spec.ordered and self.concurrency > 1
         ) else None
         self._checked = False
@@ -167,8 +166,7 @@ class MapNode:
         items = await inp.get_many(limit)
         if not items:
             return -1, items
-        ticket = self._ticket  # assigned with no await after the get: tickets follow items
-        self._ticket += 1
+        ticket = self._reorder.ticket() if self._reorder is not None else 0
         self._taken += len(items)
         self.ledger.take(items)
         return ticket, items

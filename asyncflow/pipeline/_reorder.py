@@ -4,7 +4,8 @@ order, within a bounded window."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ._loop import settle, settle_all
 from ._protocols import Sender
@@ -12,34 +13,33 @@ from ._protocols import Sender
 __all__ = ["Reorder"]
 
 
-class OrderedStage(Protocol):
-    """What a reorder buffer needs of its stage (a map node): the tickets it has handed out,
-    and how it puts out one ticket's results."""
-
-    @property
-    def _ticket(self) -> int: ...
-
-    async def _emit(
-        self, items: list[Any], values: list[Any], failures: list[tuple[int, BaseException]],
-        out: Sender,
-    ) -> None: ...
-
-
 class Reorder:
     """Puts the results of an ordered stage back in input order, so that a worker that
     finishes early takes new work instead of waiting for its turn. The window of tickets
-    taken but not yet emitted is bounded (twice the concurrency), which bounds memory."""
+    taken but not yet emitted is bounded (twice the concurrency), which bounds memory.
 
-    def __init__(self, node: OrderedStage, window: int) -> None:
-        self.node = node
+    Args:
+        emit: Puts out one ticket's results (``items, values, failures, out``: the stage's).
+        window: Tickets taken and not yet emitted, at most.
+    """
+
+    def __init__(self, emit: Callable[[Any, Any, Any, Sender], Awaitable[None]],
+                 window: int) -> None:
+        self.emit = emit
         self.window = window
         self.ready: dict[int, Any] = {}
+        self.taken = 0
         self.emitted = 0
         self._wake_emitter: asyncio.Future[None] | None = None
         self._room_waiters: list[asyncio.Future[None]] = []
 
+    def ticket(self) -> int:
+        """The next ticket, for items just taken (no await since): tickets follow items."""
+        self.taken += 1
+        return self.taken - 1
+
     async def room(self) -> None:
-        while self.node._ticket - self.emitted >= self.window:
+        while self.taken - self.emitted >= self.window:
             fut = asyncio.get_running_loop().create_future()
             self._room_waiters.append(fut)
             await fut
@@ -60,7 +60,7 @@ class Reorder:
         while True:
             if await self._emit_next(out):
                 continue
-            if all(w.done() for w in workers) and self.emitted >= self.node._ticket:
+            if all(w.done() for w in workers) and self.emitted >= self.taken:
                 return
             self._wake_emitter = asyncio.get_running_loop().create_future()
             await self._wake_emitter
@@ -72,7 +72,7 @@ class Reorder:
         if result is None:
             return False
         items, values, failures = result
-        await self.node._emit(items, values, failures, out)
+        await self.emit(items, values, failures, out)
         self.emitted += 1
         waiters, self._room_waiters = self._room_waiters, []
         settle_all(waiters)

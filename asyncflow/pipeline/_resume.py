@@ -113,8 +113,8 @@ def state_of(source: Any, describe: Sequence[dict[str, Any]], last: Any) -> dict
     texts: dict[str, str] = {}
     if last is not None:
         try:
-            positions, extras, texts = last.lineage.snapshot_texts(
-                received(last.delivered, last.chunk))
+            positions, extras, texts = last.lineage.snapshot(
+                Span(received(last.delivered, last.chunk)))
         except LookupError as exc:
             raise ConfigError(
                 f"this pipeline cannot be resumed: stage {exc.args[0]!r} does not report its "

@@ -34,26 +34,10 @@ class Span:
         if not ranges:
             self.mark, self.ranges, self._starts = mark, (), []
             return
-        # Sorted by start, each range either extends the last run (the mark's, until the
-        # first gap: later ones start past that gap) or begins a new one.
-        starts: list[int] = []
-        ends: list[int] = []
-        last = mark
-        for start, end in sorted(ranges):
-            if start <= last:
-                if end > last:
-                    last = end
-                    if ends:
-                        ends[-1] = end
-                    else:
-                        mark = end
-            elif end > start:
-                starts.append(start)
-                ends.append(end)
-                last = end
-        self.mark = mark
-        self.ranges = tuple(zip(starts, ends, strict=True))
-        self._starts = starts
+        joined = GrowingSpan(mark)
+        joined.add(sorted(ranges))  # sorted: each range joins the last or goes at the end
+        self.mark, self._starts = joined.mark, joined.starts
+        self.ranges = tuple(zip(joined.starts, joined.ends, strict=True))
 
     @classmethod
     def _trusted(cls, mark: int, starts: list[int], ends: list[int]) -> Span:
@@ -163,8 +147,8 @@ class GrowingSpan:
 
     __slots__ = ("ends", "mark", "starts")
 
-    def __init__(self) -> None:
-        self.mark = 0
+    def __init__(self, mark: int = 0) -> None:
+        self.mark = mark
         self.starts: list[int] = []
         self.ends: list[int] = []
 
