@@ -9,7 +9,7 @@ from typing import Any
 from .._errors import ConfigError, ConfigTypeError, check_int
 from ..pipeline import Processes, choose_workers, feature, usable_cpus
 from ..ranks import Part, Split
-from ._decode import affine
+from ._modes import affine
 from ._rows import DecodeIntoSharedRow
 
 __all__ = ["check_arguments", "decode_workers", "resolve_split"]

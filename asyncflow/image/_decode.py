@@ -42,11 +42,10 @@ from ._geometry import (
     random_resized_box,
     target_size,
 )
-from ._modes import Affine, Layout, before_resize, write_rgb
+from ._modes import Affine, Layout, affine, before_resize, write_rgb
 
 __all__ = [
-    "DEFAULT_MAX_BYTES", "DEFAULT_MAX_PIXELS", "Source", "affine", "augmentation", "check_pixels",
-    "decode",
+    "DEFAULT_MAX_BYTES", "DEFAULT_MAX_PIXELS", "Source", "augmentation", "check_pixels", "decode",
 ]
 
 Source = bytes | bytearray | memoryview | str | os.PathLike[str]
@@ -213,22 +212,6 @@ def _check_train(
         raise ConfigError(f"scale must satisfy 0 < low <= high <= 1, got {scale!r}")
     if not (0 < ratio[0] <= ratio[1]):
         raise ConfigError(f"ratio must satisfy 0 < low <= high, got {ratio!r}")
-
-
-@functools.lru_cache(maxsize=32)
-def affine(mean: tuple[float, ...], std: tuple[float, ...]) -> Affine:
-    """Normalize's ``(scale, offset)`` per channel, read-only float32: ``x * scale + offset``
-    is ``(x / 255 - mean) / std``.
-
-    Raises:
-        ConfigError: ``mean`` or ``std`` is not 3 values, or a ``std`` is not positive.
-    """
-    if len(mean) != 3 or len(std) != 3 or any(s <= 0 for s in std):
-        raise ConfigError(f"mean and std need 3 values (std > 0), got {mean}, {std}")
-    m, s = np.asarray(mean, np.float64), np.asarray(std, np.float64)
-    scale, offset = (1.0 / (255.0 * s)).astype(np.float32), (-m / s).astype(np.float32)
-    scale.flags.writeable = offset.flags.writeable = False
-    return scale, offset
 
 
 def _read(

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from .._recycle import PoolStats, Recycler
-from ._decode import affine
+from ._modes import affine
 
 __all__ = ["FLOAT_POOL", "FLOAT_POOL_MAX", "PATIENCE", "FloatBatches"]
 

@@ -43,9 +43,9 @@ import numpy as np
 import torch
 
 from ..pipeline import CustomSpec, Span
-from ._decode import affine
 from ._gpu_decoders import GpuDecoder
 from ._gpu_plan import Encoded, Payload, Planned, plan
+from ._modes import affine
 from ._resample import resample
 from ._rows import Failed, Ticket
 from ._slots import BatchAssembler

@@ -8,12 +8,15 @@ channel through the resize and are spread to three channels on the final write.
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import numpy as np
 from PIL import Image
 
-__all__ = ["Affine", "Layout", "before_resize", "write_rgb"]
+from .._errors import ConfigError
+
+__all__ = ["Affine", "Layout", "affine", "before_resize", "write_rgb"]
 
 Layout = Literal["hwc", "chw"]
 #: Per-channel ``(scale, offset)`` float32 arrays: ``value * scale + offset`` normalizes.
@@ -22,6 +25,22 @@ Affine = tuple[np.ndarray, np.ndarray]
 # Modes that PIL resizes directly (RGBA with premultiplied alpha, so no dark fringes).
 _RESIZABLE = frozenset({"RGB", "RGBA", "L", "CMYK", "YCbCr", "RGBX"})
 _ALPHA_TO_RGBA = frozenset({"LA", "La", "PA", "RGBa"})
+
+
+@functools.lru_cache(maxsize=32)
+def affine(mean: tuple[float, ...], std: tuple[float, ...]) -> Affine:
+    """Normalize's ``(scale, offset)`` per channel, read-only float32: ``x * scale + offset``
+    is ``(x / 255 - mean) / std``.
+
+    Raises:
+        ConfigError: ``mean`` or ``std`` is not 3 values, or a ``std`` is not positive.
+    """
+    if len(mean) != 3 or len(std) != 3 or any(s <= 0 for s in std):
+        raise ConfigError(f"mean and std need 3 values (std > 0), got {mean}, {std}")
+    m, s = np.asarray(mean, np.float64), np.asarray(std, np.float64)
+    scale, offset = (1.0 / (255.0 * s)).astype(np.float32), (-m / s).astype(np.float32)
+    scale.flags.writeable = offset.flags.writeable = False
+    return scale, offset
 
 
 def before_resize(im: Image.Image) -> Image.Image:
