@@ -126,8 +126,8 @@ class CacheSource:
             if self._mismatch(manifest) is not None:
                 return False
             stamps = stamps_of(self.path, manifest)
-            return self.checks.damage(stamps) is None and files_match(self.path, manifest,
-                                                                      stamps)
+            return (self.checks.damage(stamps) is None
+                    and files_match(self.path, manifest, stamps))
         except (FileNotFoundError, CacheInvalid):
             return False
 
@@ -174,8 +174,8 @@ class CacheSource:
 
     async def _replay(self, reader: Reader, epoch: int, *, defer: bool
                       ) -> AsyncGenerator[Any, None]:
-        order = None if not self.shuffle else permutation(
-            reader.count, None if self.seed is None else [self.seed % 2**64, epoch])
+        seed = None if self.seed is None else [self.seed % 2**64, epoch]
+        order = permutation(reader.count, seed) if self.shuffle else None
         # Deferred copies of blocks all checked already: advancing costs microseconds (row
         # indices, a residency probe), less than a thread hand-off; the consumer copies.
         inline = defer and reader.layout == "batches" and self.checks.complete(reader)
