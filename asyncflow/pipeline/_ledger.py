@@ -334,17 +334,21 @@ class SourceLedger(Ledger):
         if self._beyond:
             outputs = [*self._beyond, *outputs]
             self._beyond = []
+        ordinals = []
         for start, end in outputs:
             if end > emitted:
                 self._beyond.append((max(start, emitted), end))
                 end = emitted
             if start < end:
-                positions += self.settled(start, end)
-        return positions
+                ordinals.append((start, end))
+        return positions + self.settled(ordinals)
 
-    def settled(self, start: int, end: int) -> list[tuple[int, int]]:
-        """The positions of ordinals ``[start, end)``, emitted and settled now."""
-        return self.positions(start, end)
+    def settled(self, ordinals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The positions of ``ordinals`` (``[start, end)`` ranges), emitted and settled now."""
+        plan = self.plan
+        if not plan.skip.ranges:  # ordinals follow the positions from the base, no gap
+            return [(plan.base + start, plan.base + end) for start, end in ordinals]
+        return [pair for start, end in ordinals for pair in self.positions(start, end)]
 
 
 def _pieces(plan: SourcePlan) -> list[tuple[int, int, int]]:

@@ -397,19 +397,20 @@ class MergeLedger(SourceLedger):
 
     # -- under the run's lineage lock -----------------------------------------------------
 
-    def settled(self, start: int, end: int) -> list[tuple[int, int]]:
-        """The positions (merge outputs) ``[start, end)``, settled now: each one's item and
+    def settled(self, ordinals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The positions of ``ordinals`` (merge outputs), settled now: each one's item and
         branch-run ordinal go to its era."""
         items: dict[Era, list[int]] = {}
-        ordinals: dict[Era, list[int]] = {}
+        outputs: dict[Era, list[int]] = {}
         first = self.first_out
-        for _, era, item, ordinal in self.picks[max(start - first, 0):max(end - first, 0)]:
-            items.setdefault(era, []).append(item)
-            ordinals.setdefault(era, []).append(ordinal)
+        for start, end in ordinals:
+            for _, era, item, ordinal in self.picks[max(start - first, 0):max(end - first, 0)]:
+                items.setdefault(era, []).append(item)
+                outputs.setdefault(era, []).append(ordinal)
         for era, got in items.items():
             era.settled.add(runs(got))
-            era.outputs.add(runs(ordinals[era]))
-        return super().settled(start, end)
+            era.outputs.add(runs(outputs[era]))
+        return super().settled(ordinals)
 
     def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
         """The positions (merge outputs) newly settled; the picks below ``mark`` are
