@@ -24,8 +24,9 @@ import aiohttp
 from .._errors import SourceError
 from ._http_session import MAX_CONTENT_LENGTH, body, coding, content_length, get
 from ._retry import Retry, Timeout, http_date
+from ._retry_stream import Changed
 
-__all__ = ["Changed", "Resume", "open_from", "stream"]
+__all__ = ["Resume", "open_from", "stream"]
 
 _CONTENT_RANGE = re.compile(r"bytes ([0-9]{1,20})-([0-9]{1,20})/([0-9]{1,20})")
 
@@ -73,10 +74,6 @@ class Resume:
         validator = self.if_range()
         header = resp.headers.get("ETag" if self.etag else "Last-Modified")
         return validator is not None and header == validator and length == self.total
-
-
-class Changed(SourceError):
-    """The object changed between two tries of one read."""
 
 
 def _range_answer(

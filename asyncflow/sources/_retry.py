@@ -8,7 +8,8 @@ another try by raising :class:`Transient` (``throttled=True`` for 429, 503 and S
 
 :func:`with_retries` is the one retry loop. A whole read (``fetch``, a listing page) is one
 call of it, through the host's adaptive limiter (``_limiter.HostLimiter``, the ``gate``); a
-stream (a tar shard) is one call per chunk, through :func:`~._retry_stream.retry_stream`.
+stream (a tar shard) is one call per chunk, through :func:`~._retry_stream.retry_stream`
+(``fetch`` goes through its :func:`~._retry_stream.retry_whole`).
 Throttling never uses up ``attempts``: a throttled read gives up only when nothing from its
 host has succeeded for ``Retry.patience`` seconds.
 """
