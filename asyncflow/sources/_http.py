@@ -3,7 +3,7 @@
 The pieces: :mod:`._http_session` (the shared aiohttp session, requests, redirects, status
 and error translation, bodies: Content-Length, decoding) and :mod:`._http_ranges` (one try
 from a byte offset, proven to continue the same object). Retries and resumes go through
-:mod:`._retry_stream`, as S3's do.
+:mod:`._tries`, as S3's do.
 
 A body comes back only whole and from one version of the object: a try resumed with
 ``Range`` carries ``If-Range`` with the strong ETag or Last-Modified date of the first
@@ -25,7 +25,7 @@ from ._limiter import limiter_for
 from ._manifest import remote_entries
 from ._objects import ObjectInfo
 from ._retry import Retry, Timeout
-from ._retry_stream import retry_stream, retry_whole
+from ._tries import retry_stream, retry_whole
 
 __all__ = ["HttpTransport", "host_of"]
 

@@ -24,7 +24,7 @@ import aiohttp
 from .._errors import SourceError
 from ._http_session import MAX_CONTENT_LENGTH, body, coding, content_length, get
 from ._retry import Retry, Timeout, http_date
-from ._retry_stream import Changed
+from ._tries import Changed
 
 __all__ = ["Resume", "open_from", "stream"]
 

@@ -37,7 +37,6 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from .._scope import current_scope
-from ._hedge import race
 from ._latency import DOUBLE_BELOW, GROW_BELOW, SHRINK_ABOVE, Latencies
 from ._objects import connections
 from ._pace import Pace
@@ -103,18 +102,15 @@ class HostLimiter:
         *,
         retried: bool,
         retry: Retry,
-        hedge: Callable[[], Awaitable[T]] | None = None,
     ) -> T:
         """One try of a read, within the window; ``retried`` tries go before fresh ones.
-
-        ``hedge``, a whole request of its own, may race ``attempt`` (see :mod:`._hedge`).
 
         Raises:
             Transient: The try failed (a throttled one shrinks the window first).
 
         Cancellation:
             Cancelling the caller while it waits for a place leaves the queue; while the
-            try runs, cancels it (and its hedge) and frees its place.
+            try runs, cancels it and frees its place.
         """
         now = self._time()
         if (self.in_flight < self.window and self.pace.delay(now) <= 0
@@ -132,10 +128,7 @@ class HostLimiter:
             del self._sent_at[: _KEEP_SENT // 2]
         ok = throttled = False
         try:
-            if hedge is not None and retry.hedge > 0:
-                result = await race(attempt, hedge, self, retry.hedge_quantile)
-            else:
-                result = await attempt()
+            result = await attempt()
             ok = True
             return result
         except Transient as exc:

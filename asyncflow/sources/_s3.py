@@ -34,8 +34,8 @@ from .._errors import SourceError, SourcePermissionError
 from .._redact import Operation, describe_exception, redact_logs, redact_url
 from ._limiter import limiter_for
 from ._objects import ObjectInfo, connections, shared
-from ._retry import Retry, Timeout, Transient, failed_answer, with_retries
-from ._retry_stream import Changed, retry_stream, retry_whole
+from ._retry import Retry, Timeout, Transient, failed_answer
+from ._tries import Changed, retry_stream, retry_whole, with_retries
 
 __all__ = ["S3Transport", "list_page", "s3_client", "split_s3_url", "stream"]
 

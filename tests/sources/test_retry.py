@@ -14,13 +14,8 @@ import pytest
 from asyncflow import ConfigError, Retry, SourceError, SourceNotFound, SourceTimeout, Timeout
 from asyncflow._scope import RunScope, use_scope
 from asyncflow.sources._limiter import HostLimiter
-from asyncflow.sources._retry import (
-    Transient,
-    parse_retry_after,
-    resolve_policy,
-    with_retries,
-)
-from asyncflow.sources._retry_stream import Changed, retry_stream, retry_whole
+from asyncflow.sources._retry import Transient, parse_retry_after, resolve_policy
+from asyncflow.sources._tries import Changed, retry_stream, retry_whole, with_retries
 
 
 @pytest.mark.parametrize(
