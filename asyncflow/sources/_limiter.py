@@ -23,7 +23,7 @@ it the window:
   shrinks when they queue long (:mod:`._latency`): past what the host, or this process,
   serves at once, a larger window adds only waiting.
 
-The limiters of a run live in its scope (a dict by host key), and each adds a line to
+The limiters of a run live in its scope (one under each host key), and each adds a line to
 the run's ``stats().notes``: its window, requests, throttles and hedges.
 """
 
@@ -291,14 +291,9 @@ async def limiter_for(key: str, name: str) -> HostLimiter:
     if scope is None:
         return HostLimiter(name, connections())
 
-    def open_hosts() -> contextlib.nullcontext[dict[str, HostLimiter]]:
-        made: dict[str, HostLimiter] = {}
-        # Any thread may ask for the report: the dict is copied in one step.
-        scope.add_report(lambda: [gate.report() for gate in list(made.values()) if gate.requests])
-        return contextlib.nullcontext(made)
+    def open_host() -> contextlib.nullcontext[HostLimiter]:
+        gate = HostLimiter(name, connections())
+        scope.add_report(lambda: [gate.report()] if gate.requests else [])
+        return contextlib.nullcontext(gate)
 
-    hosts = await scope.get(HOSTS_KEY, open_hosts)
-    limiter = hosts.get(key)
-    if limiter is None:
-        limiter = hosts[key] = HostLimiter(name, connections())
-    return limiter
+    return await scope.get(f"{HOSTS_KEY}|{key}", open_host)
