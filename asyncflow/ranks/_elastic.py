@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from .._errors import ConfigError, check_int
 from ..pipeline import Span, sequence_identity, short_digest, state_checksum
-from ._cut import cut
+from ._cut import cut, part_size
 
 __all__ = [
     "Partial", "Remaining", "listing_hash", "remaining", "resumed_ordinals", "settled_of",
@@ -51,11 +51,6 @@ def _sampled_hash(items: Sequence[Any]) -> str:
     step = max(1, n // _SAMPLED)
     sample = "\n".join([str(n), *(repr(items[i])[:200] for i in range(0, n, step))])
     return short_digest(sample.encode())
-
-
-def _cut_size(m: int, count: int, remainder: str) -> int:
-    """Ordinals of ``m`` the parts take together, padding left out."""
-    return m if remainder == "pad" else m // count * count
 
 
 def resumed_ordinals(n: int, settled: Span | None, index: int, count: int,
@@ -275,7 +270,8 @@ def _settle(n: int, prior: Span | None, phase: Mapping[str, Any]) -> Span:
     """``prior`` and what the parts of one job (``phase``) settled, as ordinals of ``n``."""
     count, remainder = phase["count"], phase["remainder"]
     ordinals = resumed_ordinals(n, prior, 0, 1, "pad")  # those left, in order
-    cut_to = _cut_size(len(ordinals), count, remainder)
+    # the ordinals the parts take together, the padding left out
+    cut_to = min(len(ordinals), part_size(len(ordinals), count, remainder=remainder) * count)
     done: list[int] = []
     for index, positions in enumerate(phase["positions"]):
         taken = resumed_ordinals(n, prior, index, count, remainder)

@@ -289,10 +289,7 @@ class Share(Generic[T]):
         return self._settled if self.epoch == self._settled_epoch else None
 
     def _positions(self, part: Part, n: int) -> list[int]:
-        settled = self._resumed()
-        if settled is None:
-            return part.positions(n, self.epoch)
-        ordinals = resumed_ordinals(n, settled, part.index, part.count, part.remainder)
+        ordinals = resumed_ordinals(n, self._resumed(), part.index, part.count, part.remainder)
         return part.order(ordinals, n, self.epoch)
 
     def __iter__(self) -> Dealt[T]:

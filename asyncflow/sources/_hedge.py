@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .._errors import SourceError
-from ._latency import Latencies
+from ._limiter import HostLimiter
 from ._retry import Transient
 
-__all__ = ["MAX_HEDGES", "RECHECK", "HedgedHost", "race"]
+__all__ = ["MAX_HEDGES", "RECHECK", "race"]
 
 T = TypeVar("T")
 
@@ -37,28 +37,6 @@ RECHECK = 0.1
 MAX_HEDGES = 2
 
 
-class HedgedHost(Protocol):
-    """What hedging needs of a host's limiter (``_limiter.HostLimiter`` is one)."""
-
-    name: str
-    latencies: Latencies
-    hedges_won: int
-
-    def spend_hedge(self) -> bool:
-        """Take one hedge from the budget; ``False`` when none is left, or the host has
-        throttled lately."""
-        ...
-
-    def overdue(self, due: float, span: float, share: float) -> bool:
-        """Whether more than ``share`` of the requests sent in the ``span`` seconds before
-        ``due`` are still in flight."""
-        ...
-
-    def throttle(self, seq: int | None = None) -> None:
-        """A request was throttled (``None``: a hedge)."""
-        ...
-
-
 class _Hedge(Generic[T]):
     """The hedges of one try (at most :data:`MAX_HEDGES`), and the primary's timeout scope
     the first to deliver cuts short."""
@@ -67,7 +45,7 @@ class _Hedge(Generic[T]):
                  "tasks", "timer", "won")
 
     def __init__(
-        self, backup: Callable[[], Awaitable[T]], gate: HedgedHost, quantile: float
+        self, backup: Callable[[], Awaitable[T]], gate: HostLimiter, quantile: float
     ) -> None:
         self._backup, self._gate, self._quantile = backup, gate, quantile
         self._loop = asyncio.get_running_loop()
@@ -159,7 +137,7 @@ class _Hedge(Generic[T]):
 async def race(
     attempt: Callable[[], Awaitable[T]],
     backup: Callable[[], Awaitable[T]],
-    gate: HedgedHost,
+    gate: HostLimiter,
     quantile: float,
 ) -> T:
     """``attempt()``, raced by ``backup()`` if it runs late (see the module).

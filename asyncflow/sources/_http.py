@@ -2,8 +2,8 @@
 
 The pieces: :mod:`._http_session` (the shared aiohttp session, requests, redirects, status
 and error translation, bodies: Content-Length, decoding) and :mod:`._http_ranges` (one try
-from a byte offset, proven to continue the same object). Retries go through
-:func:`~._retry.with_retries`, the one retry loop.
+from a byte offset, proven to continue the same object). Retries and resumes go through
+:mod:`._tries`, as S3's do.
 
 A body comes back only whole and from one version of the object: a try resumed with
 ``Range`` carries ``If-Range`` with the strong ETag or Last-Modified date of the first
@@ -13,66 +13,29 @@ and must reach the end of its stream.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable
-from contextlib import aclosing
+import functools
+from collections.abc import AsyncGenerator, Callable
 
 import aiohttp
 
 from .._redact import Operation, redact_url
-from ._http_ranges import Changed, Resume, open_from, stream
-from ._http_session import body, http_session
+from ._http_ranges import Resume, stream
+from ._http_session import http_session
 from ._limiter import limiter_for
 from ._manifest import remote_entries
 from ._objects import ObjectInfo
-from ._retry import Retry, Timeout, Transient, with_retries
-from ._retry_stream import retry_stream
+from ._retry import Retry, Timeout
+from ._tries import retry_stream, retry_whole
 
 __all__ = ["HttpTransport", "host_of"]
 
 
-class _Partial:
-    """What the tries of one :meth:`HttpTransport.fetch` got so far, and what proves where
-    it came from."""
-
-    __slots__ = ("chunks", "resume", "size")
-
-    def __init__(self) -> None:
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.resume = Resume()
-
-    def restart(self) -> None:
-        self.chunks.clear()
-        self.size = 0
-
-
-async def _fetch_once(
-    session: aiohttp.ClientSession,
-    url: str,
-    what: object,
-    retry: Retry,
-    timeout: Timeout,
-    partial: _Partial,
-) -> bytes:
-    try:
-        resp, start, expected = await open_from(
-            session, url, partial.size, partial.resume, what, retry, timeout
-        )
-    except Changed as exc:
-        partial.restart()
-        partial.resume = Resume()  # the next try asks for the new object whole
-        raise Transient(str(exc).removeprefix(f"{what}: ")) from None
-    try:
-        if start == 0:  # whole: the first answer, or the object could not be resumed
-            partial.restart()
-            partial.resume.learn(resp, expected)
-        async with aclosing(body(resp, expected, what, timeout)) as chunks:
-            async for chunk in chunks:
-                partial.chunks.append(chunk)
-                partial.size += len(chunk)
-    finally:
-        resp.release()
-    return b"".join(partial.chunks)
+def _tries(
+    url: str, what: object, retry: Retry, timeout: Timeout, session: aiohttp.ClientSession
+) -> Callable[[int], AsyncGenerator[bytes, None]]:
+    """One read's tries on ``session``, each from a byte offset, all proving one object."""
+    return functools.partial(stream, session, url, what=what, retry=retry, timeout=timeout,
+                             resume=Resume())
 
 
 class HttpTransport:
@@ -84,9 +47,8 @@ class HttpTransport:
         Each try goes through the host's adaptive window (:mod:`._limiter`), and the first
         may be hedged (:mod:`._hedge`): the hedge is a whole request of its own, checked as
         any other. A try that breaks mid-body resumes where it stopped, with ``Range`` and
-        ``If-Range``; a server that answers with the whole object instead (it changed, or
-        ignores ranges), or an object with no strong validator, starts the body again from
-        zero.
+        ``If-Range``, as :meth:`stream` does (:func:`~._http_ranges.stream` is every try);
+        where the object changed between tries, the next try reads it again from zero.
 
         Raises:
             SourceNotFound: HTTP 404 or 410.
@@ -97,33 +59,17 @@ class HttpTransport:
                 URL, the status and the number of attempts.
         """
         what = Operation("GET", url)
-        partial = _Partial()
         host = host_of(url)
-
-        async with http_session() as session:
-            gate = await limiter_for(host, host)
-
-            def attempt() -> Awaitable[bytes]:
-                return _fetch_once(session, url, what, retry, timeout, partial)
-
-            def hedge() -> Awaitable[bytes]:
-                # A whole request with its own record: it never shares (or splices) the bytes
-                # of the try it races.
-                return _fetch_once(session, url, what, retry, timeout, _Partial())
-
-            return await with_retries(attempt, what=what, retry=retry, timeout=timeout,
-                                      gate=gate, hedge=hedge)
+        gate = await limiter_for(host, host)
+        reader = functools.partial(_tries, url, what, retry, timeout)
+        return await retry_whole(http_session(), reader, what=what, retry=retry,
+                                 timeout=timeout, gate=gate)
 
     def stream(self, url: str, *, retry: Retry, timeout: Timeout) -> AsyncGenerator[bytes, None]:
         """The body in chunks; a broken try resumes at the byte where it stopped."""
         what = f"GET {redact_url(url)}"
-        resume = Resume()  # one per read: every resumed try proves the same object
-
-        def open_at(session: aiohttp.ClientSession, offset: int) -> AsyncGenerator[bytes, None]:
-            return stream(session, url, offset, what=what, retry=retry, timeout=timeout,
-                          resume=resume)
-
-        return retry_stream(http_session(), open_at, what=what, retry=retry, timeout=timeout)
+        reader = functools.partial(_tries, url, what, retry, timeout)
+        return retry_stream(http_session(), reader, what=what, retry=retry, timeout=timeout)
 
     async def list(
         self, url: str, *, retry: Retry, timeout: Timeout

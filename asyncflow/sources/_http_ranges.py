@@ -24,8 +24,9 @@ import aiohttp
 from .._errors import SourceError
 from ._http_session import MAX_CONTENT_LENGTH, body, coding, content_length, get
 from ._retry import Retry, Timeout, http_date
+from ._tries import Changed
 
-__all__ = ["Changed", "Resume", "open_from", "stream"]
+__all__ = ["Resume", "open_from", "stream"]
 
 _CONTENT_RANGE = re.compile(r"bytes ([0-9]{1,20})-([0-9]{1,20})/([0-9]{1,20})")
 
@@ -73,10 +74,6 @@ class Resume:
         validator = self.if_range()
         header = resp.headers.get("ETag" if self.etag else "Last-Modified")
         return validator is not None and header == validator and length == self.total
-
-
-class Changed(SourceError):
-    """The object changed between two tries of one read."""
 
 
 def _range_answer(
@@ -132,13 +129,14 @@ async def open_from(
 
 
 class _Replay:
-    """Checks that an answer read again from byte 0 begins with the bytes already delivered:
-    their digest, over the first ``offset`` bytes of the new body, is the one kept."""
+    """An answer read again from byte 0: its first ``offset`` bytes, those already delivered,
+    are skipped; where nothing else proves it the same object (no validator), their digest
+    must be the one kept."""
 
     __slots__ = ("digest", "left", "offset", "want", "what")
 
     def __init__(self, resume: Resume, offset: int, what: object) -> None:
-        self.want = resume.prefix.digest()
+        self.want = None if resume.prefix is None else resume.prefix.digest()
         self.digest = hashlib.sha256()
         self.left = self.offset = offset
         self.what = what
@@ -148,7 +146,7 @@ class _Replay:
         cut = min(self.left, len(chunk))
         self.digest.update(chunk[:cut])
         self.left -= cut
-        if not self.left and self.digest.digest() != self.want:
+        if not self.left and self.want not in (None, self.digest.digest()):
             raise Changed(f"{self.what}: the object changed: read again from byte 0 (nothing "
                           f"proves a resumed range continues it), its first {self.offset} "
                           "bytes differ from those already read; cannot continue")
@@ -188,23 +186,17 @@ async def stream(
         replay = None
         if not offset:
             resume.learn(resp, expected)
-        elif start == 0 and resume.prefix is not None:
+        elif start == 0:  # the whole object again: what was read is skipped, or checked
+            if resume.prefix is None and not resume.same(resp, expected):
+                raise Changed(f"{what}: the object changed after {offset} bytes were read; "
+                              "cannot resume")
             replay = _Replay(resume, offset, what)
-        elif start == 0 and not resume.same(resp, expected):
-            raise Changed(f"{what}: the object changed after {offset} bytes were read; "
-                          "cannot resume")
-        # A server that ignores ranges sends the same object whole: skip what was read.
-        skip = 0 if replay is not None else offset - start
         async with aclosing(body(resp, expected, what, timeout)) as chunks:
             async for chunk in chunks:
                 if replay is not None and replay.left:
                     chunk = replay.skip(chunk)
-                elif skip:
-                    cut = min(skip, len(chunk))
-                    skip -= cut
-                    chunk = chunk[cut:]
-                if not chunk:
-                    continue
+                    if not chunk:
+                        continue
                 if resume.prefix is not None:
                     resume.prefix.update(chunk)
                 yield chunk

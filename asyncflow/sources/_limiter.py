@@ -23,7 +23,7 @@ it the window:
   shrinks when they queue long (:mod:`._latency`): past what the host, or this process,
   serves at once, a larger window adds only waiting.
 
-The limiters of a run live in its scope (a dict by host key), and each adds a line to
+The limiters of a run live in its scope (one under each host key), and each adds a line to
 the run's ``stats().notes``: its window, requests, throttles and hedges.
 """
 
@@ -37,7 +37,6 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from .._scope import current_scope
-from ._hedge import race
 from ._latency import DOUBLE_BELOW, GROW_BELOW, SHRINK_ABOVE, Latencies
 from ._objects import connections
 from ._pace import Pace
@@ -103,18 +102,15 @@ class HostLimiter:
         *,
         retried: bool,
         retry: Retry,
-        hedge: Callable[[], Awaitable[T]] | None = None,
     ) -> T:
         """One try of a read, within the window; ``retried`` tries go before fresh ones.
-
-        ``hedge``, a whole request of its own, may race ``attempt`` (see :mod:`._hedge`).
 
         Raises:
             Transient: The try failed (a throttled one shrinks the window first).
 
         Cancellation:
             Cancelling the caller while it waits for a place leaves the queue; while the
-            try runs, cancels it (and its hedge) and frees its place.
+            try runs, cancels it and frees its place.
         """
         now = self._time()
         if (self.in_flight < self.window and self.pace.delay(now) <= 0
@@ -132,10 +128,7 @@ class HostLimiter:
             del self._sent_at[: _KEEP_SENT // 2]
         ok = throttled = False
         try:
-            if hedge is not None and retry.hedge > 0:
-                result = await race(attempt, hedge, self, retry.hedge_quantile)
-            else:
-                result = await attempt()
+            result = await attempt()
             ok = True
             return result
         except Transient as exc:
@@ -298,14 +291,9 @@ async def limiter_for(key: str, name: str) -> HostLimiter:
     if scope is None:
         return HostLimiter(name, connections())
 
-    def open_hosts() -> contextlib.nullcontext[dict[str, HostLimiter]]:
-        made: dict[str, HostLimiter] = {}
-        # Any thread may ask for the report: the dict is copied in one step.
-        scope.add_report(lambda: [gate.report() for gate in list(made.values()) if gate.requests])
-        return contextlib.nullcontext(made)
+    def open_host() -> contextlib.nullcontext[HostLimiter]:
+        gate = HostLimiter(name, connections())
+        scope.add_report(lambda: [gate.report()] if gate.requests else [])
+        return contextlib.nullcontext(gate)
 
-    hosts = await scope.get(HOSTS_KEY, open_hosts)
-    limiter = hosts.get(key)
-    if limiter is None:
-        limiter = hosts[key] = HostLimiter(name, connections())
-    return limiter
+    return await scope.get(f"{HOSTS_KEY}|{key}", open_host)

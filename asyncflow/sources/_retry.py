@@ -1,4 +1,4 @@
-"""Retry and timeout policies for remote reads, and the one loop that applies them.
+"""Retry and timeout policies for remote reads, and what a failed answer means.
 
 A :class:`Retry` and a :class:`Timeout` can be given per call (``read_bytes(url, retry=...)``)
 or per pipeline (``Pipeline(..., retry=..., timeout=...)``, which the run publishes in its
@@ -6,31 +6,26 @@ scope's settings); a per-call value wins. Backends (``_http``, ``_s3``) signal a
 another try by raising :class:`Transient` (``throttled=True`` for 429, 503 and S3's
 ``SlowDown``); anything else they raise is final.
 
-:func:`with_retries` is the one retry loop. A whole read (``fetch``, a listing page) is one
-call of it, through the host's adaptive limiter (``_limiter.HostLimiter``, the ``gate``); a
-stream (a tar shard) is one call per chunk, through :func:`~._retry_stream.retry_stream`.
+The one retry loop that applies them is :func:`~._tries.with_retries`: a whole read
+(``fetch``, a listing page) is one call of it, through the host's adaptive limiter
+(``_limiter.HostLimiter``); a stream (a tar shard) is one call per chunk.
 Throttling never uses up ``attempts``: a throttled read gives up only when nothing from its
 host has succeeded for ``Retry.patience`` seconds.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import email.utils
-import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from .._errors import (
     ConfigError,
     SourceError,
     SourceNotFound,
     SourcePermissionError,
-    SourceTimeout,
     check_fraction,
     check_int,
     check_seconds,
@@ -39,7 +34,6 @@ from .._scope import current_scope
 
 __all__ = [
     "THROTTLE_STATUSES",
-    "Limiter",
     "Retry",
     "Timeout",
     "Transient",
@@ -47,37 +41,13 @@ __all__ = [
     "http_date",
     "parse_retry_after",
     "resolve_policy",
-    "with_retries",
 ]
 
-T = TypeVar("T")
-
-
-class Limiter(Protocol):
-    """What the retry loop needs of a host's limiter (``_limiter.HostLimiter`` is one)."""
-
-    last_success: float  # the event loop's time of the host's last successful read
-
-    async def run(
-        self,
-        attempt: Callable[[], Awaitable[T]],
-        *,
-        retried: bool,
-        retry: Retry,
-        hedge: Callable[[], Awaitable[T]] | None = None,
-    ) -> T:
-        """One try within the host's window (see ``HostLimiter.run``)."""
-        ...
-
-log = logging.getLogger("asyncflow.sources")
 
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 #: The statuses that mean "too many requests": they shrink the host's window and never use up
 #: ``Retry.attempts`` (when they are in ``Retry.statuses``).
 THROTTLE_STATUSES = frozenset({429, 503})
-#: Throttled tries back off as if this were at most their failure count: the host's window,
-#: not a growing wait, paces them (0.8 s at most by default).
-_THROTTLE_BACKOFF_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -259,129 +229,3 @@ def resolve_policy(retry: Retry | None, timeout: Timeout | None) -> tuple[Retry,
     if not isinstance(timeout, Timeout):
         raise ConfigError(f"timeout must be an asyncflow.Timeout, got {type(timeout).__name__}")
     return retry, timeout
-
-
-_NO_DEADLINE = contextlib.nullcontext()
-
-
-def _plural(n: int) -> str:
-    return f"{n} attempt" if n == 1 else f"{n} attempts"
-
-
-async def _wait_patiently(
-    wait: float, started: float, gate: Limiter | None, patience: float
-) -> bool:
-    """Sleep ``wait`` seconds, unless the host goes ``patience`` seconds without a success
-    (any read of it, counted from ``started`` at the earliest) first.
-
-    Returns:
-        ``True`` once the whole wait has passed (never earlier than a ``Retry-After`` asked);
-        ``False`` as soon as the patience is spent: give up.
-
-    Cancellation:
-        Cancelling the caller cancels the sleep; nothing is left running.
-    """
-    loop = asyncio.get_running_loop()
-    end = loop.time() + wait
-    while True:
-        progress = started if gate is None else max(started, gate.last_success)
-        left = progress + patience - loop.time()
-        if left <= 0:
-            return False
-        if (remaining := end - loop.time()) <= 0:
-            return True
-        await asyncio.sleep(min(remaining, left))  # another read's success extends the patience
-
-
-async def with_retries(
-    attempt: Callable[[], Awaitable[T]],
-    *,
-    what: object,
-    retry: Retry,
-    timeout: Timeout,
-    deadline: float | None = None,
-    gate: Limiter | None = None,
-    hedge: Callable[[], Awaitable[T]] | None = None,
-) -> T:
-    """Run ``attempt()`` until it returns, fails for good, or ``retry`` gives up.
-
-    Args:
-        attempt: One try; raises :class:`Transient` for a failure worth another try.
-        what: The operation and redacted URL for messages (``"GET https://host/a.jpg"``, or an
-            :class:`~._redact.Operation` that redacts only when a message is made).
-        deadline: The event loop time by which ``timeout.total`` runs out, when it bounds an
-            operation of several calls (a stream's chunks); default: ``timeout.total`` from
-            now.
-        gate: The host's limiter: each try waits for a place in its window (a retried one
-            before fresh ones), and tells it how the try went. ``None``: no limit.
-        hedge: A whole request for the same object, independent of ``attempt``'s state: the
-            first try may be raced by it (``retry.hedge``, through ``gate``).
-
-    Raises:
-        SourceTimeout: The last try timed out, or ``timeout.total`` passed.
-        SourceError: The last try failed with a retryable error, or throttling went on for
-            ``retry.patience`` with no progress; the message names ``what``, the reason
-            (status) and the number of attempts.
-
-    Cancellation:
-        Cancelling the caller cancels the try (and its hedge) or the back-off in progress,
-        and gives its place in the window back; nothing is left running.
-    """
-    loop = asyncio.get_running_loop()
-    tries = errors = throttles = 0
-    started = loop.time()
-    failure: Transient | None = None
-    fatal: SourceError | None = None
-    stalled = False
-    # No total deadline (the default): no timeout context to enter for every read.
-    if deadline is None and timeout.total is not None:
-        deadline = loop.time() + timeout.total
-    limit = None if deadline is None else asyncio.timeout_at(deadline)
-    try:
-        async with limit or _NO_DEADLINE:
-            while True:
-                tries += 1
-                try:
-                    if gate is None:
-                        return await attempt()
-                    return await gate.run(attempt, retried=tries > 1, retry=retry,
-                                          hedge=hedge if tries == 1 else None)
-                except Transient as exc:
-                    failure = exc
-                except SourceError as exc:
-                    fatal = exc
-                    break
-                if failure.throttled and retry.attempts > 1:
-                    throttles += 1
-                    wait = retry.delay(min(throttles, _THROTTLE_BACKOFF_STEPS),
-                                       failure.retry_after)
-                    log.debug("%s: %s (throttled %d times); try again in %.2fs", what,
-                              failure.reason, throttles, wait)
-                    if stalled := not await _wait_patiently(wait, started, gate, retry.patience):
-                        break
-                    continue
-                else:
-                    errors += 1
-                    if errors >= retry.attempts:
-                        break
-                    wait = retry.delay(errors, failure.retry_after)
-                    # The first retry is a WARNING: a stalled body otherwise waits attempts x
-                    # Timeout.read (about 151 s by default) in silence.
-                    log.log(logging.WARNING if errors == 1 else logging.DEBUG,
-                            "%s: %s; try %d of %d in %.2fs", what, failure.reason,
-                            errors + 1, retry.attempts, wait)
-                await asyncio.sleep(wait)
-    except TimeoutError:
-        if limit is None or not limit.expired():
-            raise
-        failure = Transient(f"no result within total={timeout.total}s", timeout=True)
-    # Raised here, outside any except block, so that no foreign exception (whose text may
-    # hold a presigned URL) rides along as __context__.
-    if fatal is not None:
-        raise type(fatal)(f"{fatal} ({_plural(tries)}; not retryable)")
-    reason = failure.reason if failure is not None else "failed"
-    why = f"; throttled, nothing from this host succeeded for {retry.patience}s" if stalled else ""
-    message = f"{what}: {reason} (gave up after {_plural(tries)}{why})"
-    if failure is not None and failure.timeout:
-        raise SourceTimeout(message)
-    raise SourceError(message)

@@ -9,8 +9,9 @@ final error) covers HTTP and S3 alike. :class:`S3Transport` is the ``s3`` scheme
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Mapping
-from contextlib import AbstractAsyncContextManager, aclosing
+import functools
+from collections.abc import AsyncGenerator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiohttp
@@ -33,8 +34,8 @@ from .._errors import SourceError, SourcePermissionError
 from .._redact import Operation, describe_exception, redact_logs, redact_url
 from ._limiter import limiter_for
 from ._objects import ObjectInfo, connections, shared
-from ._retry import Retry, Timeout, Transient, failed_answer, with_retries
-from ._retry_stream import retry_stream
+from ._retry import Retry, Timeout, Transient, failed_answer
+from ._tries import Changed, retry_stream, retry_whole, with_retries
 
 __all__ = ["S3Transport", "list_page", "s3_client", "split_s3_url", "stream"]
 
@@ -125,8 +126,8 @@ class S3Resume:
     """What the first answer said of an object (its ETag and size), which a resumed read must
     match: a resumed ``GetObject`` carries ``IfMatch``, and its answer's own ETag is checked
     too (some S3-compatible stores ignore ``IfMatch``), so an object replaced between tries
-    is an error, never two versions spliced together; an object without an ETag is never
-    resumed."""
+    is never spliced to its old bytes: a stream stops (``Changed``), a whole read starts
+    again from byte 0. An object without an ETag is never resumed."""
 
     __slots__ = ("etag", "total")
 
@@ -135,8 +136,8 @@ class S3Resume:
         self.total: int | None = None
 
 
-def _changed(what: object, etag: str, was: object) -> SourceError:
-    return SourceError(f"{what}: the object changed while it was being read (its ETag "
+def _changed(what: object, etag: str, was: object) -> Changed:
+    return Changed(f"{what}: the object changed while it was being read (its ETag "
                        f"{str(was)[:80]} is not {etag[:80]}); a resumed read would splice two "
                        "versions")
 
@@ -172,7 +173,7 @@ async def stream(
     extra: dict[str, Any] = {}
     if offset:
         if resume.etag is None:
-            raise SourceError(f"{what}: the first answer had no ETag, so nothing proves a "
+            raise Changed(f"{what}: the first answer had no ETag, so nothing proves a "
                               f"resumed range (from byte {offset}) continues the same object; "
                               "cannot resume")
         extra = {"Range": f"bytes={offset}-", "IfMatch": resume.etag}
@@ -204,10 +205,11 @@ async def stream(
         raise Transient(f"body truncated: got {got} of {expected} bytes")
 
 
-async def _get_once(client: Any, url: str, what: object, retry: Retry) -> bytes:
-    """The whole object in one try: :func:`stream` from byte 0, joined."""
-    async with aclosing(stream(client, url, 0, what=what, retry=retry, resume=S3Resume())) as it:
-        return b"".join([chunk async for chunk in it])
+def _tries(
+    url: str, what: object, retry: Retry, client: Any
+) -> Callable[[int], AsyncGenerator[bytes, None]]:
+    """One read's tries on ``client``, each from a byte offset, all proving one object."""
+    return functools.partial(stream, client, url, what=what, retry=retry, resume=S3Resume())
 
 
 async def list_page(
@@ -234,6 +236,8 @@ class S3Transport:
     async def fetch(self, url: str, *, retry: Retry, timeout: Timeout) -> bytes:
         """The whole object at ``s3://bucket/key``, retrying as ``retry`` says.
 
+        A try that breaks mid-body resumes where it stopped, as :meth:`stream` does.
+
         Raises:
             SourceNotFound: ``NoSuchKey`` / ``NoSuchBucket``.
             SourcePermissionError: ``AccessDenied``, bad or missing credentials.
@@ -244,25 +248,17 @@ class S3Transport:
         bucket, key = split_s3_url(url)
         prefix = key.split("/", 1)[0] + "/" if "/" in key else ""
         host = f"s3://{bucket}/{prefix}"
-        async with s3_client(self.endpoint_url, timeout) as client:
-            gate = await limiter_for(f"{self.endpoint_url or ''}|{host}", redact_url(host))
-
-            def attempt() -> Awaitable[bytes]:
-                return _get_once(client, url, what, retry)
-
-            return await with_retries(attempt, what=what, retry=retry, timeout=timeout,
-                                      gate=gate, hedge=attempt)
+        gate = await limiter_for(f"{self.endpoint_url or ''}|{host}", redact_url(host))
+        return await retry_whole(s3_client(self.endpoint_url, timeout),
+                                 functools.partial(_tries, url, what, retry), what=what,
+                                 retry=retry, timeout=timeout, gate=gate)
 
     def stream(self, url: str, *, retry: Retry, timeout: Timeout) -> AsyncGenerator[bytes, None]:
         """The object in chunks; a broken try resumes (``Range``, ``IfMatch``) where it stopped."""
         what = f"GET {redact_url(url)}"
-        resume = S3Resume()  # one per read: every resumed try proves the same object
-
-        def open_at(client: Any, offset: int) -> AsyncGenerator[bytes, None]:
-            return stream(client, url, offset, what=what, retry=retry, resume=resume)
-
-        client = s3_client(self.endpoint_url, timeout)
-        return retry_stream(client, open_at, what=what, retry=retry, timeout=timeout)
+        reader = functools.partial(_tries, url, what, retry)
+        return retry_stream(s3_client(self.endpoint_url, timeout), reader, what=what,
+                            retry=retry, timeout=timeout)
 
     async def list(
         self, url: str, *, retry: Retry, timeout: Timeout

@@ -26,7 +26,7 @@ thousand at a time. Only :class:`DistributedSampler` looks at torch, and only at
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator, Sequence, Sized
+from collections.abc import Iterator, Sequence, Sized
 from typing import Any
 
 import numpy as np
@@ -91,19 +91,15 @@ class Sampler(abc.ABC):
     def _walk(self) -> Iterator[int]:
         # The iteration (and its epoch) begins at its first index, not at iter(): torch's
         # DataLoader with workers calls iter() twice on its first epoch and drops one.
-        blocks, start, serial = self._begin()
-        for position, index in enumerate(flatten(blocks), start + 1):
-            if serial == self._serial:  # an older, abandoned iterator does not move the state
-                self._offset = position
-            yield index
-
-    def _begin(self) -> tuple[Iterable[Block], int, int]:
         epoch = self.next_epoch
         blocks = self._blocks(epoch)
         self.epoch, self._pinned, self._serial = epoch, False, self._serial + 1
         start, self._resume_offset = self._resume_offset, 0
-        self._offset = start
-        return skip(blocks, start), start, self._serial
+        self._offset, serial = start, self._serial
+        for position, index in enumerate(flatten(skip(blocks, start)), start + 1):
+            if serial == self._serial:  # an older, abandoned iterator does not move the state
+                self._offset = position
+            yield index
 
     @property
     def next_epoch(self) -> int:

@@ -48,7 +48,7 @@ __all__ = [
 class Transport(Protocol):
     """How one URL scheme is read. Policies arrive resolved; errors are asyncflow's own.
 
-    A remote transport retries through :func:`~._retry.with_retries` (the one retry loop);
+    A remote transport retries through :func:`~._tries.with_retries` (the one retry loop);
     the local one never retries.
     """
 

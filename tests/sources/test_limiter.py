@@ -13,7 +13,8 @@ from asyncflow._scope import RunScope, use_scope
 from asyncflow.sources._latency import BASE_SPAN, GROUP, MIN_SAMPLES, Latencies
 from asyncflow.sources._limiter import INITIAL_WINDOW, HostLimiter, limiter_for
 from asyncflow.sources._pace import MIN_GAP
-from asyncflow.sources._retry import Transient, with_retries
+from asyncflow.sources._retry import Transient
+from asyncflow.sources._tries import with_retries
 
 RETRY = Retry(backoff=0)
 

@@ -13,13 +13,9 @@ import pytest
 
 from asyncflow import ConfigError, Retry, SourceError, SourceNotFound, SourceTimeout, Timeout
 from asyncflow._scope import RunScope, use_scope
-from asyncflow.sources._retry import (
-    Transient,
-    parse_retry_after,
-    resolve_policy,
-    with_retries,
-)
-from asyncflow.sources._retry_stream import retry_stream
+from asyncflow.sources._limiter import HostLimiter
+from asyncflow.sources._retry import Transient, parse_retry_after, resolve_policy
+from asyncflow.sources._tries import Changed, retry_stream, retry_whole, with_retries
 
 
 @pytest.mark.parametrize(
@@ -250,10 +246,10 @@ async def test_cancelling_a_back_off_leaves_nothing_running(async_leak_check: No
 
 def broken_stream(
     data: bytes, breaks: list[int | None], opened: list[int]
-) -> Callable[[None, int], AsyncGenerator[bytes, None]]:
+) -> Callable[[None], Callable[[int], AsyncGenerator[bytes, None]]]:
     """Tries at ``data``: the n-th delivers up to ``breaks[n]`` bytes in all, then breaks."""
 
-    async def open_at(client: None, offset: int) -> AsyncGenerator[bytes, None]:
+    async def open_at(offset: int) -> AsyncGenerator[bytes, None]:
         stop = breaks[len(opened)] if len(opened) < len(breaks) else None
         opened.append(offset)
         for at in range(offset, len(data), 10):
@@ -263,7 +259,7 @@ def broken_stream(
         if stop is not None and stop >= len(data):
             raise Transient("body truncated")
 
-    return open_at
+    return lambda client: open_at
 
 
 async def test_a_stream_resumes_where_each_try_broke() -> None:
@@ -273,6 +269,29 @@ async def test_a_stream_resumes_where_each_try_broke() -> None:
     assert b"".join([c async for c in chunks]) == data
     # Two failures in a row at byte 30, then one at 70: each stall within 3 attempts.
     assert opened == [0, 30, 30, 70]
+
+
+async def test_a_whole_read_resumes_and_starts_again_where_the_object_changed() -> None:
+    data, opened = bytes(range(100)), []
+    gate = HostLimiter("x", ceiling=4)
+    whole = retry_whole(nullcontext(), broken_stream(data, [30, 70], opened), what="GET x",
+                        retry=Retry(attempts=3, backoff=0), timeout=Timeout(), gate=gate)
+    assert await whole == data and opened == [0, 30, 70]  # each try from where one broke
+
+    tries: list[int] = []
+
+    async def changed(offset: int) -> AsyncGenerator[bytes, None]:
+        tries.append(offset)
+        if len(tries) == 1:
+            yield data[:40]
+            raise Transient("connection failed (reset)")
+        if offset:
+            raise Changed("GET x: the object changed")
+        yield data
+
+    whole = retry_whole(nullcontext(), lambda client: changed, what="GET x",
+                        retry=Retry(attempts=3, backoff=0), timeout=Timeout(), gate=gate)
+    assert await whole == data and tries == [0, 40, 0]  # never the old 40 bytes spliced
 
 
 async def test_a_streams_budget_is_per_stall_and_names_the_byte() -> None:
@@ -291,12 +310,12 @@ async def test_a_streams_budget_is_per_stall_and_names_the_byte() -> None:
 
 
 async def test_a_streams_total_deadline_spans_its_chunks() -> None:
-    async def slow(client: None, offset: int) -> AsyncGenerator[bytes, None]:
+    async def slow(offset: int) -> AsyncGenerator[bytes, None]:
         for _ in range(100):
             await asyncio.sleep(0.05)
             yield b"x"
 
-    chunks = retry_stream(nullcontext(), slow, what="GET x", retry=Retry(),
+    chunks = retry_stream(nullcontext(), lambda client: slow, what="GET x", retry=Retry(),
                           timeout=Timeout(total=0.3))
     got = 0
     with pytest.raises(SourceTimeout, match=r"total=0\.3s"):
