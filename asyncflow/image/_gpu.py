@@ -43,8 +43,9 @@ import numpy as np
 import torch
 
 from ..pipeline import CustomSpec, Span
+from ._decode import decode
 from ._gpu_decoders import GpuDecoder
-from ._gpu_plan import Encoded, Payload, Planned, plan
+from ._gpu_plan import Encoded, Payload, Planned
 from ._modes import affine
 from ._resample import resample
 from ._rows import Failed, Ticket
@@ -314,11 +315,10 @@ class GpuDecodeNode:
     def _on_cpu(self, row: Encoded) -> np.ndarray | Failed:
         """A row the GPU decoder did not make, from the CPU kernel (or its named error)."""
         try:
-            made = plan(bytes(row.data), seed=self.seed, epoch=row.epoch, index=row.item,
-                        gpu=False, name=row.name, **self.options)
+            return decode(bytes(row.data), layout="chw", seed=self.seed, epoch=row.epoch,
+                          index=row.item, name=row.name, **self.options)
         except Exception as exc:
             return Failed(row.name, exc, _NO_TICKET)
-        return made  # type: ignore[return-value]
 
 
 _STREAMS: dict[torch.device, Any] = {}
