@@ -191,16 +191,14 @@ def augmentation(
     label, data = _read(src, name, max_bytes=max_bytes)
     try:
         with Image.open(io.BytesIO(data)) as im:
-            width, height = im.size
-            check_pixels(width, height, max_pixels, label)
-            _, swaps = orientation_op(_orientation(im))
+            check_pixels(*im.size, max_pixels, label)
+            size, orientation = im.size, _orientation(im)
     except (DecodeError, ConfigError):
         raise
     except Exception as exc:
         raise DecodeError(f"cannot decode {label}: {_reason(exc)}") from exc
-    upright = (height, width) if swaps else (width, height)
     rng = item_random(seed, epoch, index) if train and seed is not None else None
-    return _crop(upright, dims, resize, rng, scale, ratio, flip)
+    return _crop(size, orientation, dims, resize, rng, scale, ratio, flip)
 
 
 def _check_train(
@@ -288,16 +286,16 @@ def _decode(
     if len(data) == 0:
         raise DecodeError(f"cannot decode {label}: the file is empty (0 bytes)")
     with Image.open(io.BytesIO(data)) as im:
-        width, height = im.size
-        check_pixels(width, height, max_pixels, label)
+        check_pixels(*im.size, max_pixels, label)
         if im.format == "PNG":
             _png.check(data, label)
         scans = _jpeg.inspect(data, label) if im.format in _DRAFTABLE else None
         if scans is not None and im.format == "MPO":
             _jpeg.check_frames(im, scans, data, label)
-        op, swaps = orientation_op(_orientation(im))
-        upright = (height, width) if swaps else (width, height)
-        crop = None if dims is None else _crop(upright, dims, resize, rng, scale, ratio, flip)
+        orientation = _orientation(im)
+        op, swaps = orientation_op(orientation)
+        crop = None if dims is None else _crop(im.size, orientation, dims, resize, rng, scale,
+                                               ratio, flip)
         factor = 1
         if crop is not None and im.format in _DRAFTABLE:
             factor = _draft(im, crop.box, dims, swaps)  # type: ignore[arg-type]
@@ -343,7 +341,8 @@ def _tiff_loads_upright() -> bool:
 
 
 def _crop(
-    upright: tuple[int, int],
+    size: tuple[int, int],
+    orientation: int,
     dims: tuple[int, int],
     resize: int | None,
     rng: random.Random | None,
@@ -351,7 +350,10 @@ def _crop(
     ratio: tuple[float, float],
     flip: bool,
 ) -> Crop:
-    width, height = upright
+    """The crop drawn for a picture stored at ``size`` (``(width, height)``) in this EXIF
+    ``orientation``: its box in the upright picture, and whether it is mirrored. The one
+    place the kernel, :func:`augmentation` and the GPU path's readers settle a crop."""
+    width, height = (size[1], size[0]) if orientation_op(orientation)[1] else size
     if rng is None:
         return Crop(centre_box(width, height, dims[0], dims[1], resize), False)
     box = random_resized_box(rng, width, height, scale, ratio)

@@ -103,12 +103,10 @@ class _ClaimRows:
         label_stage(self, internal=True)
 
     def __call__(self, items: list[Sample]) -> ItemGroup:
-        out = ItemGroup()
-        for item in items:
-            ticket, slab = self.assembler.claim_shared(item.run, item.pos, item.label,
-                                                       wait=True)
-            out.append(Claimed(item.path, item.epoch, item.sample, ticket, slab))
-        return out
+        claim = self.assembler.claim_shared
+        return ItemGroup(Claimed(item.path, item.epoch, item.sample,
+                                 *claim(item.run, item.pos, item.label, wait=True))
+                         for item in items)
 
 
 def _normalize_images(mean: tuple[float, ...], std: tuple[float, ...], batch: Batch) -> Batch:

@@ -43,8 +43,9 @@ import numpy as np
 import torch
 
 from ..pipeline import CustomSpec, Span
+from ._decode import decode
 from ._gpu_decoders import GpuDecoder
-from ._gpu_plan import Encoded, Payload, Planned, plan
+from ._gpu_plan import Encoded, Payload, Planned
 from ._modes import affine
 from ._resample import resample
 from ._rows import Failed, Ticket
@@ -88,17 +89,18 @@ class PendingAssembler(BatchAssembler):
         return None  # counted by the GPU stage (see the class docstring)
 
     def release(self, row: Any, *, ok: bool = True) -> list[tuple[Any, list[int]]]:
-        if isinstance(row, Planned | Failed):
-            ticket = row.ticket
-            payload = row.payload if isinstance(row, Planned) else row
-            with self._lock:
-                state = self._runs.get(ticket.run)
-                entry = None if state is None else state.open.get(ticket.number)
-                if entry is not None and ticket.row not in entry.absent:
-                    rows = self._payloads.setdefault((ticket.run, ticket.number), {})
-                    rows[ticket.row] = payload
-            return super().release(ticket, ok=ok)
-        raise TypeError(f"not a row of the GPU path: {row!r:.80}")
+        """As :meth:`BatchAssembler.release`, for the GPU path's rows (each a :class:`Planned`
+        or a :class:`Failed`, as the readers return them): the payload is kept for its
+        batch's :class:`Pending`."""
+        ticket = row.ticket
+        payload = row.payload if isinstance(row, Planned) else row
+        with self._lock:
+            state = self._runs.get(ticket.run)
+            entry = None if state is None else state.open.get(ticket.number)
+            if entry is not None and ticket.row not in entry.absent:
+                rows = self._payloads.setdefault((ticket.run, ticket.number), {})
+                rows[ticket.row] = payload
+        return super().release(ticket, ok=ok)
 
     def _release(self, entry: Any) -> Any:
         with self._lock:
@@ -208,11 +210,10 @@ class GpuDecodeNode:
                 labels = labels.pin_memory()
             batch = (images, labels.to(self.device, non_blocking=True))
             if self.assembler is not None and self.assembler.log is not None:  # a journal
-                gone = sorted(set(range(len(pending.rows))) - set(keep))
-                errors = {i: f"{type(exc).__name__}: {exc}" for i, _, exc in failures}
+                # every row not kept failed, in row order
                 self.assembler.relog(item[1], batch[1], [
-                    (pending.rows_at[i], errors.get(i, "failed")) for i in gone],
-                    self.decoder.name)
+                    (pending.rows_at[i], f"{type(exc).__name__}: {exc}")
+                    for i, _, exc in failures], self.decoder.name)
             event = None
             if self.stream is not None:
                 event = torch.cuda.Event()  # type: ignore[no-untyped-call]
@@ -314,11 +315,10 @@ class GpuDecodeNode:
     def _on_cpu(self, row: Encoded) -> np.ndarray | Failed:
         """A row the GPU decoder did not make, from the CPU kernel (or its named error)."""
         try:
-            made = plan(bytes(row.data), seed=self.seed, epoch=row.epoch, index=row.item,
-                        gpu=False, name=row.name, **self.options)
+            return decode(bytes(row.data), layout="chw", seed=self.seed, epoch=row.epoch,
+                          index=row.item, name=row.name, **self.options)
         except Exception as exc:
             return Failed(row.name, exc, _NO_TICKET)
-        return made  # type: ignore[return-value]
 
 
 _STREAMS: dict[torch.device, Any] = {}

@@ -65,8 +65,7 @@ class TorchvisionDecoder:
 
     def decode(self, data: Sequence[bytearray]) -> list[torch.Tensor]:
         tensors = [torch.frombuffer(d, dtype=torch.uint8) for d in data]
-        out = self._decode(tensors, mode=self._rgb, device=self.device)
-        return list(out)
+        return list(self._decode(tensors, mode=self._rgb, device=self.device))
 
 
 class NvImageCodecDecoder:

@@ -138,11 +138,9 @@ def _gpu_jpeg(
         if not layout.single_scan or layout.sof not in _GPU_FRAMES:
             return None
         orientation = _orientation(im)
-        _, swaps = orientation_op(orientation)
-        upright = (height, width) if swaps else (width, height)
         rng = item_random(seed, epoch, index) if train else None
-        crop = _crop(upright, dims, resize, rng, _SCALE, _RATIO, True)
-        factor = _draft_factor((width, height), crop.box, dims, swaps)
+        crop = _crop(im.size, orientation, dims, resize, rng, _SCALE, _RATIO, True)
+        factor = _draft_factor(im.size, crop.box, dims, orientation_op(orientation)[1])
         # The proof that the scan data is whole (the GPU decoders, as libjpeg, decode data
         # that ends early to grey without a word): the CPU kernel's, at 1/8 scale, where
         # the entropy decoding is nearly all the work (about a third of a full decode).

@@ -44,10 +44,6 @@ def check(data: bytes | memoryview, label: str) -> None:
     if bytes(memoryview(data)[:8]) != SIGNATURE:
         raise DecodeError(f"cannot decode {label}: not a PNG signature")
     idat = sum(len(body) for ctype, body in _chunks(data, label) if ctype == b"IDAT")
-    _check_room(data, idat, label)
-
-
-def _check_room(data: bytes | memoryview, idat: int, label: str) -> None:
     want = _expected_size(data)
     if want > _MAX_RATIO * idat + _SLACK:
         raise DecodeError(

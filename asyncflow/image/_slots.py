@@ -177,12 +177,32 @@ class BatchAssembler:
         ``run`` numbers the listings, not the epochs: two runs of one epoch at the same time
         (after ``set_epoch``) must not share buffers.
         """
+        ticket, buffer, _ = self._claim(run, pos, label, wait)
+        return ticket, buffer[ticket.row]
+
+    def claim_shared(self, run: int, pos: int, label: int, *,
+                     wait: bool = False) -> tuple[Ticket, str]:
+        """As :meth:`claim`, for a worker process: the ticket and the slab's name.
+
+        ``wait``: as :meth:`claim` does, while the row's batch is ``ahead`` past the oldest
+        one not complete (``image.folder``'s claim stage, on a thread of its own: a slow
+        consumer then holds no more slabs than that, rather than as many as the queues
+        between the claims and the consumer hold rows).
+        """
+        ticket, _, slab = self._claim(run, pos, label, wait)
+        return ticket, slab
+
+    def _claim(self, run: int, pos: int, label: int,
+               wait: bool) -> tuple[Ticket, np.ndarray, str]:
+        """The ticket, and the buffer and slab name that its row is in (the scratch buffer's
+        for a row that is never assembled)."""
         number, row = divmod(pos, self.batch_size)
+        ticket = Ticket(run, number, row, label)
         with self._lock:
             state = self._run(run)
             if number >= self.batches or (state.skip is not None and pos in state.skip):
                 # dropped (drop_last), or settled before a resume: decoded, never assembled
-                return Ticket(run, number, row, label), self._scratch_row(row)
+                return (ticket, *self._scratch_buffer())
             # Soft back-pressure: never an unbounded wait (a stopped run releases nothing).
             if wait and not self._released.wait_for(
                     lambda: number < state.next + self._ahead, timeout=1.0):
@@ -198,24 +218,7 @@ class BatchAssembler:
                     low = number * self.batch_size
                     entry.absent.extend(r - low for a, b in state.skip.within(low, low + rows)
                                         for r in range(a, b))
-        return Ticket(run, number, row, label), entry.array[row]
-
-    def claim_shared(self, run: int, pos: int, label: int, *,
-                     wait: bool = False) -> tuple[Ticket, str]:
-        """As :meth:`claim`, for a worker process: the ticket and the slab's name.
-
-        ``wait``: as :meth:`claim` does, while the row's batch is ``ahead`` past the oldest
-        one not complete (``image.folder``'s claim stage, on a thread of its own: a slow
-        consumer then holds no more slabs than that, rather than as many as the queues
-        between the claims and the consumer hold rows).
-        """
-        ticket, _ = self.claim(run, pos, label, wait=wait)
-        with self._lock:
-            entry = self._runs[run].open.get(ticket.number)
-            if entry is None or ticket.row in entry.absent:
-                assert self._scratch is not None
-                return ticket, self._scratch[1]  # a row that is never assembled
-            return ticket, entry.slab
+        return ticket, entry.array, entry.slab
 
     @staticmethod
     def failure(row: Ticket | Failed) -> Exception | None:
@@ -322,16 +325,15 @@ class BatchAssembler:
                 return
             state.next += 1
 
-    def _scratch_row(self, row: int) -> np.ndarray:
-        """A row of the scratch buffer, for a claim that is never assembled (lock held)."""
+    def _scratch_buffer(self) -> tuple[np.ndarray, str]:
+        """The scratch buffer and its slab's name, for claims never assembled (lock held)."""
         if self._scratch is None:
             key = ((self.batch_size, *self.shape), self._np_dtype)
             if self._slabs is None:
                 self._scratch = np.empty(*key), ""
             else:
                 self._scratch = self._slabs.allocate(*key)
-        scratch: np.ndarray = self._scratch[0][row]
-        return scratch
+        return self._scratch
 
     def _run(self, run: int) -> _Run:
         state = self._runs.get(run)

@@ -136,7 +136,6 @@ def backend_info() -> dict[str, Any]:
         of sentences, empty when the set-up is as intended) and ``ok``; ``simplejpeg``: its
         version, when the decode kernel decodes JPEGs with it (``None``: PIL decodes them).
     """
-    import PIL
     from PIL import features
 
     simd = _installed("pillow-simd")

@@ -25,9 +25,9 @@ def _placement(data: bytes, size: tuple[int, int], train: bool, index: int,
         width, height = im.size
         orientation = _decode._orientation(im)
         _, swaps = orientation_op(orientation)
-        upright = (height, width) if swaps else (width, height)
         rng = item_random(7, 0, index) if train else None
-        crop = _decode._crop(upright, size, resize, rng, (0.08, 1.0), (3 / 4, 4 / 3), True)
+        crop = _decode._crop(im.size, orientation, size, resize, rng, (0.08, 1.0), (3 / 4, 4 / 3),
+                             True)
         factor = _decode._draft(im, crop.box, size, swaps)
     return Placement(height, width, orientation, factor, crop.box, crop.flip)
 
