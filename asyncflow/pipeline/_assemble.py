@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .._errors import ConfigError, check_budget, check_int
+from .._errors import ConfigError, check_int
 from ._ledger import Ledger
 from ._node import NodeContext, Receiver, Sender, node_for
 from ._protocols import Assembler, PositionedAssembler
@@ -60,9 +60,6 @@ class AssembleSpec(StageSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_int("batch_size", self.batch_size)
-        check_int("buffer", self.buffer, allow_none=True)
-        check_int("buffer_bytes", self.buffer_bytes, allow_none=True)
-        check_budget("max_failures", self.max_failures, allow_none=True)
         check_flags(self, "drop_last")
         missing = [m for m in ("failure", "arrived")
                    if not callable(getattr(self.assembler, m, None))]
@@ -109,16 +106,9 @@ class AssembleLedger(Ledger):
         #: Set when a message held several rows: such a run cannot be resumed.
         self.grouped = False
 
-    def fail(self, ordinal: int, position: int) -> None:
-        with self.lock:
-            if not self.on:
-                return
-            self.dead.append(ordinal)
-            self.dead_positions.append(position)
-        self.grew(1)
-
     def released(self, ordinals: list[int], positions: Sequence[int], out: bool) -> None:
-        """A batch of these rows was released: put out (``out``), or settled without output."""
+        """A batch of these rows was released: put out (``out``), or settled without output
+        (as a failed row is)."""
         with self.lock:
             if not self.on:
                 return
@@ -193,15 +183,14 @@ class AssembleNode:
         Raises:
             Exception: A failed row once the failure budget is exceeded (with a note naming
                 the stage), or what the assembler itself raised.
-            FailureBudgetExceeded: At the end, when every row failed or a fractional budget
-                is exceeded.
+            FailureBudgetExceeded: At the end (the run checks every stage's budget), when
+                every row failed or a fractional budget is exceeded.
 
         Cancellation:
             Waits on its input and, while downstream is full, on its output; cancelling
             either drops the batches in hand (the run is stopping).
         """
         assert inp is not None  # only the source gets None
-        counters = self.ctx.counters
         ledger = self.ledger
         while messages := await inp.get_many(_DRAIN):
             for message in messages:
@@ -213,7 +202,6 @@ class AssembleNode:
                         await self._arrive(row, out, ordinal)
                 else:
                     await self._arrive(message, out, ordinal)
-        self.ctx.budget.check_end(counters.failures, counters.items_in)
 
     def _release(self, row: Any, ordinal: int, error: Exception | None) -> list[Any]:
         """Tell a positioned assembler of ``row``, recording its batches in the ledger
@@ -225,7 +213,7 @@ class AssembleNode:
         if error is None:
             where[position] = ordinal
         else:
-            ledger.fail(ordinal, position)
+            ledger.released([ordinal], [position], False)  # settled at once
         batches = []
         for batch, positions in assembler.release(row, ok=error is None):
             ordinals = [where.pop(p) for p in positions]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from .._errors import ConfigError
 from .._scope import RunScope
@@ -24,6 +25,7 @@ from ._ledger import Ledger
 from ._lineage import Lineage, SourcePlan
 from ._loop import new_loop
 from ._merge import Branch, BranchRun, Merge, MergeNode
+from ._merge_epochs import Era
 from ._merge_resume import MergeLedger, branch_at, tracks_of
 from ._node import ItemKeys, Node, NodeContext, make_node
 from ._options import RunOptions
@@ -35,7 +37,7 @@ from ._stats import StageCounters
 from ._thread_pool import WorkerPool
 from ._window import BranchCredits, Window
 
-__all__ = ["build_graph", "build_run", "thread_count"]
+__all__ = ["build_run", "thread_count"]
 
 _UNBATCHED_BUFFER = 64
 
@@ -46,14 +48,25 @@ def thread_count(specs: Sequence[StageSpec], source: Any = None) -> int:
     branches = 0
     if isinstance(source, Merge):
         branches = sum(thread_count(p.stages, p.source) for p in source.inputs)
-    return 1 + branches + sum(s.concurrency_ for s in specs if s.traits.worker == "threads")
+    return 1 + branches + sum(s.concurrency for s in specs if s.traits.worker == "threads")
 
 
-def _default_capacity(spec: StageSpec | None, batched: bool) -> int:
-    buffer = spec.buffer if spec is not None else None
-    if buffer is not None:
-        return int(buffer)
-    concurrency = spec.concurrency_ if spec is not None else 1
+@dataclass(frozen=True, kw_only=True)
+class _Source(StageSpec):
+    """A chain's stage 0, its source (or merge), as the builder sizes and counts it."""
+
+    kind: ClassVar[str] = "source"
+    buffer: int | None = None  # ``RunOptions.source_buffer``
+
+    @property
+    def items_per_output(self) -> int | None:
+        return 1  # the stages after it count from its items
+
+
+def _default_capacity(spec: StageSpec, batched: bool) -> int:
+    if spec.buffer is not None:
+        return spec.buffer
+    concurrency = spec.concurrency
     return max(2, 2 * concurrency) if batched else max(_UNBATCHED_BUFFER, 2 * concurrency)
 
 
@@ -90,27 +103,16 @@ def build_run(
         loop=loop, pools=pools if pools is not None else PoolHolder(), epoch=epoch, start=start,
         resume=resume,
     )
-    try:
-        return build_graph(open_source, specs, run), run
-    except BaseException:  # a node's factory or its declared traits refused: nothing ran
-        pool.shutdown()
-        loop.close()
-        raise
-
-
-def build_graph(
-    open_source: Callable[[], Any] | Merge[Any], specs: Sequence[StageSpec], run: RunResources
-) -> Graph:
-    """The nodes, contexts and output channels of one run (in the consumer's thread); if a
-    stage cannot be built, the stop callbacks of those built so far are called."""
     graph = Graph()
     try:
         graph.chain = _add_chain(graph, open_source, specs, run, prefix="", handoff=True)
-    except BaseException:
-        for ctx in graph.contexts:
+    except BaseException:  # a node's factory or its declared traits refused: nothing ran
+        for ctx in graph.contexts:  # those built so far
             ctx.call_stop_callbacks()
+        pool.shutdown()
+        loop.close()
         raise
-    return graph
+    return graph, run
 
 
 def _add_chain(
@@ -132,75 +134,67 @@ def _add_chain(
     names = [prefix + name for name in stage_names(specs)]
     if merge is not None:
         names[0] = prefix + merge.name
-    chain: list[NodeContext] = []
     previous: Any = None
-    stages: list[StageSpec | None] = [None, *specs]
+    stages = [_Source(buffer=options.source_buffer), *specs]
     plan = run.resume if run.resume is not None else SourcePlan(first=run.start)
     lineage = Lineage(plan)
     keys = ItemKeys()  # the source's seed keys, if it names them
-    nodes: list[Node] = []
     window = _window(merge, specs, names, options)
     in_step = True  # every stage so far maps source items 1:1, in order
     batched = False
     for index, spec in enumerate(stages):
-        grouping = spec.traits.grouping if spec is not None else None
-        if grouping is not None:
-            batched = grouping != "elements"
-        kind = ("source" if merge is None else "merge") if spec is None else spec.kind
+        if spec.traits.grouping is not None:
+            batched = spec.traits.grouping != "elements"
         name = names[index]
         capacity = _default_capacity(spec, batched)
-        if spec is None and options.source_buffer is not None:
-            capacity = options.source_buffer
         last = handoff and index == len(stages) - 1
-        max_bytes = (spec.buffer_bytes if spec is not None else None) or options.buffer_bytes
+        max_bytes = spec.buffer_bytes or options.buffer_bytes
         output: Any = (
             Handoff(capacity, run.loop, max_bytes) if last else Channel(capacity, max_bytes)
         )
-        concurrency = 1 if spec is None else spec.concurrency_
+        kind = "merge" if index == 0 and merge is not None else spec.kind
         counters = (counters_of or {}).get(name) or StageCounters(
-            name, kind, concurrency, capacity
+            name, kind, spec.concurrency, capacity
         )
         counters.output = output
         limit = spec.max_failures if isinstance(spec, Budgeted) else None
         budget = FailureBudget(options.max_failures if limit is None else limit, name)
         ctx = NodeContext(
             name=name, index=index, counters=counters, budget=budget, pool=run.pool,
-            stop=run.stop, scope=run.scope, epoch=run.epoch,
-            executor=spec.executor if spec is not None else None,
+            stop=run.stop, scope=run.scope, epoch=run.epoch, executor=spec.executor,
         )
         ctx.lineage = lineage
         ctx.item_keys = keys
         ctx.window = window
-        if window is not None and spec is None and (handoff or merge is not None):
+        if window is not None and index == 0 and (handoff or merge is not None):
             # the consumer has it: its credit is free (a branch's source gets its credits
             # back from the merge's window, as the consumer receives the branch's items)
             ctx.add_receive_hook(window.received)
         if in_step:
             ctx.start = run.start  # positions count from the resumed one
             ctx.in_step = True
-        in_step = in_step and (spec is None or spec.items_per_output == 1)
-        if spec is not None and spec.traits.worker == "processes":
+        in_step = in_step and spec.items_per_output == 1
+        if spec.traits.worker == "processes":
             ctx.processes = _process_pool(index, spec, name, ctx, run)
             if ctx.processes.start_note:  # fork, or its fallback: chosen as the pool was made
                 graph.notes.append(f"stage {name!r}: {ctx.processes.start_note}")
-        if spec is not None and spec.note:
+        if spec.note:
             graph.notes.append(f"stage {name!r} runs on {spec.note}")
-        if spec is None:
-            node: Node = (SourceNode(ctx, open_source) if merge is None
-                          else _merge_node(graph, merge, ctx, run, prefix))
+        if index > 0:
+            node: Node = _stage_node(ctx, spec)
         else:
-            node = _stage_node(ctx, spec)
+            node = (SourceNode(ctx, open_source) if merge is None
+                    else _merge_node(graph, merge, ctx, run, prefix))
         graph.contexts.append(ctx)
         graph.inputs.append(previous)
         graph.outputs.append(output)
         graph.nodes.append(node)
-        chain.append(ctx)
-        nodes.append(node)
         previous = output
-    lineage.attach(names, nodes, specs, keep=keep, nested=not handoff)
+    # the chain's entries are the graph's last (a merge's branches come before it)
+    lineage.attach(names, graph.nodes[-len(stages):], specs, keep=keep, nested=not handoff)
     if handoff:
         graph.lineage = lineage
-    return chain
+    return graph.contexts[-len(stages):]
 
 
 def _window(merge: Merge[Any] | None, specs: Sequence[StageSpec], names: Sequence[str],
@@ -272,22 +266,27 @@ def _merge_node(
     saved = run.resume.nodes.get(ctx.name) if run.resume is not None else None
     tracks = tracks_of(saved, len(merge.inputs), merge.name)
     ledger = MergeLedger(ctx.lineage.source.plan, len(merge.inputs), tracks, name=merge.name)
-    branches = []
-    for i, (pipe, at) in enumerate(zip(merge.inputs, prefixes, strict=True)):
-        era = ledger.upcoming(i)  # resumed: the branch's epoch again (its order, its seeds)
-        new = _add_branch(graph, branch_at(pipe, era), run, at, resume=era.plan)
+
+    def add(i: int, era: Era, branch: Branch, old: BranchRun | None = None) -> BranchRun:
+        """Branch ``i`` built into the graph, its ledger installed; ``old``: the branch it
+        restarts (whose counters count on)."""
+        counters = None if old is None else {c.name: c.counters for c in old.contexts}
+        new = _add_branch(graph, branch, run, prefixes[i], counters_of=counters,
+                          resume=era.plan, keep=old is None or ledger.keeps)
         ledger.install(i, new.contexts[-1])  # its last stage's (nested branches come first)
-        branches.append(new)
+        return new
+
+    branches = []
+    for i, pipe in enumerate(merge.inputs):
+        era = ledger.upcoming(i)  # resumed: the branch's epoch again (its order, its seeds)
+        branches.append(add(i, era, branch_at(pipe, era)))
     ledger.built(merge.inputs)
 
     async def rebuild(i: int, old: BranchRun) -> BranchRun:
         era = ledger.upcoming(i)  # resumed: the era its state lists next
         branch = await ctx.run_sync(branch_at, merge.inputs[i], era)  # run_plan() may read files
         start = len(graph.contexts)
-        new = _add_branch(graph, branch, run, prefixes[i],
-                          counters_of={c.name: c.counters for c in old.contexts},
-                          resume=era.plan, keep=ledger.keeps)
-        ledger.install(i, new.contexts[-1])
+        new = add(i, era, branch, old)
         graph.move(start, old.contexts)
         graph.deferred.difference_update(old.contexts)
         if old.scope in graph.scopes:

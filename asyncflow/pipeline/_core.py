@@ -81,11 +81,8 @@ class PipelineCore(Generic[T_co]):
                     f"after it would receive batches still in flight (move {spec.kind}() "
                     "before it)"
                 )
-        new = copy.copy(self)
-        new._stages = stages
-        new._last = []
-        new._pools = PoolHolder()  # a new pipeline object: persistent workers of its own
-        return new
+        # a new pipeline object: persistent workers of its own
+        return self._copy(_stages=stages, _last=[], _pools=PoolHolder())
 
     def with_source(self, source: Any, *, epoch: int = 0, start: int = 0) -> Self:
         """The same stages over another source, sharing this pipeline's persistent workers.
@@ -108,12 +105,10 @@ class PipelineCore(Generic[T_co]):
         check_int("epoch", epoch, 0)
         check_int("start", start, 0)
         check_source("with_source(source)", source)
-        new = copy.copy(self)
-        new._source = SharedSource(source)
-        new._source.runs = new._source.first = epoch
-        new._source.resume_offset = start
-        new._last = []
-        return new
+        shared = SharedSource(source)
+        shared.runs = shared.first = epoch
+        shared.resume_offset = start
+        return self._copy(_source=shared, _last=[])
 
     def with_hook(self, factory: HookFactory) -> Self:
         """A copy with a consumer-side hook, built per run by ``factory(run)``.
@@ -123,15 +118,11 @@ class PipelineCore(Generic[T_co]):
         closed. The copy runs the same stages, so it shares this pipeline's latest-run
         statistics: ``pipe.stats()`` also shows a run of ``pipe.progress()``.
         """
-        new = copy.copy(self)
-        new._hooks = (*self._hooks, factory)
-        return new
+        return self._copy(_hooks=(*self._hooks, factory))
 
     def without_hooks(self) -> Self:
         """A copy with no consumer-side hooks (no progress bar, say)."""
-        new = copy.copy(self)
-        new._hooks = ()
-        return new
+        return self._copy(_hooks=())
 
     def with_options(self, **changes: Any) -> Self:
         """A copy whose :class:`RunOptions` fields named in ``changes`` are replaced.
@@ -143,9 +134,14 @@ class PipelineCore(Generic[T_co]):
             options = dataclasses.replace(self._options, **changes)
         except TypeError as exc:
             raise ConfigError(f"with_options(): {exc}") from None
+        return self._copy(_options=options, _last=[])
+
+    def _copy(self, **fields: Any) -> Self:
+        """A copy of this pipeline with ``fields`` (its attributes) replaced: a ``_last`` of
+        its own unless it runs the same stages, source and options (a hook's copy)."""
         new = copy.copy(self)
-        new._options = options
-        new._last = []
+        for name, value in fields.items():
+            setattr(new, name, value)
         return new
 
     @property

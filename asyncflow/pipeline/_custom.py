@@ -45,10 +45,6 @@ class CustomSpec(StageSpec):
     def settings(self) -> dict[str, Any]:
         return dict(self.options)
 
-    @property
-    def concurrency_(self) -> int:
-        return self.concurrency
-
 
 @node_for(CustomSpec)
 def _custom_node(ctx: NodeContext, spec: CustomSpec) -> Node:

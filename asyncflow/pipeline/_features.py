@@ -41,8 +41,12 @@ def register_feature(name: str, target: object) -> None:
     """
     if not isinstance(name, str) or not name:
         raise ConfigError(f"a feature name must be a non-empty string, got {name!r}")
+    if isinstance(target, str):
+        module, sep, attribute = target.partition(":")
+        if not sep or not module or not attribute:
+            raise ConfigError(f"a lazy feature must read 'module:attribute', got {target!r}")
     with _lock:
-        _registry[name] = _Lazy(target) if isinstance(target, str) else target
+        _registry[name] = target
 
 
 def feature(name: str) -> Any:
@@ -59,24 +63,11 @@ def feature(name: str) -> Any:
                 f"no feature {name!r} is registered (asyncflow registers its own features when "
                 "the asyncflow package is imported)"
             ) from None
-    if isinstance(target, _Lazy):
-        resolved = target.resolve()
+    if isinstance(target, str):  # "module:attribute", imported now that it is used
+        module, _, attribute = target.partition(":")
+        resolved = getattr(importlib.import_module(module), attribute)
         with _lock:
             if _registry.get(name) is target:
                 _registry[name] = resolved
         return resolved
     return target
-
-
-class _Lazy:
-    """A ``"module:attribute"`` reference, imported when first used."""
-
-    def __init__(self, reference: str) -> None:
-        module, sep, attribute = reference.partition(":")
-        if not sep or not module or not attribute:
-            raise ConfigError(f"a lazy feature must read 'module:attribute', got {reference!r}")
-        self.module = module
-        self.attribute = attribute
-
-    def resolve(self) -> Any:
-        return getattr(importlib.import_module(self.module), self.attribute)

@@ -87,15 +87,10 @@ class ReaderGate:
 def _every_gate() -> Iterator[None]:
     with _gates_lock:
         locks = list(_gates.values())
-    taken: list[threading.Lock] = []
-    try:
+    with contextlib.ExitStack() as taken:  # released, those taken, however this ends
         for lock in locks:
-            lock.acquire()
-            taken.append(lock)
+            taken.enter_context(lock)
         yield
-    finally:
-        for lock in taken:
-            lock.release()
 
 
 def fork_refusal() -> str | None:

@@ -103,8 +103,6 @@ class MapNode:
                 workers = [tg.create_task(worker(inp, out)) for _ in range(self.concurrency)]
                 if self._reorder is not None:
                     tg.create_task(self._reorder.emit_all(workers, out))
-        counters = self.ctx.counters
-        self.ctx.budget.check_end(counters.failures, counters.items_in)
 
     def _check_result(self, values: list[Any]) -> None:
         self._checked = True
@@ -159,6 +157,7 @@ class MapNode:
                 await self._emit(result[0], result[1], result[2], out)
 
     async def _take(self, inp: Receiver, limit: int) -> tuple[int, list[Any]]:
+        """The next chunk of input (``[]`` at its end), counted, and its ticket."""
         if self._reorder is not None:
             await self._reorder.room()
         if self.processes is not None:  # a chunk's seeds are consecutive positions
@@ -169,6 +168,8 @@ class MapNode:
         ticket = self._reorder.ticket() if self._reorder is not None else 0
         self._taken += len(items)
         self.ledger.take(items)
+        self.ctx.counters.items_in += count_items(items)
+        self.ctx.counters.chunks += 1
         return ticket, items
 
     def _submit(self, items: list[Any]) -> Any:
@@ -203,8 +204,6 @@ class MapNode:
         if not items:
             return False
         counters = self.ctx.counters
-        counters.items_in += count_items(items)
-        counters.chunks += 1
         counters.in_flight += 1
         inline = chunking.inline
         try:
@@ -234,8 +233,6 @@ class MapNode:
         if not items:
             return False
         counters = self.ctx.counters
-        counters.items_in += count_items(items)
-        counters.chunks += 1
         counters.in_flight += 1
         start = time.perf_counter()
         try:
@@ -266,21 +263,11 @@ class MapNode:
         carry: list[Any] = []  # items taken but not yet run (a chunk cut short)
         while True:
             if not carry:
-                carry = await self._read(inp)
+                carry = (await self._take(inp, self.chunking.size))[1]
                 if not carry:
                     return
             # the chunk lives in that call only (see _sync_worker); what it returns is left
             carry = await self._async_chunk(carry, out, offer)
-
-    async def _read(self, inp: Receiver) -> list[Any]:
-        """The next chunk of an async stage at ``concurrency=1``; ``[]`` at the end."""
-        items = await inp.get_many(self.chunking.size)
-        counters = self.ctx.counters
-        if items:
-            counters.items_in += count_items(items)
-            counters.chunks += 1
-            self._taken += len(items)
-        return items
 
     async def _async_chunk(
         self, items: list[Any], out: Sender, offer: Callable[[list[Any]], bool] | None

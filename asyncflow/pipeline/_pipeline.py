@@ -117,9 +117,7 @@ class Pipeline(PipelineCore[T_co]):
         settings = tuple((k, v) for k, v in (("retry", retry), ("timeout", timeout)) if v)
         self._source = SharedSource(source)
         self._stages = ()
-        self._hooks = ()
-        if progress:
-            self._hooks = (cast(HookFactory, feature("progress_hook")()),)
+        self._hooks = (cast(HookFactory, feature("progress_hook")()),) if progress else ()
         self._options = RunOptions(
             name=name or "pipeline",
             max_failures=max_failures,

@@ -137,17 +137,10 @@ class Run(Generic[T_co]):
             Blocks the calling thread for at most the pipeline's ``stop_timeout`` plus a
             little; a stage stuck in C code is abandoned (and reported), not waited for.
         """
-        if not self._close_once():
-            return
-        rt = self._rt
+        rt = self._closing()
         if rt is not None:
-            if not rt.done:
-                rt.request_stop()
             rt.join(rt.options.stop_timeout + 5.0)
-            if not self.reading:  # else the waiting consumer gets the error itself
-                rt.report_undelivered()
-            self._detach()
-        self._shed()
+            self._finish_close(rt)
 
     async def aclose(self) -> None:
         """Like :meth:`close`, waiting on the caller's loop instead of blocking it.
@@ -155,34 +148,39 @@ class Run(Generic[T_co]):
         Cancellation:
             Cancelling the wait leaves the run stopping by itself.
         """
-        if not self._close_once():
-            return
-        rt = self._rt
+        rt = self._closing()
         if rt is not None:
-            if not rt.done:
-                rt.request_stop()
             await rt.wait_done()
             rt.join(1.0)
-            if not self.reading:
-                rt.report_undelivered()
-            self._detach()
-        self._shed()
+            self._finish_close(rt)
 
-    def _close_once(self) -> bool:
-        """Mark the run closed and drop its chunk; ``False`` if it already was (consumers in
-        several threads may close it at once)."""
+    def _closing(self) -> DataPlane | None:
+        """Mark the run closed, drop its chunk and ask its runtime to stop. Returns the
+        runtime to wait for; ``None`` if the run was closed already (consumers in several
+        threads may close it at once) or never started (then it is shed here)."""
         with self._start_lock:
             if self._closed:
-                return False
+                return None
             self._closed = True
         self._cursor.clear()
-        return True
+        rt = self._rt
+        if rt is None:
+            self._shed()
+        elif not rt.done:
+            rt.request_stop()
+        return rt
+
+    def _finish_close(self, rt: DataPlane) -> None:
+        """The stopped run's last steps: its error reported where no consumer waits for it,
+        its hooks closed, its runtime shed."""
+        if not self.reading:  # else the waiting consumer gets the error itself
+            rt.report_undelivered()
+        self._detach()
+        self._shed()
 
     def _abandon(self) -> None:
         """Stop without waiting (for cancellation paths, where awaiting is not possible)."""
-        self._close_once()
-        if self._rt is not None:
-            self._rt.request_stop()
+        if self._closing() is not None:
             self._detach()
 
     def _shed(self) -> None:

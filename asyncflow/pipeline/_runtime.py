@@ -315,6 +315,8 @@ class Runtime:
         ctx.budget.records = ctx.counters.records  # FailureBudgetExceeded carries them
         try:
             await node.run(inp, out)
+            # every stage's failure budget, at its end (every item failed; a fraction over)
+            ctx.budget.check_end(ctx.counters.failures, ctx.counters.items_in)
         except asyncio.CancelledError:
             stall = self.monitor.stalled.get(ctx)
             if stall is None or self.stop_event.is_set():

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._errors import ConfigError, check_budget, check_int
 from ._expansion import check_partial
+from ._protocols import Budgeted
 from ._traits import StageTraits, Worker, check_flags
 
 if TYPE_CHECKING:
@@ -97,6 +98,12 @@ class StageSpec:
     def __post_init__(self) -> None:
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             raise ConfigError(f"name must be a non-empty string, got {self.name!r}")
+        # the settings every spec has, checked once here for those that declare them
+        check_int("concurrency", self.concurrency)
+        check_int("buffer", self.buffer, allow_none=True)
+        check_int("buffer_bytes", self.buffer_bytes, allow_none=True)
+        if isinstance(self, Budgeted):
+            check_budget("max_failures", self.max_failures, allow_none=True)
 
     def default_name(self) -> str:
         return self.kind
@@ -104,10 +111,6 @@ class StageSpec:
     def settings(self) -> dict[str, Any]:
         """JSON-able settings, for reprs and for fingerprints of the pipeline."""
         return {}
-
-    @property
-    def concurrency_(self) -> int:
-        return 1
 
     def check_state(self, extras: dict[str, Any], what: str) -> None:
         """Check the extras a loaded state holds for this stage (what its node saved), so
@@ -125,8 +128,14 @@ class StageSpec:
         return self.TRAITS
 
     # The settings the builder, the lineage and the pipeline read of any spec (a subclass
-    # declares a field of the same name to set one). A failure budget of its own is the
-    # protocol ``_protocols.Budgeted`` (``dataclasses.replace(spec, max_failures=...)``).
+    # declares a field of the same name to set one; ``__post_init__`` checks them). A failure
+    # budget of its own is the protocol ``_protocols.Budgeted``
+    # (``dataclasses.replace(spec, max_failures=...)``).
+
+    @property
+    def concurrency(self) -> int:
+        """Calls of the stage at once (its threads reserved, with ``traits.worker`` threads)."""
+        return 1
 
     @property
     def buffer(self) -> int | None:
@@ -185,38 +194,27 @@ class MapSpec(StageSpec):
         if self.mode not in (("flat_map",) if isinstance(self, FlatMapSpec) else ("map", "filter")):
             raise ConfigError(f"unknown mode {self.mode!r}")
         _check_callable(self.mode, self.fn)
-        check_int("concurrency", self.concurrency)
-        check_int("buffer", self.buffer, allow_none=True)
-        check_int("buffer_bytes", self.buffer_bytes, allow_none=True)
-        check_budget("max_failures", self.max_failures, allow_none=True)
         check_flags(self, "ordered")
-        if self.executor is not None:
-            if not isinstance(self.executor, Executor):
-                raise ConfigError(
-                    f"executor must be a concurrent.futures.Executor, got {self.executor!r}"
-                )
-            if self.is_async:
-                raise ConfigError(
-                    f"{self.mode}({fn_name(self.fn)}): an async function runs on the event "
-                    "loop and cannot take an executor"
-                )
-        if self.processes is not None:
-            self._check_processes()
-
-    def _check_processes(self) -> None:
+        if self.executor is not None and not isinstance(self.executor, Executor):
+            raise ConfigError(
+                f"executor must be a concurrent.futures.Executor, got {self.executor!r}"
+            )
+        if self.executor is None and self.processes is None:
+            return
+        # an executor, or worker processes: not for an async function, and not both
         what = f"{self.mode}({fn_name(self.fn)})"
         if self.is_async:
-            raise ConfigError(f"{what}: an async function runs on the event loop, not in "
-                              "worker processes")
-        if self.executor is not None:
-            raise ConfigError(f"{what}: give executor= or workers='processes', not both")
-        if self.mode == "flat_map":
-            raise ConfigError(f"{what}: flat_map runs on threads; map to a list in worker "
-                              "processes, then unbatch()")
-        from ._boot import check_picklable
+            raise ConfigError(f"{what}: an async function runs on the event loop, not in an "
+                              "executor or worker processes")
+        if self.processes is not None:
+            if self.executor is not None:
+                raise ConfigError(f"{what}: give executor= or workers='processes', not both")
+            if self.mode == "flat_map":
+                raise ConfigError(f"{what}: flat_map runs on threads; map to a list in worker "
+                                  "processes, then unbatch()")
+            from ._boot import check_picklable
 
-        assert self.processes is not None
-        check_picklable(self.fn, self.processes, self.name or self.default_name())
+            check_picklable(self.fn, self.processes, self.name or self.default_name())
 
     @property
     def kind(self) -> str:  # type: ignore[override]
@@ -242,10 +240,6 @@ class MapSpec(StageSpec):
     @property
     def is_async(self) -> bool:
         return is_async_callable(self.fn)
-
-    @property
-    def concurrency_(self) -> int:
-        return self.concurrency
 
     def default_name(self) -> str:
         name = fn_name(self.fn)
@@ -315,8 +309,8 @@ class PrefetchSpec(StageSpec):
     size: int
 
     def __post_init__(self) -> None:
+        check_int("prefetch size", self.size)  # before super() checks it as the buffer
         super().__post_init__()
-        check_int("prefetch size", self.size)
 
     @property
     def buffer(self) -> int | None:

@@ -9,6 +9,7 @@ counts as its length (:func:`count_items`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import random
 import time
@@ -66,14 +67,12 @@ class FlatMapNode:
         self.concurrency = spec.concurrency
         self.is_async = spec.is_async
         self.capacity = ctx.counters.capacity
-        self._ticket = 0
-        self._slots: dict[int, _Slot] = {}
-        self._slot_added: asyncio.Event | None = None
-        self._workers_left = 0
         self.ledger = SplitLedger()
         # workers that put out directly record and put one at a time: a put that waits
         # for room must not let another's items in between its own
-        self._put_lock = asyncio.Lock() if self.concurrency > 1 and not self.ordered else None
+        self._put_lock: contextlib.AbstractAsyncContextManager[Any] = (
+            asyncio.Lock() if self.concurrency > 1 and not self.ordered
+            else contextlib.nullcontext())
         ctx.counters.label(spec.fn)
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
@@ -82,25 +81,20 @@ class FlatMapNode:
             async with asyncio.TaskGroup() as tg:
                 for _ in range(self.concurrency):
                     tg.create_task(self._direct_worker(inp, out))
-        else:
-            self._slot_added = asyncio.Event()
-            self._workers_left = self.concurrency
+        else:  # each item's expansion into a slot of its own, emitted in input order
+            slots: asyncio.Queue[_Slot | None] = asyncio.Queue()
             async with asyncio.TaskGroup() as tg:
-                for _ in range(self.concurrency):
-                    tg.create_task(self._slot_worker(inp))
-                tg.create_task(self._emitter(out))
-        counters = self.ctx.counters
-        self.ctx.budget.check_end(counters.failures, counters.items_in)
+                tg.create_task(self._emitter(slots, out))
+                async with asyncio.TaskGroup() as workers:
+                    for _ in range(self.concurrency):
+                        workers.create_task(self._slot_worker(inp, slots))
+                slots.put_nowait(None)  # no more slots
 
     async def _put(self, ordinal: int | None, values: list[Any], out: Sender) -> None:
         """Put out the next ``values`` of input ``ordinal``, recorded in the ledger first
         (``None``: into an ordered slot, whose emitter records them)."""
         if ordinal is None:
             await out.put_many(values)
-        elif self._put_lock is None:
-            values = self.ledger.keep(ordinal, values)
-            if values:
-                await out.put_many(values)
         else:
             async with self._put_lock:
                 values = self.ledger.keep(ordinal, values)
@@ -171,47 +165,28 @@ class FlatMapNode:
                 self.ledger.end(ordinal)
         return bool(items)
 
-    async def _slot_worker(self, inp: Receiver) -> None:
-        assert self._slot_added is not None
-        try:
-            while True:
-                items = await inp.get_many(1)
-                if not items:
-                    return
-                self.ctx.counters.items_in += count_items(items)
-                self.ledger.begin()  # its ordinal is the ticket
-                slot = _Slot(self.capacity)
-                self._slots[self._ticket] = slot
-                self._ticket += 1
-                self._slot_added.set()
-                try:
-                    await self._expand_or_fail(items[0], slot.channel, None)
-                except Exception as exc:
-                    slot.error = exc  # raised by the emitter once earlier items are out
-                    return
-                finally:
-                    slot.channel.close()
-        finally:
-            self._workers_left -= 1
-            self._slot_added.set()
+    async def _slot_worker(self, inp: Receiver, slots: asyncio.Queue[_Slot | None]) -> None:
+        while items := await inp.get_many(1):
+            self.ctx.counters.items_in += count_items(items)
+            self.ledger.begin()  # its ordinal is its slot's place in the queue
+            slot = _Slot(self.capacity)
+            slots.put_nowait(slot)  # with no await since the get: slots follow the items
+            try:
+                await self._expand_or_fail(items[0], slot.channel, None)
+            except Exception as exc:
+                slot.error = exc  # raised by the emitter once earlier items are out
+                return
+            finally:
+                slot.channel.close()
 
-    async def _emitter(self, out: Sender) -> None:
-        assert self._slot_added is not None
+    async def _emitter(self, slots: asyncio.Queue[_Slot | None], out: Sender) -> None:
         ticket = 0
-        while True:
-            slot = self._slots.get(ticket)
-            if slot is None:
-                if self._workers_left == 0 and ticket not in self._slots:
-                    return
-                self._slot_added.clear()
-                await self._slot_added.wait()
-                continue
+        while (slot := await slots.get()) is not None:
             while values := await slot.channel.get_many(_DRAIN):
                 values = self.ledger.keep(ticket, values)
                 if values:
                     await out.put_many(values)
             self.ledger.end(ticket)
-            del self._slots[ticket]
             if slot.error is not None:
                 raise slot.error
             ticket += 1
@@ -274,13 +249,12 @@ class UnbatchNode:
             for batch in batches:
                 ordinal = ledger.begin()
                 try:
-                    items = list(batch)
-                except TypeError as exc:
-                    ledger.end(ordinal)
+                    items = ledger.keep(ordinal, list(batch))
+                except TypeError as exc:  # not iterable
                     self.ctx.item_failed(batch, exc)
                     continue
-                items = ledger.keep(ordinal, items)
-                ledger.end(ordinal)
+                finally:
+                    ledger.end(ordinal)
                 if items:
                     await out.put_many(items)
                 self.ctx.produced(count_items(items))

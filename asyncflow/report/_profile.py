@@ -100,7 +100,7 @@ class ProfileReport:
         by_name = self.recommended
         for i, spec in enumerate(stages):
             name = spec.name or spec.default_name()
-            if name in by_name and hasattr(spec, "concurrency"):
+            if name in by_name and spec.traits.tunable:
                 stages[i] = dataclasses.replace(spec, concurrency=by_name[name])
         return pipe.with_stages(stages)
 
@@ -293,7 +293,7 @@ def _profile(pipe: Any, sample: int, settings: tuple[int, ...], tolerance: float
     results = []
     for index, spec in enumerate(pipe.stages):
         name = spec.name or spec.default_name()
-        configured = getattr(spec, "concurrency_", 1)
+        configured = spec.concurrency
         tunable = spec.traits.tunable
         rates: dict[int, float] = {}
         outputs: list[Any] | None = None

@@ -9,6 +9,7 @@ import traceback
 import pytest
 
 from asyncflow import AsyncflowError, FailureBudgetExceeded, Pipeline, PipelineError
+from asyncflow.pipeline import CustomSpec, NodeContext, Receiver, Sender
 
 pytestmark = pytest.mark.usefixtures("leak_check")
 
@@ -345,3 +346,39 @@ def test_an_epoch_where_every_item_failed_is_a_failure_budget_exceeded() -> None
         list(Pipeline(range(5), max_failures=1000).map(always))
     [exceeded] = [e for e in info.value.exceptions if isinstance(e, FailureBudgetExceeded)]
     assert len(exceeded.failures) == 5
+
+
+def test_the_run_checks_every_stages_budget_at_its_end() -> None:
+    # unbatch and a custom stage count failures with item_failed and never checked the end
+    # themselves: the run does, for every stage, as it did for map, flat_map and assemble
+    with pytest.raises(PipelineError) as info:
+        list(Pipeline([1, 2, 3], max_failures=1000).unbatch(name="split"))
+    [exceeded] = info.value.exceptions
+    assert isinstance(exceeded, FailureBudgetExceeded) and exceeded.stage == "split"
+    assert "every one of its 3 items failed" in str(exceeded)
+
+    class SkipThree:
+        def __init__(self, ctx: NodeContext) -> None:
+            self.ctx = ctx
+
+        async def run(self, inp: Receiver | None, out: Sender) -> None:
+            assert inp is not None
+            while items := await inp.get_many(16):
+                self.ctx.counters.items_in += len(items)
+                for item in items:
+                    if item == 3:
+                        self.ctx.item_failed(item, Boom(str(item)))
+                    else:
+                        await out.put(item)
+                        self.ctx.produced()
+
+    def skip_three(budget: float) -> Pipeline[int]:
+        spec = CustomSpec(label="skip", factory=SkipThree, items_per_output=1)
+        return Pipeline(range(10), max_failures=budget).with_stage(spec)
+
+    assert list(skip_three(0.1)) == [0, 1, 2, 4, 5, 6, 7, 8, 9]  # 1 of 10: within 10%
+    # 1 of 10 = 10% > 5%: within the grace mid-run, over the budget at the end
+    with pytest.raises(PipelineError) as info:
+        list(skip_three(0.05))
+    [exceeded] = info.value.exceptions
+    assert exceeded.stage == "skip" and "over the budget" in str(exceeded)

@@ -106,7 +106,7 @@ def test_a_failed_row_of_a_batch_not_yet_out_stays_failed() -> None:
 
 def test_the_ledger_maps_a_batch_to_its_rows_and_compacts() -> None:
     ledger = AssembleLedger(Positioned(8, 4))
-    ledger.fail(3, 3)
+    ledger.released([3], [3], False)  # a failed row
     ledger.released([0, 1, 2], [2, 0, 1], True)
     ledger.released([4, 5], [5, 4], True)
     assert ledger.inputs_of(0) == [0, 1, 2] and ledger.inputs_of(1) == [4, 5]

@@ -43,10 +43,6 @@ class Scale(StageSpec):
     concurrency: int = 1
 
     @property
-    def concurrency_(self) -> int:
-        return self.concurrency
-
-    @property
     def items_per_output(self) -> int | None:
         return 1
 
