@@ -78,6 +78,7 @@ class _Worker:
         # wrote but never sent must not collide with the replacement's names.
         self.prefix = f"{setup['prefix']}w{wid}-{os.getpid()}-"
         self.count = 0
+        _segments.allocate_as(self.name)  # a result made in shared memory: same names
         fd = os.open(status_path, os.O_RDWR)
         try:
             self.status = mmap.mmap(fd, os.fstat(fd).st_size)
