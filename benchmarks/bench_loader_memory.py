@@ -14,7 +14,8 @@ split by role (the parent, the forkserver, the resource tracker, the workers) sa
 memory went. Shared-memory files nobody maps are in no process's PSS: the ``shm`` column adds
 this run's files in ``/dev/shm`` at the peak. Nor are pages mapped and never read: torch's
 parent maps each batch it receives without touching it, so with this do-nothing consumer its
-batches never enter its PSS. The column "with each shared-memory file at its size" counts them
+batches never enter its PSS (nor asyncflow's, which maps them alike). The column "with each
+shared-memory file at its size" counts them
 (the tree's anonymous and file PSS, plus every ``/dev/shm`` file the tree maps or holds at its
 size: ``_tree_mib``), and ``--touch`` makes the consumer read each batch (a sum), as a
 training step does. The last column is each row's median time for
@@ -154,7 +155,11 @@ def _shm_mib() -> float:
     return total / 2**20
 
 
-def _tree_mib(pids: list[int]) -> tuple[dict[int, list[float]], float]:
+#: Shared-memory files of this size or more are batches (or slabs), not status pages.
+_BATCH_FILE = 1 << 20
+
+
+def _tree_mib(pids: list[int]) -> tuple[dict[int, list[float]], float, dict[str, Any]]:
     """The tree's memory with each shared-memory file counted once, at its size, whoever maps
     it and whether or not its pages were touched: the tree's anonymous and file PSS, plus the
     files in ``/dev/shm`` that its processes map or hold a descriptor of, and this run's
@@ -166,18 +171,25 @@ def _tree_mib(pids: list[int]) -> tuple[dict[int, list[float]], float]:
     Or they are mapped but not touched: torch's parent maps each batch it receives from its
     descriptor without reading it (its pages enter the parent's PSS only as they are read),
     so a consumer that never reads a batch, this benchmark's, shows none of them, neither
-    the one in hand nor those received out of order and kept for later; asyncflow maps
-    segments populated, so all of its count. Counted here at their size: what they hold in
+    the one in hand nor those received out of order and kept for later; asyncflow's parent
+    maps its segments the same way now (before 2026-11-27 it mapped them populated, so all
+    of its counted). Counted here at their size: what they hold in
     the machine. (Shared memory outside ``/dev/shm``, anonymous shared maps, is left out:
     none of these loaders makes any of size.)
 
-    Returns each process's ``_split_mib`` and the tree's memory so counted, each process's
-    mappings read right after its PSS, so that a batch freed meanwhile is in neither.
+    Returns each process's ``_split_mib``, the tree's memory so counted (each process's
+    mappings read right after its PSS, so that a batch freed meanwhile is in neither), and
+    where the batch-sized files (``_BATCH_FILE``) are: for each process, how many it maps
+    and how many more it holds only as a descriptor (``files``), and how many wait named
+    with no process of the tree mapping or holding them (``loose``).
     """
     splits: dict[int, list[float]] = {}
     sizes: dict[int, int] = {}
+    files: dict[int, list[int]] = {}
     for pid in pids:
         splits[pid] = _split_mib(pid)
+        mapped: dict[int, int] = {}
+        held: dict[int, int] = {}
         try:
             with open(f"/proc/{pid}/maps") as fh:
                 for line in fh:
@@ -185,7 +197,7 @@ def _tree_mib(pids: list[int]) -> tuple[dict[int, list[float]], float]:
                     if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
                         lo, hi = parts[0].split("-")
                         ino = int(parts[4])
-                        sizes[ino] = max(sizes.get(ino, 0), int(hi, 16) - int(lo, 16))
+                        mapped[ino] = max(mapped.get(ino, 0), int(hi, 16) - int(lo, 16))
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
             continue
@@ -193,17 +205,24 @@ def _tree_mib(pids: list[int]) -> tuple[dict[int, list[float]], float]:
             try:
                 if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
                     st = os.stat(f"/proc/{pid}/fd/{fd}")
-                    sizes[st.st_ino] = st.st_blocks * 512
+                    held[st.st_ino] = st.st_blocks * 512
             except OSError:
                 continue
+        for ino, size in [*mapped.items(), *held.items()]:
+            sizes[ino] = max(sizes.get(ino, 0), size)
+        files[pid] = [sum(size >= _BATCH_FILE for size in mapped.values()),
+                      sum(size >= _BATCH_FILE for ino, size in held.items() if ino not in mapped)]
+    loose = 0
     for path in _run_files():
         try:
             st = os.stat(path)
         except OSError:
             continue
+        if st.st_ino not in sizes and st.st_blocks * 512 >= _BATCH_FILE:
+            loose += 1
         sizes[st.st_ino] = st.st_blocks * 512
     own = sum(anon + files for anon, files, _ in splits.values())
-    return splits, own + sum(sizes.values()) / 2**20
+    return splits, own + sum(sizes.values()) / 2**20, {"files": files, "loose": loose}
 
 
 def _batch_bytes(batch: Any) -> int:
@@ -285,7 +304,7 @@ def sample(me: int) -> None:
     peak: dict[str, Any] = {"total": 0.0}
     print("ready", flush=True)
     while not select.select([sys.stdin], [], [], 0.05)[0]:
-        splits, held = _tree_mib([p for p in [me, *_descendants(me)] if p != os.getpid()])
+        splits, held, where = _tree_mib([p for p in [me, *_descendants(me)] if p != os.getpid()])
         tree = {p: sum(split) for p, split in splits.items()}
         if sum(tree.values()) > peak["total"]:
             roles: dict[str, float] = {}
@@ -293,7 +312,9 @@ def sample(me: int) -> None:
                 role = _role(pid, me)
                 roles[role] = roles.get(role, 0.0) + pss
             peak.update(total=sum(tree.values()), roles=roles, shm=_shm_mib(), at=time.time(),
-                        split=sorted([_role(pid, me), *splits[pid]] for pid in tree))
+                        split=sorted([_role(pid, me), *splits[pid]] for pid in tree),
+                        files=sorted([_role(pid, me), *where["files"].get(pid, [0, 0])]
+                                     for pid in tree), loose=where["loose"])
         peak["held"] = max(peak.get("held", 0.0), held)
     print(json.dumps(peak), flush=True)
 
@@ -350,7 +371,8 @@ def child(kind: str, job: str, array_mib: int, worker_gc: bool = False,
             "shm": peak.get("shm", 0.0), "seconds": seconds,
             "held": peak.get("held", base) - base, "start": start,
             "split": peak.get("split", []), "base_split": base_split, "counts": counts,
-            "peak_at": peak_at, "batch_mib": _batch_bytes(_batch) / 2**20 if takes else 0.0}
+            "peak_at": peak_at, "batch_mib": _batch_bytes(_batch) / 2**20 if takes else 0.0,
+            "files": peak.get("files", []), "loose": peak.get("loose", 0)}
 
 
 def main() -> None:
@@ -438,6 +460,14 @@ def main() -> None:
             epoch, index, after = mid["peak_at"]
             print(f"- {job}, {kind}: epoch {epoch}, batch {index}, {after:.0f} ms after; "
                   f"{shm:.0f} MiB ({shm / max(mid['batch_mib'], 1e-9):.1f} batches)")
+    print("\nWhere the batches were at each row's median run's peak (shared-memory files of "
+          f"{_BATCH_FILE >> 20} MiB or more): per process, mapped + held only as a descriptor; "
+          "then those waiting named, in no process")
+    for (job, kind), runs in results.items():
+        mid = sorted(runs, key=lambda r: r["above"])[len(runs) // 2]
+        print(f"- {job}, {kind}: " + "; ".join(
+            f"{role} {mapped}+{fds}" for role, mapped, fds in mid.get("files", []))
+            + f"; named {mid.get('loose', 0)}")
     if args.count:
         print("\nBatches mapped in the loader's process as each batch is taken (the one taken "
               "included), over every run: count x times; mean")

@@ -85,6 +85,7 @@ class _Worker:
         # wrote but never sent must not collide with the replacement's names.
         self.prefix = f"{setup['prefix']}w{wid}-{os.getpid()}-"
         self._numbers = itertools.count(1)
+        _segments.allocate_as(self.name)  # a result made in shared memory: same names
         self.status = map_status(status_path)
         self.offset = wid * STATUS.size
 

@@ -1,4 +1,5 @@
-"""Collate functions: torch's ``default_collate``, and padding for variable-length fields."""
+"""Collate functions: torch's ``default_collate``, and padding for variable-length fields; in
+a DataLoader's worker processes, torch's tensor collate stacking into asyncflow's segments."""
 
 from __future__ import annotations
 
@@ -8,10 +9,40 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from torch.utils.data import default_collate
+from torch.utils.data._utils import collate as torch_collate
 
 from .._errors import check_int
+from ..pipeline.shm import allocate
 
-__all__ = ["Padded", "default_collate", "pad_collate"]
+__all__ = ["Padded", "collate_in_segments", "default_collate", "pad_collate"]
+
+_torch_collate_tensor = torch_collate.collate_tensor_fn
+
+
+def _collate_tensor(batch: Sequence[torch.Tensor], *,
+                    collate_fn_map: dict[Any, Callable[..., Any]] | None = None) -> torch.Tensor:
+    """torch's ``collate_tensor_fn``, stacking a batch of dense CPU tensors into a segment of
+    this worker process (:func:`asyncflow.pipeline.shm.allocate`) that goes to the parent by
+    name. torch's own stacks into shared memory of torch's, which the result's pickling would
+    copy once more; anything else, or no segment to be had, goes to torch's."""
+    elem = batch[0]
+    numel = elem.numel()
+    if (type(elem) is torch.Tensor and elem.device.type == "cpu" and not elem.is_nested
+            and elem.layout == torch.strided and not elem.is_quantized
+            and not elem.requires_grad and numel > 0
+            and all(x.numel() == numel for x in batch)):  # else torch's says what is wrong
+        buffer = allocate(len(batch) * numel * elem.element_size())
+        if buffer is not None:
+            out = torch.frombuffer(buffer, dtype=torch.uint8).view(elem.dtype)
+            return torch.stack(list(batch), 0, out=out.view(len(batch), *elem.shape))
+    return _torch_collate_tensor(batch, collate_fn_map=collate_fn_map)  # type: ignore[no-any-return]
+
+
+def collate_in_segments() -> None:
+    """In a DataLoader's worker process: make torch's collate (``default_collate``, and a
+    ``collate_fn`` that calls it) stack tensors into asyncflow's segments, where torch's
+    would stack them into torch's shared memory (a copy each batch saved)."""
+    torch_collate.default_collate_fn_map[torch.Tensor] = _collate_tensor
 
 
 class Padded(NamedTuple):

@@ -15,6 +15,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 
 from .._redact import describe_item, format_exception, redact
 from ..pipeline import WorkerInfo, worker_info
+from ._collate import collate_in_segments
 
 __all__ = [
     "Failed", "Fetch", "Indexed", "Positioned", "Snapshot", "TorchWorkerInit", "init_failure",
@@ -210,6 +211,7 @@ class TorchWorkerInit:
             id=wid, num_workers=count, seed=seed, dataset=dataset
         )
         torch.manual_seed(seed)
+        collate_in_segments()  # where torch's workers collate into shared memory, ours do too
         state = self.dataset_states.get(wid)
         if state is not None:
             dataset.load_state_dict(state)

@@ -79,17 +79,17 @@ class DataLoader(TorchDataLoader[T_co]):
         multiprocessing_context: ``None`` (default), ``"fork"``, ``"forkserver"`` or
             ``"spawn"``, a name or a context. ``None``, as torch's default on Linux, forks the
             workers from the loader's process over a map-style dataset where that is safe:
-            they share its pages as torch's do (on the issue-23 images job, 1.04x torch's
-            memory where the forkserver's second copy of torch costs 1.68x;
-            docs/performance.md) and take a Dataset that cannot be pickled. The process is
-            forked when an epoch's run is built, on the thread that iterates, and only if no
-            other Python thread runs then (forking beside a running thread can deadlock the
-            worker); else the workers start from the forkserver, and ``stats().notes`` says
-            which, and why. An ``IterableDataset``'s workers start inside the loader's own
-            run, beside its threads: the forkserver. ``"fork"`` asks for fork alone:
-            iterating raises :class:`ConfigError` naming the threads where it is unsafe, and
-            it is refused for an ``IterableDataset``. ``"forkserver"`` and ``"spawn"`` pickle
-            the dataset.
+            they share its pages as torch's do (on the issue-23 images job on 2 cores,
+            0.87-0.97x torch's PSS, where from the forkserver its second copy of torch costs
+            about 130 MiB more; docs/performance.md) and take a Dataset that cannot be
+            pickled. The process is forked when an epoch's run is built, on the thread that
+            iterates, and only if no other Python thread runs then (forking beside a running
+            thread can deadlock the worker); else the workers start from the forkserver, and
+            ``stats().notes`` says which, and why. An ``IterableDataset``'s workers start
+            inside the loader's own run, beside its threads: the forkserver. ``"fork"`` asks
+            for fork alone: iterating raises :class:`ConfigError` naming the threads where it
+            is unsafe, and it is refused for an ``IterableDataset``. ``"forkserver"`` and
+            ``"spawn"`` pickle the dataset.
         generator: As torch: a shuffle then matches torch's DataLoader given an identically
             seeded generator, and each epoch draws a worker base seed from it first.
         prefetch_factor: As torch: batches kept ready per worker (2 when ``None``).

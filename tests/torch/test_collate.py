@@ -1,8 +1,12 @@
-"""Collate: torch's default_collate as the default, and padding for variable-length fields."""
+"""Collate: torch's default_collate as the default, padding for variable-length fields, and
+torch's tensor collate stacking into asyncflow's segments in a worker process."""
 
 from __future__ import annotations
 
 import functools
+import itertools
+import os
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -10,7 +14,8 @@ import pytest
 import torch
 
 from asyncflow import ConfigError
-from asyncflow.torch import Padded, default_collate, pad_collate
+from asyncflow.pipeline import _segments
+from asyncflow.torch import Padded, _collate, default_collate, pad_collate
 
 
 def test_default_collate_is_torchs() -> None:
@@ -95,3 +100,51 @@ def test_rejects_overwriting_and_bad_options() -> None:
         pad_collate([{"x": torch.ones(1)}], multiple_of=0)
     with pytest.raises(TypeError, match="'x'"):
         pad_collate([{"x": object()}], fields=["x"])
+
+
+# -- in a DataLoader's worker process: torch's tensor collate into asyncflow's segments ------
+
+
+@pytest.fixture
+def as_worker() -> Iterator[None]:
+    """This process allocates segments as a worker process does (names only these tests use)."""
+    count = itertools.count()
+    _segments.allocate_as(lambda: f"asyncflow-{os.getpid()}-collatetest-{next(count)}")
+    try:
+        yield
+    finally:
+        _segments.allocate_as(None)
+        _segments._made.clear()
+        _segments.sweep(f"asyncflow-{os.getpid()}-collatetest-")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.uint8, torch.bool, torch.int64,
+                                   torch.float16, torch.complex64])
+def test_tensor_collate_stacks_into_a_segment_of_the_worker(
+    dtype: torch.dtype, as_worker: None
+) -> None:
+    samples = [(torch.arange(3 * 128 * 128) % 7 + i).reshape(3, 128, 128).to(dtype)
+               for i in range(4)]
+    out = _collate._collate_tensor(samples)
+    assert out.dtype == dtype and torch.equal(out, torch.stack(samples))
+    (path, size, _), = _segments._made.values()  # the batch is the whole segment
+    assert out.data_ptr() in _segments._made and size == out.nbytes
+    assert os.path.exists(path)
+
+
+def test_tensor_collate_leaves_what_it_cannot_stack_in_a_segment_to_torch(
+    as_worker: None
+) -> None:
+    small = [torch.ones(4), torch.zeros(4)]  # below SHM_THRESHOLD
+    assert torch.equal(_collate._collate_tensor(small), torch.stack(small))
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        _collate._collate_tensor([torch.zeros(128, 128), torch.zeros(128, 64)])
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        _collate._collate_tensor([torch.zeros(128, 128), torch.zeros(64, 256)])
+    assert _segments._made == {}
+
+
+def test_tensor_collate_outside_a_worker_process_is_torchs() -> None:
+    samples = [torch.full((128, 128), float(i)) for i in range(3)]
+    assert torch.equal(_collate._collate_tensor(samples), torch.stack(samples))
+    assert _segments._made == {}

@@ -4,6 +4,7 @@ random augmentation, the ``workers="auto"`` choice, failures, and clean stops.""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing
 import os
@@ -651,6 +652,99 @@ def test_timeout_stops_a_worker_stuck_in_getitem(leak_check: None) -> None:
     with pytest.raises(StallError):
         list(loader)
     assert time.monotonic() - started < 10  # and leak_check: the stuck worker is gone
+
+
+# -- 9b. batches collated straight into shared memory ----------------------------------------
+
+
+class Images(Pairs):
+    """48 KiB samples: a batch of 4 is above SHM_THRESHOLD."""
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((3, 64, 64), float(i)), i
+
+
+def _images(first: int, count: int) -> torch.Tensor:
+    return torch.stack([torch.full((3, 64, 64), float(i)) for i in range(first, first + count)])
+
+
+def collate_noting_segments(samples: list[Any]) -> Any:
+    """A user's collate calling torch's: its stacked images, and whether they lie in a segment
+    this worker made to send by name (``_segments.allocate``), rather than in torch's."""
+    from asyncflow.pipeline import _segments
+
+    images, labels = tud.default_collate(samples)
+    return images, labels, images.data_ptr() in _segments._made
+
+
+def collate_then_fail(samples: list[Any]) -> Any:
+    tud.default_collate(samples)  # stacked into a segment, then dropped
+    raise ValueError("collate failed after stacking")
+
+
+@pytest.mark.parametrize("context", [None, "forkserver"])
+def test_torchs_collate_stacks_into_segments_sent_without_a_copy(
+    context: str | None, leak_check: None
+) -> None:
+    loader = DataLoader(Images(24), batch_size=4, num_workers=2, workers="processes",
+                        collate_fn=collate_noting_segments, multiprocessing_context=context)
+    for b, (images, labels, in_segment) in enumerate(loader):
+        assert in_segment
+        assert torch.equal(images, _images(4 * b, 4))
+        assert labels.tolist() == list(range(4 * b, 4 * b + 4))
+        images.add_(1)  # writable, as torch's
+
+
+def test_default_collate_batches_on_processes_are_those_of_threads(leak_check: None) -> None:
+    def epoch(workers: str) -> list[Any]:
+        return list(DataLoader(Images(26), batch_size=4, num_workers=2, workers=workers))
+
+    threads, processes = epoch("threads"), epoch("processes")
+    assert len(processes) == 7
+    assert all(same(p, t) for p, t in zip(processes, threads, strict=True))
+
+
+def _held_segments(before: set[str]) -> set[str]:
+    return {n for n in _segments() - before if not n.endswith("-status")}
+
+
+def test_a_collate_failing_after_stacking_leaves_no_segment_in_live_workers(
+    leak_check: None
+) -> None:
+    before = _segments()
+    loader = DataLoader(Images(16), batch_size=4, num_workers=2, workers="processes",
+                        collate_fn=collate_then_fail, persistent_workers=True)
+    it = iter(loader)
+    for _ in range(4):  # as torch: each batch raises, and iterating goes on
+        with pytest.raises(ValueError, match="collate failed after stacking"):
+            next(it)
+    del it
+    assert _settles(lambda: _held_segments(before) == set()), _held_segments(before)
+    del loader
+    gc.collect()
+
+
+@pytest.mark.parametrize("how", ["break", "exception", "gc"])
+def test_stopping_with_batches_in_segments_leaves_none(how: str, leak_check: None) -> None:
+    before = _segments()
+    loader = DataLoader(Images(400), batch_size=4, num_workers=2, workers="processes",
+                        persistent_workers=True)
+    if how == "gc":
+        it = iter(loader)
+        next(it)
+        del it
+    else:
+        with contextlib.suppress(ZeroDivisionError):
+            for i, _ in enumerate(loader):
+                if i == 3:
+                    if how == "break":
+                        break
+                    raise ZeroDivisionError
+    gc.collect()
+    # the workers live on (persistent): what they stacked ahead was received or unlinked
+    assert _settles(lambda: _held_segments(before) == set()), _held_segments(before)
+    del loader
+    gc.collect()
 
 
 # -- 10. stopping leaves nothing behind ----------------------------------------------------
