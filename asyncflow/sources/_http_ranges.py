@@ -26,7 +26,7 @@ from ._http_session import MAX_CONTENT_LENGTH, body, coding, content_length, get
 from ._retry import Retry, Timeout, http_date
 from ._tries import Changed
 
-__all__ = ["Resume", "open_from", "stream"]
+__all__ = ["Resume", "stream"]
 
 _CONTENT_RANGE = re.compile(r"bytes ([0-9]{1,20})-([0-9]{1,20})/([0-9]{1,20})")
 
@@ -101,33 +101,6 @@ def _range_answer(
     return end - start + 1
 
 
-async def open_from(
-    session: aiohttp.ClientSession,
-    url: str,
-    offset: int,
-    resume: Resume,
-    what: object,
-    retry: Retry,
-    timeout: Timeout,
-) -> tuple[aiohttp.ClientResponse, int, int | None]:
-    """``(response, where its body starts, how many bytes it holds)`` for the body from
-    ``offset`` on; the body starts at 0 when the object cannot be resumed, has changed, or
-    the server ignores ranges."""
-    validator = resume.if_range() if offset else None
-    headers = {"Range": f"bytes={offset}-", "If-Range": validator} if validator else None
-    resp = await get(session, url, what=what, retry=retry, timeout=timeout, headers=headers)
-    try:
-        length = content_length(resp, what)
-        if resp.status != 206:
-            return resp, 0, length
-        if headers is None:
-            raise SourceError(f"{what}: HTTP 206 to a request without Range")
-        return resp, offset, _range_answer(resp, offset, resume, length, what)
-    except BaseException:
-        resp.release()
-        raise
-
-
 class _Replay:
     """An answer read again from byte 0: its first ``offset`` bytes, those already delivered,
     are skipped; where nothing else proves it the same object (no validator), their digest
@@ -181,16 +154,23 @@ async def stream(
             one, the digest of the bytes already yielded, read again from byte 0), so they
             cannot be continued; or the server answered another range than asked for.
     """
-    resp, start, expected = await open_from(session, url, offset, resume, what, retry, timeout)
+    validator = resume.if_range() if offset else None
+    headers = {"Range": f"bytes={offset}-", "If-Range": validator} if validator else None
+    resp = await get(session, url, what=what, retry=retry, timeout=timeout, headers=headers)
     try:
+        expected = content_length(resp, what)
         replay = None
-        if not offset:
+        if resp.status == 206:
+            if headers is None:
+                raise SourceError(f"{what}: HTTP 206 to a request without Range")
+            expected = _range_answer(resp, offset, resume, expected, what)
+        elif not offset:
             resume.learn(resp, expected)
-        elif start == 0:  # the whole object again: what was read is skipped, or checked
+        else:  # the whole object again (it cannot be resumed, changed, or ranges are ignored)
             if resume.prefix is None and not resume.same(resp, expected):
                 raise Changed(f"{what}: the object changed after {offset} bytes were read; "
                               "cannot resume")
-            replay = _Replay(resume, offset, what)
+            replay = _Replay(resume, offset, what)  # what was read is skipped, or checked
         async with aclosing(body(resp, expected, what, timeout)) as chunks:
             async for chunk in chunks:
                 if replay is not None and replay.left:
