@@ -26,6 +26,7 @@ from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender, apply_hooks
 from ._options import RunOptions, RunPlan
 from ._pipeline import Pipeline
 from ._protocols import Assembler
+from ._reducers import register_reducer
 from ._run import ConsumerHook, Run
 from ._span import Span
 from ._spec import StageSpec
@@ -38,14 +39,6 @@ from ._worker_options import (
     register_worker_setup,
     worker_info,
 )
-
-
-def register_reducer(cls: type, reducer: object) -> None:
-    """Send instances of ``cls`` between worker processes with ``reducer`` (``_segments.py``)."""
-    from ._segments import register_reducer as register
-
-    register(cls, reducer)  # type: ignore[arg-type]
-
 
 __all__ = [
     "END_OF_STREAM",

@@ -19,7 +19,7 @@ from multiprocessing import spawn
 from typing import Any
 
 from .._errors import ConfigError
-from . import _segments
+from . import _reducers, _segments
 from ._worker_options import Processes, worker_setups
 
 __all__ = [
@@ -89,7 +89,7 @@ class Boot:
 def worker_setup(fn: Callable[[Any], Any], size: int, spec: Processes, stage: str,
                  prefix: str) -> dict[str, Any]:
     """What a worker starts from (``_worker_process.serve``); a forked worker gets it as is."""
-    providers = _segments.lazy_providers()
+    providers = _reducers.lazy_providers()
     return {
         "fn": fn, "init": spec.init, "prefix": prefix,
         # A lazy provider (asyncflow.torch's tensor reducer) and its setup hook load in a
@@ -97,7 +97,7 @@ def worker_setup(fn: Callable[[Any], Any], size: int, spec: Processes, stage: st
         # workers never import torch.
         "setups": [h for h in worker_setups() if h.__module__ not in providers.values()],
         "lazy": providers,
-        "modules": _segments.eager_reducer_modules(),
+        "modules": _reducers.eager_reducer_modules(),
         "info": {"num_workers": size, "seed": spec.seed or 0, "stage": stage},
         "reseed": spec.reseed,
     }
@@ -151,9 +151,9 @@ def start_context(spec: Processes, core: bytes = b"") -> Any:
     context = multiprocessing.get_context(spec.start_method)
     if spec.start_method == "forkserver" and not _preloaded:
         _preloaded = True
-        heavy = ["asyncflow.pipeline._worker_process", *_segments.eager_reducer_modules()]
+        heavy = ["asyncflow.pipeline._worker_process", *_reducers.eager_reducer_modules()]
         heavy += [m for m in ("numpy", "PIL.Image") if m in sys.modules]
-        for trigger, provider in _segments.lazy_providers().items():
+        for trigger, provider in _reducers.lazy_providers().items():
             if trigger.encode() in core:  # the function or its Dataset refers to torch
                 heavy.append(provider)
         context.set_forkserver_preload(heavy)

@@ -12,9 +12,9 @@ Segment names carry the creating pool's process id and token
 received (a worker killed mid-write, a run stopped with results in the pipe), and a later pool
 can sweep what a crashed process left behind.
 
-The engine knows no tensor type: a feature registers a reducer for its types with
-:func:`register_reducer` (``asyncflow.torch`` does, for CPU tensors), and the reducer's module
-is imported in every worker, so that both sides agree.
+The engine knows no tensor type: a feature registers a reducer for its types
+(``_reducers.register_reducer``; ``asyncflow.torch`` does, for CPU tensors), and the reducer's
+module is imported in every worker, so that both sides agree.
 
 A worker may also make a result in a segment from the start (:func:`allocate`: a collate
 stacking a batch straight into shared memory); such a buffer is sent by name, not copied.
@@ -24,18 +24,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
-import importlib
 import io
 import mmap
 import os
 import pickle
 import re
-import sys
 import tempfile
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from ._reducers import Pickler, cloud_pickler, load_lazy
 
 __all__ = [
     "SHM_DIR",
@@ -44,15 +43,9 @@ __all__ = [
     "allocate_as",
     "discard",
     "dumps",
-    "eager_reducer_modules",
-    "lazy_providers",
-    "load_lazy",
-    "load_reducer_modules",
     "loads",
     "map_private",
     "pickle_by_value",
-    "register_lazy_reducers",
-    "register_reducer",
     "segment_prefix",
     "sweep",
     "sweep_stale",
@@ -67,98 +60,10 @@ SHM_THRESHOLD = 64 * 1024
 
 _NAME = re.compile(r"^asyncflow-(\d+)-")
 
-_reducers: dict[type, Callable[[Any], Any]] = {}
-_lazy: dict[str, str] = {}  # trigger -> provider, not yet imported
-_lazy_all: dict[str, str] = {}  # every lazy registration, imported or not
-_lookups: dict[type, Callable[[Any], Any] | None] = {}
-_modules: dict[str, None] = {}
 # In a worker process: how allocate names a segment, and the segments it made that are not
 # sent yet, by address: (path, size, what unlinks the name if the buffer is freed unsent).
 _allocate_name: Callable[[], str] | None = None
 _made: dict[int, tuple[str, int, weakref.finalize[Any, Any]]] = {}
-
-
-def register_reducer(cls: type, reducer: Callable[[Any], Any]) -> None:
-    """Pickle instances of ``cls`` (and its subclasses) with ``reducer`` between processes.
-
-    ``reducer(obj)`` returns what ``__reduce__`` would (a callable and its arguments), or
-    ``NotImplemented`` for the default. Wrap large buffers in :class:`pickle.PickleBuffer` to
-    send them through shared memory. The reducer's module is imported in every worker.
-    """
-    _reducers[cls] = reducer
-    _lookups.clear()
-    _modules[reducer.__module__] = None
-
-
-def register_lazy_reducers(trigger: str, provider: str) -> None:
-    """Import ``provider`` (which registers reducers) once ``trigger`` has been imported.
-
-    The public face uses it to wire ``asyncflow.torch``'s tensor reducer in whenever torch is
-    loaded, without the engine importing either.
-    """
-    _lazy[trigger] = provider
-    _lazy_all[trigger] = provider
-
-
-def lazy_providers() -> dict[str, str]:
-    """Every ``trigger -> provider`` registered with :func:`register_lazy_reducers`."""
-    return dict(_lazy_all)
-
-
-def load_lazy() -> None:
-    """Import the providers whose trigger module is imported now (a worker calls it once its
-    function is unpickled; :func:`dumps` calls it on the way too)."""
-    for trigger, provider in list(_lazy.items()):
-        if trigger in sys.modules:
-            del _lazy[trigger]
-            importlib.import_module(provider)
-
-
-def eager_reducer_modules() -> list[str]:
-    """The modules that registered reducers, less the lazy providers: what every worker
-    imports at start whatever its function needs."""
-    load_lazy()
-    providers = set(_lazy_all.values())
-    return [m for m in _modules if m not in providers]
-
-
-def load_reducer_modules(names: Iterable[str]) -> None:
-    """Import the modules that registered reducers in the parent (in a worker, at start)."""
-    for name in names:
-        if name not in sys.modules:
-            importlib.import_module(name)
-
-
-def _lookup(cls: type) -> Callable[[Any], Any] | None:
-    try:
-        return _lookups[cls]
-    except KeyError:
-        found = next((_reducers[k] for k in cls.__mro__ if k in _reducers), None)
-        _lookups[cls] = found
-        return found
-
-
-def _reduce(obj: Any) -> Any:
-    """What the reducer registered for ``obj``'s type returns, or ``NotImplemented``."""
-    reducer = _lookup(type(obj)) if _reducers else None
-    return NotImplemented if reducer is None else reducer(obj)
-
-
-class _Pickler(pickle.Pickler):
-    def reducer_override(self, obj: Any) -> Any:
-        return _reduce(obj)
-
-
-@functools.cache
-def _cloud_pickler() -> type[pickle.Pickler]:
-    import cloudpickle  # only when plain pickle fails: keeps the common path light
-
-    class CloudPickler(cloudpickle.Pickler):  # type: ignore[misc]
-        def reducer_override(self, obj: Any) -> Any:
-            result = _reduce(obj)
-            return super().reducer_override(obj) if result is NotImplemented else result
-
-    return CloudPickler
 
 
 def segment_prefix(token: str) -> str:
@@ -222,7 +127,7 @@ def _pickle(obj: Any, *, by_value: bool, apart: bool) -> tuple[bytes, list[pickl
         return False
 
     stream = io.BytesIO()
-    pickler = _cloud_pickler() if by_value else _Pickler
+    pickler = cloud_pickler() if by_value else Pickler
     pickler(stream, protocol=5, buffer_callback=keep).dump(obj)
     return stream.getvalue(), big
 

@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .._redact import format_exception, redact
-from . import _segments
+from . import _reducers, _segments
 from ._portable import FAILED, noted, portable
 from ._worker_options import WorkerInfo, run_worker_setups, set_worker_info
 from .seeding import item_seed, seed_everything
@@ -160,8 +160,8 @@ def worker_main(conn: Connection, boot: bytes, status_path: str, wid: int) -> No
         # the setup's large buffers (a Dataset's arrays) on pages every worker shares
         setup = pickle.loads(core, buffers=_segments.map_private(segments))
         for trigger, provider in setup["lazy"].items():
-            _segments.register_lazy_reducers(trigger, provider)
-        _segments.load_reducer_modules(setup["modules"])
+            _reducers.register_lazy_reducers(trigger, provider)
+        _reducers.load_reducer_modules(setup["modules"])
     except BaseException as exc:
         send(conn, "boot_error", format_exception(exc).encode(), [])
         return
@@ -175,7 +175,7 @@ def serve(conn: Connection, setup: dict[str, Any], status_path: str, wid: int) -
     try:
         info = WorkerInfo(id=wid, pid=os.getpid(), **setup["info"])
         set_worker_info(info)
-        _segments.load_lazy()  # the function's own imports (torch for a Dataset) bring these in
+        _reducers.load_lazy()  # the function's own imports (torch for a Dataset) bring these in
         run_worker_setups(setup["setups"])
         if setup["init"] is not None:
             setup["init"](info)
