@@ -23,7 +23,7 @@ from ..pipeline import FailureBudget, Merge, Pipeline, PipelineStats, Processes,
 from ._fetch import Failed, Positioned, TorchWorkerInit
 from ._lane import LaneEnd, LaneFetch, LaneTurns
 from ._lane_stats import EpochLanes
-from ._layout import _pin_positioned, choose, epoch_length, pinning, worker_spec
+from ._layout import choose, deliver, epoch_length, fetch_notes, pinning, worker_spec
 from ._state import EpochIterator, LoaderState
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class IterableEpochs:
         self.dataset_states: list[Any] = [s for _, _, s in resume]
         self._resume_epoch = loader._state.next_epoch if saved else None
         self.fetches: list[LaneFetch] = []
-        self._notes = (f"stage 'fetch' runs on {note}",) if note else ()
+        self._notes = fetch_notes(note)
         self.templates = [self._template(lane, resume[lane]) for lane in range(lanes)]
         loader._thread_fetches = list(self.fetches) if self.processes is None else []
         loader._kept_alive = self.processes is not None and self.processes.persistent \
@@ -114,11 +114,7 @@ class IterableEpochs:
                   for lane in live]
         pipe = Pipeline(Merge(inputs, turns, name="workers", on_end=turns.end),
                         name="DataLoader", notes=self._notes)
-        if self.processes is not None and pinning(self.loader):
-            pipe = pipe.map(_pin_positioned, name="pin")
-        if self.loader.device is not None:
-            pipe = pipe.to_device(self.loader.device)  # a failure or a snapshot: left alone
-        return pipe.open(), turns
+        return deliver(pipe, self.loader, self.processes).open(), turns
 
     def start(self, epoch: int) -> LanesIterator:
         """Open the epoch's lanes and return its iterator."""
@@ -294,10 +290,7 @@ class LanesIterator(EpochIterator):
                 break
             if self._take(item):
                 return item
-        self._check_superseded()
-        self._done = True
-        self._read_log(to_batch=False)
-        self._end_budget()
+        self._finish()
         raise StopIteration
 
     async def _apull(self) -> Positioned:
@@ -309,11 +302,15 @@ class LanesIterator(EpochIterator):
                 break
             if self._take(item):
                 return item
+        self._finish()
+        raise StopAsyncIteration
+
+    def _finish(self) -> None:
+        """The epoch's run ended: its last turns read, its failure budget checked."""
         self._check_superseded()
         self._done = True
         self._read_log(to_batch=False)
         self._end_budget()
-        raise StopAsyncIteration
 
     def _reraise(self, exc: Exception) -> None:
         """Raise as torch does when the run failed; where several workers failed it (each

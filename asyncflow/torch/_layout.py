@@ -23,9 +23,10 @@ __all__ = [
     "dataset_of",
     "dataset_states_of",
     "default_workers",
+    "deliver",
     "epoch_length",
     "epoch_pipeline",
-    "fetch_pipeline",
+    "fetch_notes",
     "index_batches",
     "needs_processes",
     "pinning",
@@ -195,26 +196,24 @@ def epoch_pipeline(loader: Loader, fetch: Fetch) -> Pipeline:
     fetch.pin = pinning(loader) and processes is None  # pinned in the loading threads
     fetch.catch = loader.max_failures == 0
     workers = max(1, loader.num_workers)
-    return fetch_pipeline(
-        loader, fetch, processes, note, window=loader._ahead, max_failures=loader.max_failures,
-        concurrency=workers, ordered=loader._ordered(),
-        buffer=(loader.prefetch_factor or 2) * workers,
-    )
-
-
-def fetch_pipeline(loader: Loader, fetch: Any, processes: Processes | None, note: str | None,
-                   *, window: int | None, buffer: int, max_failures: int | float = 0,
-                   concurrency: int = 1, ordered: bool = True) -> Pipeline:
-    """An epoch's template: ``fetch`` on threads or ``processes`` (``note`` says why), then
-    pinning in this process for worker processes' batches (page-locked memory is this
-    process's) and the copy to ``device=``."""
     pipe = Pipeline(
-        [], name="DataLoader", max_failures=max_failures, window=window,
-        notes=(f"stage 'fetch' runs on {note}",) if note else (),
+        [], name="DataLoader", max_failures=loader.max_failures, window=loader._ahead,
+        notes=fetch_notes(note),
     ).map(
-        fetch, concurrency=concurrency, name="fetch", ordered=ordered, buffer=buffer,
-        workers=processes or "threads",
+        fetch, concurrency=workers, name="fetch", ordered=loader._ordered(),
+        buffer=(loader.prefetch_factor or 2) * workers, workers=processes or "threads",
     )
+    return deliver(pipe, loader, processes)
+
+
+def fetch_notes(note: str | None) -> tuple[str, ...]:
+    """The run's note that says where ``fetch`` runs and why (``note``: :func:`choose`'s)."""
+    return (f"stage 'fetch' runs on {note}",) if note else ()
+
+
+def deliver(pipe: Pipeline, loader: Loader, processes: Processes | None) -> Pipeline:
+    """``pipe``'s batches pinned in this process when worker ``processes`` fetched them
+    (page-locked memory is this process's), then copied to ``device=``."""
     if processes is not None and pinning(loader):
         pipe = pipe.map(_pin_positioned, name="pin")
     if loader.device is not None:
