@@ -173,8 +173,8 @@ class _Executor(ThreadPoolExecutor):
     """The helpers' threads as a run loop's default executor.
 
     A ``ThreadPoolExecutor`` by type only (asyncio's ``set_default_executor`` insists on
-    one); it starts no thread of its own. Its ``shutdown`` only refuses further calls: the
-    run shuts the pool down itself, after the loop.
+    one); it starts no thread of its own. Its ``shutdown`` does nothing: the run shuts the
+    pool down itself, after the loop.
     """
 
     def __init__(self, helpers: Threads, name: str) -> None:
