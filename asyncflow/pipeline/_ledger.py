@@ -345,9 +345,9 @@ class SourceLedger(Ledger):
 
     def settled(self, ordinals: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """The positions of ``ordinals`` (``[start, end)`` ranges), emitted and settled now."""
-        plan = self.plan
-        if not plan.skip.ranges:  # ordinals follow the positions from the base, no gap
-            return [(plan.base + start, plan.base + end) for start, end in ordinals]
+        if not self.plan.skip.ranges:  # ordinals follow the positions from the base, no gap
+            base = self.plan.base
+            return [(base + start, base + end) for start, end in ordinals]
         return [pair for start, end in ordinals for pair in self.positions(start, end)]
 
 

@@ -9,7 +9,7 @@ out: the branch is rebuilt as a new epoch of its input, inside the same run. The
 nothing else of the policy (``asyncflow.mix`` draws by weight).
 
 A merge's state, and how a resumed merge replays its policy's choices, restarts included:
-``_merge_resume.py``.
+``_merge_resume.py`` and ``_merge_epochs.py``.
 """
 
 from __future__ import annotations

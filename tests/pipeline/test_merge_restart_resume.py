@@ -426,7 +426,7 @@ def test_the_last_era_a_state_lists_is_never_folded_away() -> None:
     # A restart has begun the next era but not built it yet: the era before it, delivered
     # in full, stays listed (a resumed run reads it to its end, then restarts); once the next
     # one is built, it is only counted.
-    from asyncflow.pipeline._merge_resume import Era, Track
+    from asyncflow.pipeline._merge_epochs import Era, Track
     from asyncflow.pipeline._span import Span
 
     ended = Era(0)
