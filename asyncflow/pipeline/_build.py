@@ -25,7 +25,8 @@ from ._ledger import Ledger
 from ._lineage import Lineage, SourcePlan
 from ._loop import new_loop
 from ._merge import Branch, BranchRun, Merge, MergeNode
-from ._merge_resume import Era, MergeLedger, branch_at, tracks_of
+from ._merge_epochs import Era
+from ._merge_resume import MergeLedger, branch_at, tracks_of
 from ._node import ItemKeys, Node, NodeContext, make_node
 from ._options import RunOptions
 from ._pool_holder import PoolHolder
