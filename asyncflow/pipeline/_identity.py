@@ -19,7 +19,7 @@ content, and says where two differ with :func:`describe_difference`.
 The one checksum of a saved state: what resume, elastic resume (``asyncflow.ranks``) and
 any feature that signs a plain-JSON record (a cache's manifest and upstream fingerprint)
 compute alike; and the one digest of bytes, :func:`short_digest` (a listing's item tokens, an
-image file's token, the journal's digest of a file).
+image file's token, the journal's digest of a file, the code in a cache's fingerprint).
 
 ``state_checksum(body)`` is the first 16 hex digits of the SHA-256 of ``body``'s canonical
 JSON (sorted keys, no spaces, ASCII). A pipeline's ``state_dict()`` stores it under
