@@ -186,3 +186,21 @@ async def async_leak_check() -> object:
         f"children={sorted(extra_children)} fds={sorted(extra_fds)} "
         f"segments={sorted(extra_segments)}"
     )
+
+
+@pytest.fixture
+def as_worker() -> Iterator[None]:
+    """This process allocates segments as a worker process does (``shm.allocate``), under
+    names only the test uses, swept after it."""
+    import itertools
+
+    from asyncflow.pipeline import _segments
+
+    count = itertools.count()
+    _segments.allocate_as(lambda: f"asyncflow-{os.getpid()}-alloctest-{next(count)}")
+    try:
+        yield
+    finally:
+        _segments.allocate_as(None)
+        _segments._made.clear()
+        _segments.sweep(f"asyncflow-{os.getpid()}-alloctest-")

@@ -7,7 +7,6 @@ import errno
 import gc
 import itertools
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -23,17 +22,15 @@ def _mine() -> set[str]:
     return {n for n in os.listdir(_segments.SHM_DIR) if n.startswith(prefix)}
 
 
+
 @pytest.fixture
-def as_worker() -> Iterator[None]:
-    """This process allocates as a worker does, under names only this test uses."""
-    count = itertools.count()
-    _segments.allocate_as(lambda: f"asyncflow-{os.getpid()}-alloctest-{next(count)}")
-    try:
-        yield
-    finally:
-        _segments.allocate_as(None)
-        _segments._made.clear()
-        _segments.sweep(f"asyncflow-{os.getpid()}-alloctest-")
+def written(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The segments written (copied into) from now on."""
+    paths: list[str] = []
+    real_write = _segments._write_segment
+    monkeypatch.setattr(_segments, "_write_segment",
+                        lambda path, data: paths.append(path) or real_write(path, data))
+    return paths
 
 
 def _names() -> Any:
@@ -49,12 +46,8 @@ def test_outside_a_worker_or_below_the_threshold_there_is_no_segment(as_worker: 
 
 
 def test_a_buffer_spanning_an_allocated_segment_is_sent_by_name_not_written(
-    as_worker: None, monkeypatch: pytest.MonkeyPatch
+    as_worker: None, written: list[str]
 ) -> None:
-    written: list[str] = []
-    real_write = _segments._write_segment
-    monkeypatch.setattr(_segments, "_write_segment",
-                        lambda path, data: written.append(path) or real_write(path, data))
     buffer = _segments.allocate(SIZE)
     assert buffer is not None
     made = np.frombuffer(buffer, dtype=np.uint8)
@@ -72,12 +65,8 @@ def test_a_buffer_spanning_an_allocated_segment_is_sent_by_name_not_written(
 
 
 def test_a_part_of_an_allocated_segment_is_copied_and_the_segment_unlinked_when_freed(
-    as_worker: None, monkeypatch: pytest.MonkeyPatch
+    as_worker: None, written: list[str]
 ) -> None:
-    written: list[str] = []
-    real_write = _segments._write_segment
-    monkeypatch.setattr(_segments, "_write_segment",
-                        lambda path, data: written.append(path) or real_write(path, data))
     buffer = _segments.allocate(SIZE)
     assert buffer is not None
     whole = np.frombuffer(buffer, dtype=np.uint8)

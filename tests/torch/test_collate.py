@@ -4,9 +4,7 @@ torch's tensor collate stacking into asyncflow's segments in a worker process.""
 from __future__ import annotations
 
 import functools
-import itertools
 import os
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -104,18 +102,6 @@ def test_rejects_overwriting_and_bad_options() -> None:
 
 # -- in a DataLoader's worker process: torch's tensor collate into asyncflow's segments ------
 
-
-@pytest.fixture
-def as_worker() -> Iterator[None]:
-    """This process allocates segments as a worker process does (names only these tests use)."""
-    count = itertools.count()
-    _segments.allocate_as(lambda: f"asyncflow-{os.getpid()}-collatetest-{next(count)}")
-    try:
-        yield
-    finally:
-        _segments.allocate_as(None)
-        _segments._made.clear()
-        _segments.sweep(f"asyncflow-{os.getpid()}-collatetest-")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.uint8, torch.bool, torch.int64,
