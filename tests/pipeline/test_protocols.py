@@ -32,7 +32,7 @@ _NOT_HOOKS = {
     "__next__", "__anext__", "__array__", "close", "aclose", "nbytes", "dtype", "shape",
     "detach", "manual_seed", "MAP_POPULATE", "active", "run", "ledger", "lineages",
     "max_bytes", "try_put_many", "_asyncflow_stage",
-    "pidfd_open",  # a feature probe of the os module (Linux 5.3+), not a hook
+    "pidfd_open", "posix_fallocate",  # feature probes of the os module, not hooks
 }
 
 
