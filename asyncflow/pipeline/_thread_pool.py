@@ -118,15 +118,22 @@ class Threads:
             del where, result, error, call, args
 
     def stop(self) -> list[threading.Thread]:
-        """Refuse further calls, drop those queued (their callers get a ``RuntimeError``) and
-        end each thread after its call; its threads."""
+        """Refuse further calls, drop those queued beyond the threads (waiting for one to be
+        free: their callers get a ``RuntimeError``) and end each thread once the calls it
+        was given have run (a file's close among them); its threads."""
+        queued: list[Any] = []
         with self._lock:
             self.closed = True
             threads = list(self._threads)
-        with contextlib.suppress(queue.Empty):
-            while True:
-                settle, where, *_ = self._calls.get_nowait()
-                settle(*where, None, RuntimeError("worker pool is shut down"))
+            beyond = max(0, -self._idle)  # the calls queued with no thread free for them
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    queued.append(self._calls.get_nowait())
+        keep = max(0, len(queued) - beyond)  # the first ones: a thread takes each in turn
+        for call in queued[:keep]:
+            self._calls.put(call)
+        for settle, where, *_ in queued[keep:]:
+            settle(*where, None, RuntimeError("worker pool is shut down"))
         for _ in threads:
             self._calls.put(None)
         return threads

@@ -120,3 +120,15 @@ def test_run_failed_tells_a_stage_whether_its_input_ended_by_a_failure(
     with pytest.raises(Exception, match="bad"):
         list(Pipeline(range(4)).map(fail_on(3)).with_stage(probe))
     assert ends == [False, True]
+
+
+async def test_a_stop_runs_every_call_a_thread_was_there_for() -> None:
+    """Calls queued for a thread of their own (here, each a new one, maybe not running yet)
+    run before their threads end: a stop drops only those waiting for a thread to be free,
+    so a file's close handed to a thread is never dropped."""
+    loop = asyncio.get_running_loop()
+    for _ in range(20):
+        pool = WorkerPool(4, "asyncflow-test-worker", helpers=1)
+        calls = [pool.stages.submit(loop, "stage", lambda i=i: i) for i in range(4)]
+        assert await asyncio.to_thread(pool.shutdown, 10) == []
+        assert await asyncio.gather(*calls) == [0, 1, 2, 3]
