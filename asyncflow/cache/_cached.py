@@ -80,8 +80,8 @@ class CachedPipeline(Pipeline[T_co]):
             settings=(*up.options.settings, *options.settings),
             notes=(*up.options.notes, *options.notes),
         )
-        # A merge upstream (a cached mix) is built by the run as branches: it waits at the
-        # gate itself rather than being read through it.
+        # A merge upstream (a cached mix) is built by the run as branches: its merge node
+        # waits at the gate.
         open_source: Any = gate
         if isinstance(up.open_source, Merge):
             open_source = dataclasses.replace(up.open_source, gate=gate.opened)

@@ -15,9 +15,9 @@ each; it commits when upstream's stream ends complete. Replaying after all, it k
 shut (upstream's source ends at once, its stages see an empty stream) and puts out the cache's
 items itself.
 
-The gate reads upstream's source as the engine reads a source (:func:`stream`): an async
-iterable on the loop, a sequence too (its items exist already), any other iterator on the
-run's threads, as it may list files or read a manifest.
+The gate is the run plan's source, a :class:`~asyncflow.pipeline._protocols.GatedSource`: the
+engine's source node awaits :meth:`Gate.opened` before it opens upstream's source, then reads
+it as any source (an async iterable on the loop, any other iterator on the run's threads).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
-from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
@@ -37,15 +37,14 @@ from ..pipeline import (
     Receiver,
     Sender,
     apply_hooks,
-    run_thread,
 )
 
 if TYPE_CHECKING:
     from ._epoch import CacheSource
 
-__all__ = ["CacheNode", "Gate", "cache_stage", "one_shot_guard", "stream"]
+__all__ = ["CacheNode", "Gate", "cache_stage", "one_shot_guard"]
 
-_CHUNK = 256  # items taken from a channel, or from a sync upstream per thread hand-off
+_CHUNK = 256  # items taken from the channel of upstream's last stage at a time
 
 
 class Gate:
@@ -76,19 +75,15 @@ class Gate:
         if not fut.done():
             fut.set_result(read)
 
-    async def __call__(self) -> AsyncGenerator[Any, None]:
-        """The run's source: upstream's items once the gate opens, none if it stays shut."""
-        if not await self.opened():
-            return
-        async with contextlib.aclosing(stream(self._open())) as items:
-            async for item in items:
-                yield item
+    def __call__(self) -> Any:
+        """Upstream's source, opened by the run's source node once :meth:`opened` says so."""
+        return self._open()
 
     async def opened(self) -> bool:
         """Wait for the decision; True when upstream may be read (checked for reuse first).
 
-        The gate of a :class:`~asyncflow.pipeline.Merge` upstream (``mix(...).cache()``),
-        whose branches the run builds itself, so they cannot be wrapped as one source.
+        Awaited by the run's source node, or by the merge node of a
+        :class:`~asyncflow.pipeline.Merge` upstream (``mix(...).cache()``: its ``gate``).
 
         Cancellation:
             Safe: stops waiting; the decision stands for the run.
@@ -97,47 +92,6 @@ class Gate:
             return False
         self._check_reuse()
         return True
-
-
-async def stream(source: Iterable[Any] | AsyncIterable[Any]) -> AsyncGenerator[Any, None]:
-    """The items of ``source``, closed (``aclose`` / ``close``) when the stream ends or is
-    closed: an async iterable iterated on the loop, a sequence too, any other iterator
-    advanced on the run's threads (:func:`~asyncflow.pipeline.run_thread`), ``_CHUNK`` items
-    a hand-off.
-
-    Cancellation:
-        A chunk being taken on a thread finishes there before the iterator is closed (a
-        generator cannot be closed while a thread runs it).
-    """
-    if isinstance(source, AsyncIterable):
-        it = source.__aiter__()
-        try:
-            async for item in it:
-                yield item
-        finally:
-            aclose = getattr(it, "aclose", None)
-            if aclose is not None:
-                await aclose()
-    elif isinstance(source, Sequence):
-        for item in source:
-            yield item
-    else:
-        its = iter(source)
-        taking: asyncio.Future[list[Any]] | None = None
-        try:
-            while True:
-                taking = asyncio.ensure_future(run_thread(list, itertools.islice(its, _CHUNK)))
-                chunk = await asyncio.shield(taking)
-                if not chunk:
-                    break
-                for item in chunk:
-                    yield item
-        finally:
-            if taking is not None and not taking.done():
-                await asyncio.wait([taking])
-            close = getattr(its, "close", None)
-            if close is not None:
-                await run_thread(close)
 
 
 class CacheNode:

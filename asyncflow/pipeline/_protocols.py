@@ -24,7 +24,9 @@ Sources and pipelines:
 * :class:`ResumableSource` (a sampler's ``state_dict`` / ``load_state_dict``),
   :class:`ListedSource` (``listing_identity``), :class:`SplitShare` (``split_state``),
   :class:`KeyedIterator` (``seed_key`` on a source's iterator; public as
-  ``seeding.KeyedIterator``, where it is defined beside the seeds it keys).
+  ``seeding.KeyedIterator``, where it is defined beside the seeds it keys),
+  :class:`GatedSource` (``opened``: a run plan's source opened only once a feature on the
+  run's loop allows it; a ``Merge``'s ``gate`` field does this for a merge).
 * The epoch: a source or stage reads its run's from ``current_epoch()`` (the pipeline owns
   the count); :class:`EpochSampler` (``next_epoch`` and ``set_epoch``): a sampler, which
   draws its own epochs as torch's do.
@@ -51,6 +53,7 @@ __all__ = [
     "Closable",
     "ConsumerHook",
     "EpochSampler",
+    "GatedSource",
     "KeyedIterator",
     "ListedSource",
     "MergeChooser",
@@ -239,6 +242,22 @@ class SplitShare(Protocol):
 
     def split_state(self) -> dict[str, Any]:
         """The share's part, plain JSON."""
+        ...
+
+
+@runtime_checkable
+class GatedSource(Protocol):
+    """A run plan's ``open_source`` (called with no arguments, it returns the source) that
+    the run calls only once :meth:`opened` allows: a feature that decides on the run's loop
+    whether to read the source at all (a cache fill, which may replay after all) holds it
+    there. The source it returns is read as any other."""
+
+    async def opened(self) -> bool:
+        """Wait for the feature's decision: ``False`` ends the source at once, never opened.
+
+        Cancellation:
+            Stops waiting; the source is not opened.
+        """
         ...
 
 

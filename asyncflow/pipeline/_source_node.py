@@ -2,7 +2,8 @@
 the epoch) counted as it goes, leaving out the positions a resumed run has settled already
 (:class:`~asyncflow.pipeline._lineage.SourcePlan`): a sequence by slicing, an iterator by
 reading past them. An iterator that names its items' seed keys (``seeding.KeyedIterator``: a
-``Split`` share's) hands them to the run's stages in place of the positions."""
+``Split`` share's) hands them to the run's stages in place of the positions. A
+:class:`~asyncflow.pipeline._protocols.GatedSource` is opened only once it allows."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 from .._errors import ConfigError
 from ._node import NodeContext, Receiver, Sender
 from ._offload import SOURCE_CHUNK, aclose_iterator, next_chunk
-from ._protocols import KeyedIterator
+from ._protocols import GatedSource, KeyedIterator
 from ._stats import count_items, count_one
 
 __all__ = ["SourceNode"]
@@ -44,6 +45,8 @@ class SourceNode:
         self.ledger = ctx.lineage.source  # its ordinals' positions (a resumed run skips some)
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
+        if isinstance(self._open, GatedSource) and not await self._open.opened():
+            return  # a feature decided that this run reads no source
         source = self._open()
         if hasattr(source, "__aiter__"):
             await self._run_async(source, out)

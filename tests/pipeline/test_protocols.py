@@ -15,7 +15,8 @@ import pytest
 
 import asyncflow
 from asyncflow import ConfigError, Pipeline
-from asyncflow.pipeline import CustomSpec, StageSpec, seeding
+from asyncflow.cache._fill import Gate
+from asyncflow.pipeline import CustomSpec, RunPlan, StageSpec, seeding
 from asyncflow.pipeline import _protocols as hooks
 from asyncflow.pipeline._lineage import node_ledger
 from asyncflow.pipeline._span import Span
@@ -61,6 +62,7 @@ def test_the_sources_meet_their_protocols() -> None:
     assert isinstance(iter(share), hooks.KeyedIterator)
     assert seeding.KeyedIterator is hooks.KeyedIterator  # the public name stays
     assert not isinstance(range(3), hooks.ResumableSource | hooks.ListedSource | hooks.SplitShare)
+    assert isinstance(Gate(list, lambda: None), hooks.GatedSource)  # a cache fill's source
 
 
 def test_a_map_functions_markers() -> None:
@@ -163,3 +165,33 @@ def test_a_consumer_hook_is_closed_only_when_it_can_be() -> None:
 def test_a_merge_policy_must_open() -> None:
     with pytest.raises(ConfigError, match="policy must have open"):
         asyncflow.pipeline.Merge([Pipeline(range(2))], object())  # type: ignore[arg-type]
+
+
+class _Gated:
+    """A run plan's source held until ``opened`` says whether to read it."""
+
+    def __init__(self, read: bool) -> None:
+        self.read = read
+        self.opens = 0
+
+    def __call__(self) -> Any:
+        self.opens += 1
+        return iter(range(5))  # an iterator: read on the run's threads, as any source
+
+    async def opened(self) -> bool:
+        return self.read
+
+
+def test_a_gated_source_is_opened_only_when_it_allows() -> None:
+    class Held(Pipeline):
+        def __init__(self, gate: _Gated) -> None:
+            super().__init__(range(0))
+            self.gate = gate
+
+        def run_plan(self) -> RunPlan:
+            return dataclasses.replace(super().run_plan(), open_source=self.gate)
+
+    shut, read = _Gated(False), _Gated(True)
+    assert isinstance(shut, hooks.GatedSource) and not isinstance(list, hooks.GatedSource)
+    assert list(Held(shut).map(lambda x: x + 1)) == [] and shut.opens == 0
+    assert list(Held(read).map(lambda x: x + 1)) == [1, 2, 3, 4, 5] and read.opens == 1
