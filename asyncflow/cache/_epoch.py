@@ -139,12 +139,11 @@ class CacheSource:
         # An async generator: the engine closes it (aclose) however the run ends, which
         # releases the lock and removes an unfinished write at once.
         reader = await run_thread(self._open, True)
-        if reader is None and upstream is None:
-            await run_thread(self._discard, None)
-            raise SourceError(f"cache {self.path} was found unusable when its epoch began "
-                              "(see the asyncflow.cache log); the next epoch rebuilds it")
         if reader is None:
-            assert upstream is not None
+            if upstream is None:
+                await run_thread(self._discard, None)
+                raise SourceError(f"cache {self.path} was found unusable when its epoch began "
+                                  "(see the asyncflow.cache log); the next epoch rebuilds it")
             lock = WriterLock(self.path)
             if not await take_lock(lock):
                 holder = await run_thread(lock.holder)

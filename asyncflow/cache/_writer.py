@@ -85,10 +85,8 @@ class Writer:
         columns = self.layout == "batches"
         n = 0
         for sample in samples:
-            if self._schema is None:
-                self._open(Schema.of(sample, batched=columns))
-            assert self._schema is not None
-            arrays, rows = self._schema.arrays(sample, batched=columns, index=self.items)
+            schema = self._schema or self._open(Schema.of(sample, batched=columns))
+            arrays, rows = schema.arrays(sample, batched=columns, index=self.items)
             try:
                 for fh, sums, array in zip(self._files, self._sums, arrays, strict=True):
                     data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
@@ -103,13 +101,15 @@ class Writer:
         self.count += n
         self.items += 1
 
-    def _open(self, schema: Schema) -> None:
+    def _open(self, schema: Schema) -> Schema:
+        """Open a file per field of ``schema``, the first item's; return ``schema``."""
         self._schema = schema
         for i, field in enumerate(schema.fields):
             fh = open(self.tmp / f"field{i}.npy", "wb", buffering=_WRITE_BUFFER)  # noqa: SIM115
             self._files.append(fh)
             self._sums.append(BlockSums(field.sample_bytes))
             fh.write(bytes(HEADER_BYTES))
+        return schema
 
     def commit(self, *, durable: bool = False) -> None:
         """Finish the files, write the checksums and the manifest, rename to ``path``.
