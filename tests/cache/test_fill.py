@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,8 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncflow import Pipeline, PipelineError
+from asyncflow import Pipeline, PipelineError, Split
 from asyncflow.cache._format import HEADER_BYTES, leftovers
+from asyncflow.pipeline import Processes
 
 
 def loop_threads(name: str) -> list[str]:
@@ -180,3 +182,19 @@ def test_a_cache_of_a_shuffled_cache_writes_the_batches_its_upstream_defers(
     first = labels(outer)  # fills b, the hook applied upstream of the cache stage
     assert sorted(first) == list(range(24)) and first != list(range(24))
     assert labels(outer) == first  # replayed from b: what the hook made was written
+
+
+def draw(item: str) -> float:
+    """In a worker process: the first draw of the reseeded ``random`` (its item's stream)."""
+    return random.random()
+
+
+def test_a_fill_seeds_upstreams_items_as_upstream_alone_does(tmp_path: Path) -> None:
+    # upstream's source is read by the run's source node, so a Split share keys each item by
+    # its list index (seeding.KeyedIterator) in the filling run too, not by its position
+    share = Split(rank=1, world_size=2)([f"s{i}" for i in range(9)])
+    upstream = Pipeline(share).map(draw, workers=Processes(seed=7))
+    alone = list(upstream)
+    cached = upstream.cache(tmp_path / "c")
+    assert list(cached) == alone  # filled, in epoch 0 as upstream's first run
+    assert list(cached) == alone  # replayed
