@@ -62,9 +62,15 @@ class Tree:
         if self.kind == "constant":
             return self.value
         items = [child._build(leaves) for child in self.children]
-        if self.kind == "dict":
-            return _remake_mapping(self.own, dict(zip(self.keys, items, strict=True)))
-        return _remake_sequence(self.own, self.kind, items)
+        plain: Any = (dict(zip(self.keys, items, strict=True)) if self.kind == "dict"
+                      else tuple(items) if self.kind == "tuple" else items)
+        if self.own is None:
+            return plain
+        try:  # a namedtuple takes its fields one by one, other types the plain container
+            named = self.kind != "dict" and hasattr(self.own, "_fields")
+            return self.own(*items) if named else self.own(plain)
+        except TypeError:  # a type its constructor cannot remake: the plain container
+            return plain
 
     def names(self, root: str) -> list[str]:
         """Each leaf's place, written as Python would index it: ``root[0]['image']``."""
@@ -153,20 +159,3 @@ def _walk(value: Any, is_leaf: Callable[[Any], bool] | None, leaves: list[Any]) 
         return _LEAF
     return Tree("constant", value=value)
 
-
-def _remake_mapping(own: type | None, items: dict[Any, Any]) -> Any:
-    if own is None:
-        return items
-    try:
-        return own(items)
-    except TypeError:
-        return items
-
-
-def _remake_sequence(own: type | None, kind: Kind, items: list[Any]) -> Any:
-    if own is None:
-        return tuple(items) if kind == "tuple" else items
-    try:
-        return own(*items) if hasattr(own, "_fields") else own(items)
-    except TypeError:
-        return tuple(items) if kind == "tuple" else items

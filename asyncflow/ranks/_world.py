@@ -12,15 +12,15 @@ from .._errors import ConfigError
 __all__ = ["env_int", "process_group", "world", "world_of_env"]
 
 
-def env_int(name: str) -> int | None:
-    """The integer in environment variable ``name`` (``None`` when unset or empty).
+def env_int(name: str, default: int) -> int:
+    """The integer in environment variable ``name`` (``default`` when unset or empty).
 
     Raises:
         ConfigError: It is set to something that is not an integer.
     """
     raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return None
+    if not raw:
+        return default
     try:
         return int(raw)
     except ValueError:
@@ -46,5 +46,4 @@ def world() -> tuple[int, int]:
 def world_of_env() -> tuple[int, int]:
     """``(rank, world_size)`` from ``$RANK`` and ``$WORLD_SIZE``, each ``0`` / ``1`` when
     unset (``torchrun`` sets them, and DataLoader worker processes inherit them)."""
-    rank, size = env_int("RANK"), env_int("WORLD_SIZE")
-    return (0 if rank is None else rank), (1 if size is None else size)
+    return env_int("RANK", 0), env_int("WORLD_SIZE", 1)

@@ -296,29 +296,28 @@ def _profile(pipe: Any, sample: int, settings: tuple[int, ...], tolerance: float
         configured = spec.concurrency
         tunable = spec.traits.tunable
         rates: dict[int, float] = {}
-        outputs: list[Any] | None = None
-        per_item, failures, produced = 0.0, 0, 0
+        outputs: list[Any] = []
+        per_item, failures = 0.0, 0
         after = pipe.stages[index + 1:]
         for c in settings if tunable else (configured,):
             variant = dataclasses.replace(spec, concurrency=c) if tunable else spec
-            tap = _Tap(keep=outputs is None)
+            tap = _Tap(keep=not rates)  # the first setting's outputs feed the next stage
             elapsed, stats = _timed_run(_sub_pipeline(pipe, items, variant, after, tap), tap)
-            rates[c] = len(items) / max(elapsed, 1e-9)
-            if outputs is None:
+            if not rates:
                 outputs = tap.outputs
                 stage = stats.stages[1]  # after the source
                 per_item, failures = stage.mean_seconds_per_item, stage.failures
-                produced = len(outputs)
+            rates[c] = len(items) / max(elapsed, 1e-9)
         recommended = None
         if tunable:
             best = max(rates.values())
             recommended = min(c for c, r in rates.items() if r >= (1 - tolerance) * best)
         results.append(StageProfile(
-            name=name, kind=spec.kind, items_in=len(items), items_out=produced, rates=rates,
+            name=name, kind=spec.kind, items_in=len(items), items_out=len(outputs), rates=rates,
             seconds_per_item=per_item, failures=failures, recommended=recommended,
             configured=configured,
         ))
-        items = outputs or []
+        items = outputs
     return ProfileReport(
         stages=tuple(results), sample=sample, concurrencies=settings, source_rate=source_rate
     )

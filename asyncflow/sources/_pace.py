@@ -92,15 +92,12 @@ class Pace:
         self._first = min(self._first, now)
         while now - answers[0] > SPAN:
             answers.popleft()
-        if not self.gap or not limiting:
-            return
-        if now < self._hold_until:
+        if not self.gap or not limiting or now < self._hold_until:
             return
         rate = 1.0 / self.gap
-        if rate < self._limit or not self._limit:  # back up to the limit: quickly
-            rate += GAIN * 2.0 ** min(12.0, (now - self._hold_until) / FAST)
-        else:  # above it: a slow probe
-            rate += GAIN * 2.0 ** min(12.0, (now - self._hold_until) / SLOW)
+        # back up to the limit quickly; above it, a slow probe
+        doubling = FAST if rate < self._limit or not self._limit else SLOW
+        rate += GAIN * 2.0 ** min(12.0, (now - self._hold_until) / doubling)
         if rate > 2.0 * self._limit if self._limit else latency > 0 and rate * latency > window:
             self.gap = 0.0  # the host took twice its old limit, or the window binds first
             return

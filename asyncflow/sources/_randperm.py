@@ -13,6 +13,7 @@ permutation itself (0.05 s a million), as it does for the large ones wherever it
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -43,22 +44,13 @@ def torch_randperm(n: int, seed: int) -> npt.NDArray[np.int64]:
         return order
     if n < 2:
         return np.arange(n, dtype=np.int64)
+    # NumPy's legacy seeding of an int is MT19937's init_genrand, as torch's manual_seed.
+    state: Any = np.random.RandomState(seed & 0xFFFFFFFF).get_state(legacy=False)
     bits = np.random.MT19937()
-    bits.state = {"bit_generator": "MT19937", "state": {"key": _init_genrand(seed), "pos": 624}}
+    bits.state = state
     if n < _LARGE:
         return _swapped(n, bits.random_raw(n - 1))
     return _inside_out(n, bits.random_raw(2 * n))
-
-
-def _init_genrand(seed: int) -> npt.NDArray[np.uint32]:
-    """MT19937's state after ``init_genrand(seed & 0xFFFFFFFF)``, torch's ``manual_seed``."""
-    key = np.empty(624, dtype=np.uint32)
-    x = seed & 0xFFFFFFFF
-    key[0] = x
-    for j in range(1, 624):
-        x = (1812433253 * (x ^ (x >> 30)) + j) & 0xFFFFFFFF
-        key[j] = x
-    return key
 
 
 def _swapped(n: int, raw: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:

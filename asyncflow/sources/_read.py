@@ -129,9 +129,9 @@ async def session(
     settings: dict[str, Any] = {
         "retry": retry, "timeout": timeout, "schemes": schemes, "connections": connections,
     }
-    resolve_policy(retry, timeout)  # fail on a bad policy now, not on the first read
-    if schemes is not None:
-        enabled_schemes(schemes)
+    # Fail on a bad policy or scheme now, not on the first read.
+    resolve_policy(retry, timeout)
+    enabled_schemes(schemes)
     scope = RunScope({k: v for k, v in settings.items() if v is not None})
     try:
         with use_scope(scope):

@@ -37,12 +37,10 @@ __all__ = [
     "ObjectInfo",
     "Transport",
     "as_url",
-    "check_scheme",
     "enabled_schemes",
     "scheme_of",
     "transport_for",
 ]
-
 
 
 class Transport(Protocol):
@@ -99,25 +97,6 @@ def enabled_schemes(schemes: Iterable[str] | None) -> frozenset[str]:
     return enabled
 
 
-def check_scheme(url: str, schemes: Iterable[str] | None) -> str:
-    """The scheme of ``url`` if it is enabled; refuses it otherwise.
-
-    Raises:
-        SourcePermissionError: The scheme is supported but not enabled.
-        SourceError: The scheme is not one asyncflow reads.
-    """
-    scheme = scheme_of(url)
-    enabled = enabled_schemes(schemes)
-    if scheme not in DEFAULT_SCHEMES:
-        raise SourceError(f"{redact_url(url)}: unsupported scheme {scheme!r}")
-    if scheme not in enabled:
-        raise SourcePermissionError(
-            f"{redact_url(url)}: scheme {scheme!r} is not enabled "
-            f"(enabled: {', '.join(sorted(enabled))})"
-        )
-    return scheme
-
-
 # Transports hold no state of their own (sessions and clients live in the run's scope), so
 # each is made once (per S3 endpoint), not once per read.
 @functools.cache
@@ -164,4 +143,13 @@ def transport_for(
         SourcePermissionError: The scheme is supported but not enabled.
         SourceError: The scheme is not one asyncflow reads.
     """
-    return TRANSPORTS[check_scheme(url, schemes)](endpoint_url)
+    scheme = scheme_of(url)
+    enabled = enabled_schemes(schemes)
+    if scheme not in DEFAULT_SCHEMES:
+        raise SourceError(f"{redact_url(url)}: unsupported scheme {scheme!r}")
+    if scheme not in enabled:
+        raise SourcePermissionError(
+            f"{redact_url(url)}: scheme {scheme!r} is not enabled "
+            f"(enabled: {', '.join(sorted(enabled))})"
+        )
+    return TRANSPORTS[scheme](endpoint_url)

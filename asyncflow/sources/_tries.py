@@ -150,16 +150,15 @@ async def with_retries(
                     if stalled := not await _wait_patiently(wait, started, gate, retry.patience):
                         break
                     continue
-                else:
-                    errors += 1
-                    if errors >= retry.attempts:
-                        break
-                    wait = retry.delay(errors, failure.retry_after)
-                    # The first retry is a WARNING: a stalled body otherwise waits attempts x
-                    # Timeout.read (about 151 s by default) in silence.
-                    log.log(logging.WARNING if errors == 1 else logging.DEBUG,
-                            "%s: %s; try %d of %d in %.2fs", what, failure.reason,
-                            errors + 1, retry.attempts, wait)
+                errors += 1
+                if errors >= retry.attempts:
+                    break
+                wait = retry.delay(errors, failure.retry_after)
+                # The first retry is a WARNING: a stalled body otherwise waits attempts x
+                # Timeout.read (about 151 s by default) in silence.
+                log.log(logging.WARNING if errors == 1 else logging.DEBUG,
+                        "%s: %s; try %d of %d in %.2fs", what, failure.reason,
+                        errors + 1, retry.attempts, wait)
                 await asyncio.sleep(wait)
     except TimeoutError:
         if limit is None or not limit.expired():
