@@ -5,12 +5,12 @@ at positions ``[k * batch_size, (k + 1) * batch_size)`` of the epoch's order (sh
 ``(seed, epoch)``, cut to the rank's part), less the rows that failed to decode; each image's
 crop and flip come from ``item_random(seed, epoch, sample)`` and the picture's size. So a
 journal (``asyncflow/journal/``) needs, per delivered batch, what the assembler saw: its
-listing, its number and its failed rows (``BatchAssembler.take_log``); and, because a file can
-be rewritten in place, what each file held: :func:`entry` reads each kept file once, records
-a digest of its bytes and the crop and flip drawn from them (with :func:`~asyncflow.image.
-_decode.augmentation`, the function the decoder itself uses). :func:`rebuild` reads each file
-again, refuses one whose digest changed, and decodes the same bytes with the same key into a
-new buffer of the batch's type.
+listing, its number and its failed rows, which the assembler notes on the batch itself
+(``BatchAssembler.take_note``); and, because a file can be rewritten in place, what each file
+held: :func:`entry` reads each kept file once, records a digest of its bytes and the crop and
+flip drawn from them (with :func:`~asyncflow.image._decode.augmentation`, the function the
+decoder itself uses). :func:`rebuild` reads each file again, refuses one whose digest changed,
+and decodes the same bytes with the same key into a new buffer of the batch's type.
 
 The file is read right after the batch is delivered, in the consumer's thread (from the page
 cache, where the decoder just left it): about 0.1 ms for the read and digest and 0.15 ms for
@@ -68,11 +68,10 @@ class JournaledFolder(Protocol):
 
 
 def begin(pipe: JournaledFolder) -> dict[str, Any]:
-    """Start keeping the assembler's batch records; the run's configuration for a journal
-    (what :func:`crops` needs to draw the crops again without the pipeline)."""
-    assembler = pipe._assembler
-    if assembler.log is None:
-        assembler.log = {}
+    """Start noting on each batch the assembler releases which batch it is; the run's
+    configuration for a journal (what :func:`record_crops` needs to draw the crops again
+    without the pipeline)."""
+    pipe._assembler.journaled = True
     options = pipe._decode_options
     return {
         "kind": KIND, "root": pipe.root, "seed": pipe._seed, "batch_size": pipe.batch_size,
@@ -90,11 +89,11 @@ def entry(pipe: JournaledFolder, batch: Any, cache: dict[int, Any]) -> dict[str,
     ``cache`` keeps the latest epoch's order (one permutation per epoch, not per batch).
     """
     labels = batch[1] if isinstance(batch, tuple) and len(batch) == 2 else None
-    logged = None if labels is None else pipe._assembler.take_log(labels)
-    if logged is None:
+    noted = pipe._assembler.take_note(labels)
+    if noted is None:
         return None
     made_by: list[Any]
-    run, number, failed, absent, *made_by = logged
+    run, number, failed, absent, *made_by = noted
     listing = pipe._listing
     epoch = listing.epochs[run]
     if epoch not in cache:
