@@ -43,10 +43,10 @@ import numpy as np
 import torch
 
 from ..pipeline import CustomSpec, Span
+from ._batch import _affine
 from ._decode import decode
 from ._gpu_decoders import GpuDecoder
 from ._gpu_plan import Encoded, Payload, Planned
-from ._modes import affine
 from ._resample import resample
 from ._rows import Failed, Ticket
 from ._slots import _NOTE, BatchAssembler
@@ -143,9 +143,9 @@ class GpuDecodeNode:
         self.normalize = bool(options["normalize"])
         self.options = {k: options[k] for k in ("size", "train", "resize", "max_pixels")}
         self.seed = seed
-        scale, offset = affine(tuple(options["mean"]), tuple(options["std"]))
-        self.scale = torch.tensor(scale).to(device)[:, None, None]
-        self.offset = torch.tensor(offset).to(device)[:, None, None]
+        # normalize()'s scale and offset (bit for bit the kernel's), read-only
+        self.scale, self.offset = _affine(tuple(options["mean"]), tuple(options["std"]),
+                                          torch.float32, device)
         cuda = device.type == "cuda"
         self.stream = _side_stream(device) if cuda else None
         self.held: list[torch.Tensor] = []  # the last batch's pictures (see make)
