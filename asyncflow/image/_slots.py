@@ -144,8 +144,9 @@ class BatchAssembler:
         self._dropped: set[int] = set()
         self._resume: Span | None = None  # for the next run to start (see resume())
         self._scratch: tuple[np.ndarray, str] | None = None  # rows at settled positions
-        #: Whether a journal (``asyncflow/journal/``) reads which batch each one is: each
-        #: released batch's labels then carry its record (:meth:`take_note`).
+        #: Whether a journal (``asyncflow/journal/``) reads which batch each one is: from
+        #: then on each released batch's labels carry its record (:meth:`take_note`), which a
+        #: journal takes off (a run without one leaves it on: ``labels.asyncflow_batch``).
         self.journaled = False
         #: Claims that waited the full second for older batches (0 when the decoders' hand-offs
         #: stay within ``ahead``).
