@@ -42,11 +42,11 @@ from .._errors import check_bool, check_budget
 from ..pipeline import ItemGroup, Pipeline, Processes, feature, label_stage
 from ..pipeline.seeding import fresh_seed
 from ..ranks import Part, Split
-from . import _explain
 from ._batch import IMAGENET_MEAN, IMAGENET_STD
 from ._batch import normalize as normalize_batch
 from ._config import check_arguments, decode_path, decode_workers, resolve_split
 from ._decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS
+from ._explain import FolderJournal
 from ._geometry import target_size
 from ._gpu import PendingAssembler, gpu_stage
 from ._gpu_plan import PlanClaimed
@@ -117,7 +117,7 @@ def _normalize_images(mean: tuple[float, ...], std: tuple[float, ...], batch: Ba
     return normalize_batch(images, mean, std), labels
 
 
-class ImageFolder(Pipeline[Batch]):
+class ImageFolder(Pipeline[Batch], FolderJournal):
     """A :class:`~asyncflow.Pipeline` of ``(images, labels)`` tensor batches over an
     image-folder tree, with its class mapping.
 
@@ -144,10 +144,6 @@ class ImageFolder(Pipeline[Batch]):
     part: Part | None
     batch_size: int
     drop_last: bool
-    _listing: Listing
-    _assembler: BatchAssembler
-    _seed: int
-    _decode_options: dict[str, Any]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """As :meth:`~asyncflow.Pipeline.load_state_dict`; the next run lists the saved
@@ -169,15 +165,8 @@ class ImageFolder(Pipeline[Batch]):
         if any(not (spec.traits.keeps_items and spec.items_per_output == 1)
                for _, spec in after):
             return None
-        return _explain.begin(self)
-
-    def journal_entry(self, batch: Any, cache: dict[int, Any]) -> dict[str, Any] | None:
-        """For a journal: the record of a delivered batch (``None``: not one of its own)."""
-        return _explain.entry(self, batch, cache)
-
-    def journal_rebuild(self, config: dict[str, Any], epoch: int, items: list[Any]) -> Batch:
-        """For :func:`asyncflow.rebuild`: a recorded batch decoded again, bit for bit."""
-        return _explain.rebuild(self, config, epoch, items)
+        self._assembler.journaled = True  # each batch released carries its note
+        return self.journal_config()
 
     def __len__(self) -> int:
         """Batches per epoch (before any skipped failures): this rank's, with a ``split``."""

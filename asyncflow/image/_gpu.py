@@ -43,13 +43,13 @@ import numpy as np
 import torch
 
 from ..pipeline import CustomSpec, Span
+from ._batch import _affine
 from ._decode import decode
 from ._gpu_decoders import GpuDecoder
 from ._gpu_plan import Encoded, Payload, Planned
-from ._modes import affine
 from ._resample import resample
 from ._rows import Failed, Ticket
-from ._slots import BatchAssembler
+from ._slots import _NOTE, BatchAssembler
 
 if TYPE_CHECKING:
     from ..pipeline import NodeContext, Receiver, Sender
@@ -109,20 +109,16 @@ class PendingAssembler(BatchAssembler):
         keep = [r for r in range(entry.rows) if r not in gone and r in payloads]
         labels = torch.from_numpy(entry.labels[keep].copy())
         pending = Pending([payloads[r] for r in keep], labels, keep)
-        return self._logged(entry, (pending, labels))  # type: ignore[arg-type]
+        return self._noted(entry, (pending, labels))  # type: ignore[arg-type]
 
-    def relog(self, before: torch.Tensor, after: torch.Tensor, failed: list[tuple[int, str]],
-              decoder: str) -> None:
-        """The GPU stage made ``after`` (its labels) of the batch logged under ``before``:
-        note it there for a journal, with the rows that failed on the way and the decoder."""
-        with self._lock:
-            log = self.log
-            logged = None if log is None else log.pop(id(before), None)
-            if log is None or logged is None:
-                return
-            run, number, earlier, absent = logged
-            log[id(after)] = (run, number, sorted([*earlier, *failed]), absent,  # type: ignore[assignment]
-                              decoder)
+    def renote(self, before: torch.Tensor, after: torch.Tensor, failed: list[tuple[int, str]],
+               decoder: str) -> None:
+        """The GPU stage made ``after`` (its labels) of the batch noted on ``before``: the
+        note moves there, with the rows that failed on the way and the decoder."""
+        noted = self.take_note(before)
+        if noted is not None:
+            run, number, earlier, absent = noted
+            setattr(after, _NOTE, (run, number, sorted([*earlier, *failed]), absent, decoder))
 
 
 @dataclass(eq=False)
@@ -147,9 +143,9 @@ class GpuDecodeNode:
         self.normalize = bool(options["normalize"])
         self.options = {k: options[k] for k in ("size", "train", "resize", "max_pixels")}
         self.seed = seed
-        scale, offset = affine(tuple(options["mean"]), tuple(options["std"]))
-        self.scale = torch.tensor(scale).to(device)[:, None, None]
-        self.offset = torch.tensor(offset).to(device)[:, None, None]
+        # normalize()'s scale and offset (bit for bit the kernel's), read-only
+        self.scale, self.offset = _affine(tuple(options["mean"]), tuple(options["std"]),
+                                          torch.float32, device)
         cuda = device.type == "cuda"
         self.stream = _side_stream(device) if cuda else None
         self.held: list[torch.Tensor] = []  # the last batch's pictures (see make)
@@ -209,9 +205,9 @@ class GpuDecodeNode:
             if self.stream is not None:  # pinned: the copy never makes this thread wait
                 labels = labels.pin_memory()
             batch = (images, labels.to(self.device, non_blocking=True))
-            if self.assembler is not None and self.assembler.log is not None:  # a journal
+            if self.assembler is not None and self.assembler.journaled:
                 # every row not kept failed, in row order
-                self.assembler.relog(item[1], batch[1], [
+                self.assembler.renote(item[1], batch[1], [
                     (pending.rows_at[i], f"{type(exc).__name__}: {exc}")
                     for i, _, exc in failures], self.decoder.name)
             event = None

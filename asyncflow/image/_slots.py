@@ -57,8 +57,9 @@ __all__ = ["BatchAssembler", "Ticket"]
 Batch = tuple[torch.Tensor, torch.Tensor]
 _Key = tuple[tuple[int, ...], np.dtype[Any]]
 
-_LOGGED = 1024  # batch records kept for a journal that has not taken them
-_Logged = tuple[int, int, list[tuple[int, str]], list[int]]
+#: The attribute of a released batch's labels tensor that holds the batch's record for a
+#: journal, ``(run, number, [(row, error), ...], absent rows)``: it travels with the batch.
+_NOTE = "asyncflow_batch"
 _RUNS = 64  # open iterations of one pipeline kept before the idlest is dropped
 
 
@@ -143,10 +144,10 @@ class BatchAssembler:
         self._dropped: set[int] = set()
         self._resume: Span | None = None  # for the next run to start (see resume())
         self._scratch: tuple[np.ndarray, str] | None = None  # rows at settled positions
-        #: Released batches' ``(run, number, [(row, error), ...], absent rows)`` by ``id`` of
-        #: their labels tensor, for a journal (``asyncflow/journal/``) to take; ``None``:
-        #: not kept.
-        self.log: dict[int, _Logged] | None = None
+        #: Whether a journal (``asyncflow/journal/``) reads which batch each one is: from
+        #: then on each released batch's labels carry its record (:meth:`take_note`), which a
+        #: journal takes off (a run without one leaves it on: ``labels.asyncflow_batch``).
+        self.journaled = False
         #: Claims that waited the full second for older batches (0 when the decoders' hand-offs
         #: stay within ``ahead``).
         self.stalls = 0
@@ -165,7 +166,7 @@ class BatchAssembler:
 
     def describe(self) -> dict[str, Any]:
         """What its batches are, for a cache's fingerprint: not what its runs did (``stalls``,
-        a journal's ``log``), which would make an unchanged pipeline's cache look stale."""
+        whether a journal reads them), which would make an unchanged pipeline's cache look stale."""
         return {"batch_size": self.batch_size, "shape": list(self.shape), "count": self.count,
                 "dtype": str(self.dtype), "batches": self.batches}
 
@@ -369,10 +370,10 @@ class BatchAssembler:
     def _release(self, entry: _Open) -> Batch:
         labels = torch.from_numpy(entry.labels)
         if not entry.failed and not entry.absent:
-            return self._logged(entry, (self._finish(entry.tensor), labels))
+            return self._noted(entry, (self._finish(entry.tensor), labels))
         keep = torch.tensor(sorted(set(range(entry.rows)) - set(entry.failed) - set(entry.absent)))
         batch = self._finish(entry.tensor.index_select(0, keep)), labels.index_select(0, keep)
-        return self._logged(entry, batch)
+        return self._noted(entry, batch)
 
     def _finish(self, images: torch.Tensor) -> torch.Tensor:
         """The released images: normalized into a recycled float buffer (the uint8 one goes
@@ -382,18 +383,15 @@ class BatchAssembler:
         wait, self._first = self._first, False  # a second one: the first is not handed on
         return self._floats.normalize(images, wait=wait)
 
-    def _logged(self, entry: _Open, batch: Batch) -> Batch:
-        """Note which batch this is, and its failed rows, when a journal reads them."""
-        log = self.log
-        if log is not None:
-            with self._lock:
-                while len(log) >= _LOGGED:  # batches no journal took (a stopped run's)
-                    del log[next(iter(log))]
-                log[id(batch[1])] = (*entry.key, list(entry.failed.items()), list(entry.absent))
+    def _noted(self, entry: _Open, batch: Batch) -> Batch:
+        """Note on the batch's labels which batch this is, and its failed rows, when a journal
+        reads them: the note goes where the batch goes, and with it."""
+        if self.journaled:
+            setattr(batch[1], _NOTE, (*entry.key, list(entry.failed.items()), list(entry.absent)))
         return batch
 
-    def take_log(self, labels: torch.Tensor) -> _Logged | None:
-        """The ``(run, batch number, failed rows, absent rows)`` of a released batch, by its
-        labels tensor (once; ``None``: not kept, or taken already)."""
-        with self._lock:
-            return None if self.log is None else self.log.pop(id(labels), None)
+    @staticmethod
+    def take_note(labels: Any) -> Any:
+        """The ``(run, batch number, failed rows, absent rows)`` of a released batch, taken
+        off its labels tensor (once; ``None``: not noted, or taken already)."""
+        return getattr(labels, "__dict__", {}).pop(_NOTE, None)

@@ -52,6 +52,7 @@ def test_every_batch_is_rebuilt_bit_for_bit(
             again, again_labels = af.rebuild(pipe, record)
             assert torch.equal(again, images) and torch.equal(again_labels, labels)
             assert len(record.files) == len(record.crops) == len(labels)
+            assert vars(labels) == {}  # the journal took the batch's note off: none is left
             failed += len(record.failed)
             for failure in record.failed:
                 assert failure.item == BAD and "DecodeError" in failure.error
