@@ -14,7 +14,9 @@ below (``tests/structure.py`` holds it; docs/concepts.md draws it)::
               _tree.py     the one walker of nested items (dicts, lists, tuples, namedtuples)
               _recycle.py  the one recycler of batch buffers
               _blob.py     bytes that name their source; the reader of whole local files
-    engine    pipeline/    specs, the fluent Pipeline, runs, channels, stage nodes, workers
+    workers   workers/     a stage's sync calls in worker processes, results through shared
+                           memory; the seeds every random stream draws from
+    engine    pipeline/    specs, the fluent Pipeline, runs, channels, stage nodes, threads
     services  ranks/       a process's share of a list, elastic resume, rank and world size
               journal/     which items made each output, and that output made again
     features  sources/     where items come from: samplers, files, HTTP, S3, tar shards

@@ -192,6 +192,17 @@ def check_bool(name: str, value: _T, *, allow_none: bool = False) -> _T:
     raise ConfigTypeError(f"{name} must be {want}, got {value!r:.80}")
 
 
+def check_flags(owner: object, *names: str) -> None:
+    """Refuse any of ``owner``'s attributes ``names`` that is not a ``bool``.
+
+    Raises:
+        ConfigTypeError: Names the first one that is not (``"yes"`` or ``1`` would read as
+            true).
+    """
+    for name in names:
+        check_bool(name, getattr(owner, name))
+
+
 def check_seconds(
     name: str, value: _T, *, zero: bool = False, allow_none: bool = False,
     infinite: bool = False,

@@ -55,7 +55,7 @@ def _warm_process_wide_resources() -> None:
     from multiprocessing import forkserver
 
     import asyncflow.torch  # noqa: F401  (the tensor reducer: torch is preloaded too)
-    from asyncflow.pipeline import Processes, _boot
+    from asyncflow.workers import Processes, _boot
 
     # (a boot pickle naming torch: the server preloads it, since the tests start workers often)
     _boot.start_context(Processes(), b"torch")
@@ -89,7 +89,7 @@ def _children() -> set[int]:
 
 def _segments() -> set[str]:
     """Our shared-memory segments (``/dev/shm/asyncflow-<pid>-...``) of this process."""
-    from asyncflow.pipeline._segments import SHM_DIR
+    from asyncflow.workers import SHM_DIR
 
     mine = f"asyncflow-{os.getpid()}-"
     try:
@@ -194,7 +194,7 @@ def as_worker() -> Iterator[None]:
     names only the test uses, swept after it."""
     import itertools
 
-    from asyncflow.pipeline import _segments
+    from asyncflow.workers import _segments
 
     count = itertools.count()
     _segments.allocate_as(lambda: f"asyncflow-{os.getpid()}-alloctest-{next(count)}")

@@ -31,6 +31,7 @@ ENGINE = "asyncflow.pipeline"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("asyncflow._errors", "asyncflow._redact", "asyncflow._scope", "asyncflow._lazy",
               "asyncflow._tree", "asyncflow._recycle", "asyncflow._blob")),
+    ("workers", ("asyncflow.workers",)),
     ("engine", (ENGINE,)),
     ("services", ("asyncflow.ranks", "asyncflow.journal")),
     ("features", ("asyncflow.sources", "asyncflow.image", "asyncflow.torch", "asyncflow.cache",

@@ -5,9 +5,16 @@ through the public seams exported here; see ``EXTENDING.md``.
 """
 
 from .._scope import current_epoch
+from ..workers import (
+    Processes,
+    WorkerInfo,
+    check_picklable,
+    register_reducer,
+    register_worker_setup,
+    worker_info,
+)
 from ._assemble import AssembleSpec
 from ._auto import choose_workers, usable_cpus
-from ._boot import check_picklable
 from ._core import HookFactory
 from ._custom import CustomSpec
 from ._failures import FailureBudget
@@ -26,19 +33,12 @@ from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender, apply_hooks
 from ._options import RunOptions, RunPlan
 from ._pipeline import Pipeline
 from ._protocols import Assembler
-from ._reducers import register_reducer
 from ._run import ConsumerHook, Run
 from ._span import Span
 from ._spec import StageSpec
 from ._stats import FailureRecord, ItemGroup, PipelineStats, StageStats, label_stage
 from ._thread_pool import run_failed, run_thread
 from ._traits import StageTraits
-from ._worker_options import (
-    Processes,
-    WorkerInfo,
-    register_worker_setup,
-    worker_info,
-)
 
 __all__ = [
     "END_OF_STREAM",

@@ -25,14 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .._errors import ConfigError, check_int
+from .._errors import ConfigError, check_flags, check_int
 from ._ledger import Ledger
 from ._node import NodeContext, Receiver, Sender, node_for
 from ._protocols import Assembler, PositionedAssembler
 from ._span import GrowingSpan, Span, runs
 from ._spec import StageSpec
 from ._stats import ItemGroup
-from ._traits import StageTraits, check_flags
+from ._traits import StageTraits
 
 __all__ = ["AssembleLedger", "AssembleNode", "AssembleSpec"]
 

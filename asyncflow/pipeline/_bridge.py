@@ -17,8 +17,8 @@ import asyncio
 import threading
 from typing import Any
 
+from ..workers import settle_all, settle_soon
 from ._channel import ALL, ChannelBase
-from ._loop import settle_all, settle_soon
 
 __all__ = ["Handoff"]
 

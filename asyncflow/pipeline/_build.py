@@ -30,7 +30,7 @@ from ._merge_resume import MergeLedger, branch_at, tracks_of
 from ._node import ItemKeys, Node, NodeContext, make_node
 from ._options import RunOptions
 from ._pool_holder import PoolHolder
-from ._protocols import Budgeted, SettlingNode, StatefulNode
+from ._protocols import Budgeted, SettlingNode, StatefulNode, round_robin
 from ._source_node import SourceNode
 from ._spec import MapSpec, StageSpec, stage_names
 from ._stats import StageCounters
@@ -305,14 +305,15 @@ def _merge_node(
 def _process_pool(
     index: int, spec: StageSpec, name: str, ctx: NodeContext, run: RunResources
 ) -> Any:
-    from ._process_pool import ProcessPool
+    from ..workers import ProcessPool
 
     # A map is the one stage that runs on processes: it names the function and the options.
     assert isinstance(spec, MapSpec) and spec.processes is not None
     processes = spec.processes
 
     def make() -> ProcessPool:
-        return ProcessPool(spec.fn, spec.concurrency, processes, name)
+        return ProcessPool(spec.fn, spec.concurrency, processes, name,
+                           round_robin=round_robin(spec.fn))
 
     if processes.persistent:
         return run.pools.get(index, make)

@@ -22,7 +22,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from ._loop import settle_all
+from ..workers import settle_all
 
 __all__ = ["ALL", "Channel", "ChannelAborted", "ChannelBase", "nbytes_of"]
 

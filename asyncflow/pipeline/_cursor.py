@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._loop import settle_soon
+from ..workers import settle_soon
 
 __all__ = ["EMPTY", "REFILL", "Cursor"]
 

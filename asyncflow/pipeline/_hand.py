@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ._loop import settle_all
+from ..workers import settle_all
 
 __all__ = ["Hand"]
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._portable import FAILED
+from ..workers import FAILED
 from ._span import Span, runs
 
 __all__ = ["FixedLedger", "Ledger", "MapLedger", "Passthrough", "ShuffleLedger", "SourceLedger",

@@ -1,6 +1,7 @@
 """The run's event loop: making it, cancelling what a crashed run left on it, and stopping
-the runs still going at interpreter exit; and the one way a future is settled or a waiter
-woken, on its loop or from another thread (:func:`settle`, :func:`settle_soon`)."""
+the runs still going at interpreter exit. A future is settled, or a waiter woken, on its loop
+or from another thread by ``asyncflow.workers``' ``settle`` / ``settle_soon`` (the one way:
+worker processes' results reach the loop by it too)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 import weakref
 from typing import Any
 
-__all__ = ["cancel_pending", "new_loop", "settle", "settle_all", "settle_soon", "track"]
+__all__ = ["cancel_pending", "new_loop", "track"]
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
@@ -35,35 +36,6 @@ def cancel_pending(loop: asyncio.AbstractEventLoop) -> None:
     for task in tasks:
         task.cancel()
     loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-
-
-def settle(
-    fut: asyncio.Future[Any], result: Any = None, error: BaseException | None = None
-) -> None:
-    """Settle ``fut`` with ``result``, or ``error`` if not ``None``, unless it is done by then
-    (cancelled). On ``fut``'s loop."""
-    if fut.done():
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(result)
-
-
-def settle_all(futs: list[asyncio.Future[None]]) -> None:
-    """:func:`settle` each of ``futs`` with ``None`` (waiters woken)."""
-    for fut in futs:
-        settle(fut)
-
-
-def settle_soon(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], result: Any = None,
-                error: BaseException | None = None) -> None:
-    """From any thread: :func:`settle` ``fut`` (of ``loop``) there; nothing when ``loop`` is
-    closed (nobody waits on it any more: its run abandoned the call)."""
-    try:  # not contextlib.suppress: a wake-up per chunk handed to a consumer comes here
-        loop.call_soon_threadsafe(settle, fut, result, error)
-    except RuntimeError:
-        pass
 
 
 #: Runs started and not yet garbage-collected (``Runtime`` objects).

@@ -15,16 +15,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._portable import FAILED, noted, portable
+from ..workers import FAILED, ChunkResult, noted, portable
 
-__all__ = ["SOURCE_CHUNK", "ChunkResult", "aclose_iterator", "next_chunk", "run_chunk",
-           "run_chunk_remote"]
+__all__ = ["SOURCE_CHUNK", "aclose_iterator", "next_chunk", "run_chunk", "run_chunk_remote"]
 
 #: Items a source or an expansion reads per hand-off.
 SOURCE_CHUNK = 256
-
-#: (results with FAILED at failed places, [(index, exception)], seconds spent)
-ChunkResult = tuple[list[Any], list[tuple[int, BaseException]], float]
 
 
 def run_chunk(

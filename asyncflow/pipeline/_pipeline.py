@@ -12,6 +12,7 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, overload
 
 from .._errors import ConfigError, check_budget, check_int, check_seconds
+from ..workers import Processes, resolve_workers
 from ._assemble import AssembleSpec
 from ._core import HookFactory, PipelineCore
 from ._features import feature
@@ -20,7 +21,6 @@ from ._pool_holder import PoolHolder
 from ._run import T_co
 from ._shared_source import SharedSource, Source, check_source
 from ._spec import BatchSpec, FlatMapSpec, MapSpec, PrefetchSpec, ShuffleSpec, UnbatchSpec
-from ._worker_options import Processes, resolve_workers
 
 if TYPE_CHECKING:
     import os

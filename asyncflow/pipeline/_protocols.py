@@ -17,7 +17,8 @@ Stages:
   position for resume (its settled inputs, one output's inputs, JSON extras).
 * :class:`Budgeted`: a spec with a failure budget of its own (``max_failures``).
 * :func:`runs_inline` (``asyncflow_inline = False`` on a map function: never on the loop) and
-  :func:`round_robin` (``asyncflow_round_robin = True``: chunk ``i`` to worker ``i % n``).
+  :func:`round_robin` (``asyncflow_round_robin = True``: chunk ``i`` to worker ``i % n``; the
+  engine reads it and tells the stage's ``asyncflow.workers.ProcessPool``).
 
 Sources and pipelines:
 
@@ -41,8 +42,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
+from ..workers import KeyedIterator
 from ._span import Span
-from .seeding import KeyedIterator
 
 __all__ = [
     "ROUND_ROBIN",

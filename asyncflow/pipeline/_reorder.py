@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ._loop import settle, settle_all
+from ..workers import settle, settle_all
 from ._protocols import Sender
 
 __all__ = ["Reorder"]

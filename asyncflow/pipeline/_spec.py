@@ -9,13 +9,13 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._errors import ConfigError, check_budget, check_int
+from .._errors import ConfigError, check_budget, check_flags, check_int
 from ._expansion import check_partial
 from ._protocols import Budgeted
-from ._traits import StageTraits, Worker, check_flags
+from ._traits import StageTraits, Worker
 
 if TYPE_CHECKING:
-    from ._worker_options import Processes
+    from ..workers import Processes
 
 __all__ = [
     "BatchSpec", "FlatMapSpec", "MapSpec", "PrefetchSpec", "ShuffleSpec",
@@ -212,7 +212,7 @@ class MapSpec(StageSpec):
             if self.mode == "flat_map":
                 raise ConfigError(f"{what}: flat_map runs on threads; map to a list in worker "
                                   "processes, then unbatch()")
-            from ._boot import check_picklable
+            from ..workers import check_picklable
 
             check_picklable(self.fn, self.processes, self.name or self.default_name())
 

@@ -16,25 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .._errors import ConfigError, check_bool
+from .._errors import ConfigError, check_flags
 
-__all__ = ["Grouping", "StageTraits", "Worker", "check_flags"]
+__all__ = ["Grouping", "StageTraits", "Worker"]
 
 #: How a stage regroups items (``None``: item for item, or dropping some).
 Grouping = Literal["lists", "batches", "elements"] | None
 #: What a stage's calls run on.
 Worker = Literal["loop", "threads", "processes", "executor"]
-
-def check_flags(owner: object, *names: str) -> None:
-    """Refuse any of ``owner``'s attributes ``names`` that is not a ``bool``.
-
-    Raises:
-        ConfigTypeError: Names the first one that is not (``"yes"`` or ``1`` would read as
-            true).
-    """
-    for name in names:
-        check_bool(name, getattr(owner, name))
-
 
 _GROUPINGS = (None, "lists", "batches", "elements")
 _WORKERS = ("loop", "threads", "processes", "executor")

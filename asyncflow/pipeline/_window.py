@@ -15,7 +15,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from ._loop import settle_soon
+from ..workers import settle_soon
 
 __all__ = ["BranchCredits", "Window"]
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from asyncflow import ConfigError, DecodeError, PipelineError, Processes, image
-from asyncflow.pipeline._segments import SHM_DIR
+from asyncflow.workers import SHM_DIR
 
 from ._pictures import jpeg, write_tree
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from asyncflow import Pipeline, PipelineError, Processes
-from asyncflow.pipeline._process_pool import ProcessPool
+from asyncflow.workers import ProcessPool
 
 pytestmark = [pytest.mark.usefixtures("leak_check"), pytest.mark.timeout(120)]
 

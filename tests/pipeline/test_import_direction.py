@@ -15,10 +15,13 @@ import pytest
 
 from tests.structure import all_imports, collect_imports, under
 
-#: What the engine (``asyncflow.pipeline``) may import besides itself: the error tree and the
-#: two helpers it is built on. Features attach through its public seams instead
-#: (``asyncflow/pipeline/EXTENDING.md``); the public face registers them.
-ENGINE_MAY_IMPORT = ("asyncflow._errors", "asyncflow._redact", "asyncflow._scope")
+#: What the engine (``asyncflow.pipeline``) may import besides itself: the error tree, the
+#: two helpers it is built on, and the worker processes below it (their public names only:
+#: ``test_only_the_workers_import_their_private_modules``). Features attach through its public
+#: seams instead (``asyncflow/pipeline/EXTENDING.md``); the public face registers them.
+ENGINE_MAY_IMPORT = (
+    "asyncflow._errors", "asyncflow._redact", "asyncflow._scope", "asyncflow.workers",
+)
 
 _FEATURES = (
     "asyncflow.torch", "asyncflow.cache", "asyncflow.sources", "asyncflow.image",
@@ -54,6 +57,10 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
      (*_FEATURES, *_FRONT),
      "the journal reaches image.folder through its Journaled protocol and the crops reader the "
      "face registers, never by import"),
+    ("asyncflow.workers",
+     ("asyncflow.pipeline", *_FEATURES, "asyncflow.ranks", "asyncflow.journal", *_FRONT),
+     "worker processes are a layer below the engine: the engine builds their pools, they "
+     "know nothing of it"),
     ("asyncflow._errors",
      (*_FEATURES, *_FRONT),
      "the error tree is the bottom layer: everything imports it"),
@@ -139,3 +146,16 @@ def test_features_use_the_engines_public_names() -> None:
         and imp.target not in PUBLIC_ENGINE_MODULES
     ]
     assert not bad, "\n".join(bad)
+
+
+def test_only_the_workers_import_their_private_modules() -> None:
+    bad = [
+        f"{imp.where()}: {module} imports the workers' private {imp.target}; import from "
+        "asyncflow.workers (its public names)"
+        for module, imports in all_imports().items() if not under(module, "asyncflow.workers")
+        for imp in imports
+        if under(imp.target, "asyncflow.workers") and imp.target != "asyncflow.workers"
+    ]
+    assert not bad, "\n".join(bad)
+    # not vacuous: the engine does import the workers, by their public names
+    assert any(i.target == "asyncflow.workers" for i in all_imports()["asyncflow.pipeline._map"])

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from asyncflow.pipeline._ledger import MapLedger
 from asyncflow.pipeline._lineage import Lineage
-from asyncflow.pipeline._portable import FAILED
+from asyncflow.workers import FAILED
 
 
 def _lineage() -> Lineage:

@@ -11,8 +11,8 @@ import pytest
 
 from asyncflow import Pipeline
 from asyncflow.pipeline._offload import next_chunk, run_chunk
-from asyncflow.pipeline._portable import FAILED
 from asyncflow.pipeline._thread_pool import WorkerPool
+from asyncflow.workers import FAILED
 
 
 def test_run_chunk_returns_failures_in_place() -> None:

@@ -1,7 +1,8 @@
 """The hooks a feature offers the engine: declared in ``_protocols.py``, met by the features.
 
-The engine asks the objects it is given for no method by a name of its own making except
-through these protocols (``test_the_engine_reads_no_undeclared_hook`` holds that).
+The engine (and the worker processes below it) asks the objects it is given for no method by a
+name of its own making except through these protocols (``test_the_engine_reads_no_undeclared_hook``
+holds that).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from asyncflow.pipeline._spec import MapSpec
 from asyncflow.sources import RandomSampler
 
 ENGINE = pathlib.Path(asyncflow.__file__).parent / "pipeline"
+#: The worker processes below the engine read no hook either (the engine reads a map
+#: function's ``round_robin`` marker and tells the pool).
+WORKERS = ENGINE.parent / "workers"
 
 #: Names the engine may read by ``getattr`` / ``hasattr`` with a literal: Python's own protocols
 #: and attributes, the engine's own objects (its nodes' ``ledger``, its channels, its tag on
@@ -39,7 +43,7 @@ _NOT_HOOKS = {
 
 def _literal_lookups() -> set[tuple[str, str]]:
     found = set()
-    for path in ENGINE.glob("*.py"):
+    for path in [*ENGINE.glob("*.py"), *WORKERS.glob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
                     and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2

@@ -19,8 +19,8 @@ from asyncflow.pipeline._channel import ChannelBase
 from asyncflow.pipeline._expansion import SplitLedger
 from asyncflow.pipeline._ledger import FixedLedger, Ledger, MapLedger, ShuffleLedger
 from asyncflow.pipeline._lineage import SourceLedger, SourcePlan
-from asyncflow.pipeline._portable import FAILED
 from asyncflow.pipeline._span import GrowingSpan, Span, runs
+from asyncflow.workers import FAILED
 
 
 @pytest.mark.parametrize("seed", range(30))

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from asyncflow import ConfigError
-from asyncflow.pipeline import _segments
 from asyncflow.torch import Padded, _collate, default_collate, pad_collate
+from asyncflow.workers import _segments
 
 
 def test_default_collate_is_torchs() -> None:

@@ -72,7 +72,7 @@ def test_the_default_falls_back_to_the_forkserver_while_a_user_thread_runs() -> 
 def test_the_default_falls_back_when_the_pools_own_check_refuses(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import asyncflow.pipeline._fork as fork
+    import asyncflow.workers._fork as fork
 
     loader = DataLoader(Pairs(8), batch_size=4, num_workers=2, workers="processes")
     # a thread that starts between the loader's plan and the pool: only the pool's check

@@ -671,7 +671,7 @@ def _images(first: int, count: int) -> torch.Tensor:
 def collate_noting_segments(samples: list[Any]) -> Any:
     """A user's collate calling torch's: its stacked images, and whether they lie in a segment
     this worker made to send by name (``_segments.allocate``), rather than in torch's."""
-    from asyncflow.pipeline import _segments
+    from asyncflow.workers import _segments
 
     images, labels = tud.default_collate(samples)
     return images, labels, images.data_ptr() in _segments._made

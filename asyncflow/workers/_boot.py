@@ -151,7 +151,7 @@ def start_context(spec: Processes, core: bytes = b"") -> Any:
     context = multiprocessing.get_context(spec.start_method)
     if spec.start_method == "forkserver" and not _preloaded:
         _preloaded = True
-        heavy = ["asyncflow.pipeline._worker_process", *_reducers.eager_reducer_modules()]
+        heavy = ["asyncflow.workers._worker_process", *_reducers.eager_reducer_modules()]
         heavy += [m for m in ("numpy", "PIL.Image") if m in sys.modules]
         for trigger, provider in _reducers.lazy_providers().items():
             if trigger.encode() in core:  # the function or its Dataset refers to torch

@@ -12,9 +12,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ._loop import settle_soon
-from ._offload import ChunkResult
-from ._portable import FAILED
+from ._portable import FAILED, ChunkResult
+from ._settle import settle_soon
 from ._worker_process import send
 
 __all__ = ["Job", "Slot", "blame", "exit_reason", "merge", "settle", "stop_workers"]

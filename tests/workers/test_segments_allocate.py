@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncflow.pipeline import Pipeline, Processes, _segments
+from asyncflow.pipeline import Pipeline, Processes
+from asyncflow.workers import _segments
 
 SIZE = 1 << 20  # above SHM_THRESHOLD
 

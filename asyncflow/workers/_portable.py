@@ -19,7 +19,7 @@ from typing import Any
 from .._errors import WorkerError
 from .._redact import format_exception, redact
 
-__all__ = ["FAILED", "noted", "portable", "rebuild_exception"]
+__all__ = ["FAILED", "ChunkResult", "noted", "portable", "rebuild_exception"]
 
 
 class _Failed:
@@ -34,6 +34,9 @@ class _Failed:
 
 #: Marks a failed item's place in a chunk's results.
 FAILED: Any = _Failed()
+
+#: (results with FAILED at failed places, [(index, exception)], seconds spent)
+ChunkResult = tuple[list[Any], list[tuple[int, BaseException]], float]
 
 
 def noted(exc: BaseException) -> BaseException:

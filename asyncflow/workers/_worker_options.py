@@ -11,9 +11,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from .._errors import ConfigError, check_int
-from ._traits import check_flags
-from .seeding import fresh_seed
+from .._errors import ConfigError, check_flags, check_int
+from ._seeding import fresh_seed
 
 __all__ = [
     "Processes",

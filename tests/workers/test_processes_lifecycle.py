@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 from asyncflow import Pipeline, PipelineError, Processes, WorkerError, worker_info
-from asyncflow.pipeline import _segments
-from asyncflow.pipeline._process_pool import ProcessPool
+from asyncflow.workers import ProcessPool, _segments
 from tests.conftest import _children
 from tests.doubles import ROOT, child_env
 

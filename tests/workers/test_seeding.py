@@ -16,7 +16,7 @@ from asyncflow.pipeline import seeding
 
 def test_the_numbers_are_pinned_across_versions() -> None:
     # Computed by the recipes each caller had before (sources/_orders.py, torch/_shuffle.py,
-    # pipeline/_worker_options.py, image/_geometry.py, pipeline/_stages.py): changing one reshuffles
+    # workers/_worker_options.py, image/_geometry.py, pipeline/_stages.py): changing one reshuffles
     # every user's resumed epoch.
     assert seeding.epoch_seed(7, 3) == 1529793891446696395
     assert seeding.item_seed(7, 3, 11) == 1738497228507368661

@@ -27,8 +27,8 @@ from typing import Any
 from .._redact import format_exception, redact
 from . import _reducers, _segments
 from ._portable import FAILED, noted, portable
+from ._seeding import item_seed, seed_everything
 from ._worker_options import WorkerInfo, run_worker_setups, set_worker_info
-from .seeding import item_seed, seed_everything
 
 __all__ = ["STATUS", "map_status", "send", "serve", "worker_main"]
 

@@ -32,7 +32,7 @@ from asyncflow import (
     WorkerInfo,
     worker_info,
 )
-from asyncflow.pipeline import _segments
+from asyncflow.workers import _segments
 from tests.doubles import ROOT, child_env
 
 pytestmark = [pytest.mark.usefixtures("leak_check"), pytest.mark.timeout(60)]
@@ -366,8 +366,8 @@ def test_unpicklable_result_fails_its_item_clearly() -> None:
 
 def test_a_result_that_cannot_be_pickled_leaves_the_chunks_other_failures_as_they_are(
 ) -> None:
-    from asyncflow.pipeline._portable import FAILED
-    from asyncflow.pipeline._worker_process import _picklable, _Worker
+    from asyncflow.workers import FAILED
+    from asyncflow.workers._worker_process import _picklable, _Worker
 
     failures = [(0, _picklable(NeedsTwoArguments("custom", 7)))]  # sent by state
     values, out = _Worker._salvage([FAILED, threading.Lock()], failures)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from asyncflow import Pipeline, Processes
-from asyncflow.pipeline import _segments
+from asyncflow.workers import _segments
 
 pytestmark = [pytest.mark.usefixtures("leak_check"), pytest.mark.timeout(60)]
 

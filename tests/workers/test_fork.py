@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from asyncflow import ConfigError, Pipeline, Processes, worker_info
-from asyncflow.pipeline._fork import fork_refusal
+from asyncflow.workers._fork import fork_refusal
 from tests.conftest import _children
-from tests.pipeline.test_processes_lifecycle import _wait_gone
+from tests.workers.test_processes_lifecycle import _wait_gone
 
 pytestmark = [pytest.mark.usefixtures("leak_check"), pytest.mark.timeout(120),
               pytest.mark.fresh_process]  # fork needs a process with no other thread
@@ -245,7 +245,7 @@ def test_without_a_fallback_the_notes_stay_quiet() -> None:
 def _refused(monkeypatch: pytest.MonkeyPatch, reason: str) -> None:
     """The engine's own check, under the readers' gates as the pool is built, refuses: as if
     a thread had started between whatever a caller checked and the build."""
-    import asyncflow.pipeline._fork as fork
+    import asyncflow.workers._fork as fork
 
     monkeypatch.setattr(fork, "fork_refusal", lambda: reason)
 

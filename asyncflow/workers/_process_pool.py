@@ -32,9 +32,8 @@ from . import _segments
 from ._boot import Boot, boot_payload, start_context, without_main
 from ._fork import ForkTemplate, fork_refused, fork_template
 from ._jobs import Job, Slot, blame, exit_reason, merge, settle, stop_workers
-from ._offload import ChunkResult
 from ._pool_reader import PoolReader
-from ._protocols import round_robin
+from ._portable import ChunkResult
 from ._worker_options import Processes
 from ._worker_process import STATUS, map_status, send, worker_main
 
@@ -50,6 +49,10 @@ class ProcessPool(PoolReader):
         size: How many workers.
         spec: Start method, init hook, seed.
         stage: The stage's name, for messages and the workers' :class:`WorkerInfo`.
+        round_robin: Chunk ``first`` goes to worker ``first % size`` rather than to the least
+            loaded (the engine reads it off ``fn``: ``asyncflow_round_robin``, see its
+            ``_protocols.round_robin``); its caller bounds what each worker holds (the
+            loader's prefetch_factor).
 
     Raises:
         ConfigError: ``fn`` or ``spec.init`` cannot be pickled (names it; suggests threads);
@@ -58,7 +61,8 @@ class ProcessPool(PoolReader):
             says so in :attr:`start_note`).
     """
 
-    def __init__(self, fn: Callable[[Any], Any], size: int, spec: Processes, stage: str):
+    def __init__(self, fn: Callable[[Any], Any], size: int, spec: Processes, stage: str, *,
+                 round_robin: bool = False):
         self.size = size
         self.spec = spec
         self.stage = stage
@@ -89,9 +93,7 @@ class ProcessPool(PoolReader):
                 raise ConfigError(f"{exc}; forked workers need no pickling, but this "
                                   f"process cannot be forked now: {refusal}") from None
         self.deaths = 0
-        # chunk ``first`` to worker ``first % size`` (_protocols.round_robin); its caller
-        # bounds what each worker holds (the loader's prefetch_factor)
-        self.round_robin = round_robin(fn)
+        self.round_robin = round_robin
         self._jids = itertools.count()
         self._names = itertools.count()
         self._lock = threading.Lock()
