@@ -106,7 +106,7 @@ class MergeLedger(SourceLedger):
         era = self.tracks[branch].era
         with self.lock:
             era.epoch, era.lineage, era.plan = ctx.epoch, ctx.lineage, None
-        ctx.lineage.follow(era.outputs_settled)
+        ctx.lineage.follow(lambda: era.outputs.mark)  # the era's outputs settled, all below
 
     def pick(self, branch: int) -> int:
         """What a choice of ``branch`` is: :data:`TAKE`, :data:`PASS`, :data:`SKIP` or

@@ -64,13 +64,12 @@ class Runtime:
         # the consumer surely has every item but those of the chunk it is working through
         take = max(1, graph.outputs[-1].capacity // 2)
         self.lineage.follow(lambda: self.delivered - take)
-        self.contexts, self.nodes, self.outputs = graph.contexts, graph.nodes, graph.outputs
-        self.inputs = graph.inputs
+        self.contexts = graph.contexts
         self.notes: list[str] = [*options.notes, *graph.notes]
-        self.handoff: Handoff = self.outputs[-1]
+        self.handoff: Handoff = graph.outputs[-1]
         self.receive_hooks: list[ReceiveHook] = [h for c in graph.chain for h in c.receive_hooks]
         self.monitor = Monitor(
-            options.name, self.contexts, self.outputs, stall_timeout=options.stall_timeout,
+            options.name, self.contexts, graph.outputs, stall_timeout=options.stall_timeout,
             report_every=options.report_every,
         )
         self.thread = threading.Thread(
@@ -298,12 +297,13 @@ class Runtime:
         """Start the tasks of the stages of ``contexts``, each with its stage's run scope
         and epoch current (the run starts its own stages so; a merge node, its branches')."""
         assert self._group is not None
-        position = {id(ctx): index for index, ctx in enumerate(self.contexts)}
+        graph = self.graph
+        position = {id(ctx): index for index, ctx in enumerate(graph.contexts)}
         for ctx in contexts:
             index = position[id(ctx)]
             with use_scope(ctx.scope), use_epoch(ctx.epoch):
                 coro = self._run_node(
-                    ctx, self.nodes[index], self.inputs[index], self.outputs[index]
+                    ctx, graph.nodes[index], graph.inputs[index], graph.outputs[index]
                 )
                 try:
                     self._node_tasks[ctx] = self._group.create_task(coro)
