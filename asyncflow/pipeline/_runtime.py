@@ -323,22 +323,20 @@ class Runtime:
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             self._fail(ctx, inp, out, [stall])
-        except Exception as exc:
-            failures = [e for e in flatten(exc) if not isinstance(e, ChannelAborted)]
-            if failures:
-                self._fail(ctx, inp, out, failures)
-            elif inp is not None:
-                inp.abort()
         except BaseException as exc:
-            # KeyboardInterrupt, SystemExit, GeneratorExit: caught only to be forwarded, as
-            # itself, to the consumer, after the items already handed over; the run stops.
-            leaves = [
-                e for e in flatten(exc)
-                if not isinstance(e, ChannelAborted | asyncio.CancelledError)
-            ]
-            self._fail(ctx, inp, out, leaves or [exc])
-            self.stop_event.set()
-            self._cancel_main()
+            failures = [e for e in flatten(exc)
+                        if not isinstance(e, ChannelAborted | asyncio.CancelledError)]
+            if not isinstance(exc, Exception):
+                # KeyboardInterrupt, SystemExit, GeneratorExit: caught only to be forwarded,
+                # as itself, to the consumer, after the items already handed over; the run
+                # stops.
+                self._fail(ctx, inp, out, failures or [exc])
+                self.stop_event.set()
+                self._cancel_main()
+            elif failures:
+                self._fail(ctx, inp, out, failures)
+            elif inp is not None:  # aborted: the run is stopping
+                inp.abort()
         else:
             if out is not self.handoff:
                 out.close()  # the hand-off is closed last, with the run's error, in _cleanup
