@@ -76,8 +76,7 @@ def build_run(
     options: RunOptions,
     epoch: int,
     pools: PoolHolder | None = None,
-    start: int = 0,
-    resume: SourcePlan | None = None,
+    plan: SourcePlan | None = None,
 ) -> tuple[Graph, RunResources]:
     """One run, ready to start (in the consumer's thread): what its stages share (a fresh
     loop, whose default executor is the run's worker threads, a stop event, a run scope) and
@@ -90,9 +89,9 @@ def build_run(
         options: Pipeline-wide settings.
         epoch: How many runs of the pipeline started before this one.
         pools: The pipeline's persistent worker-process pools.
-        start: The source position of the source's first item (a resumed epoch).
-        resume: Where a resumed run's source starts and what it leaves out, with the
-            stages' saved state (from ``load_state_dict``).
+        plan: Where the run's source starts (the position of its first item, a resumed
+            epoch's) and what it leaves out, with the stages' saved state (from
+            ``load_state_dict``); ``None``: the epoch from its start.
     """
     loop = new_loop()
     pool = WorkerPool(thread_count(specs, open_source), f"asyncflow-{options.name}-worker")
@@ -100,8 +99,8 @@ def build_run(
     loop.set_default_executor(pool.executor)
     run = RunResources(
         options=options, pool=pool, stop=threading.Event(), scope=RunScope(dict(options.settings)),
-        loop=loop, pools=pools if pools is not None else PoolHolder(), epoch=epoch, start=start,
-        resume=resume,
+        loop=loop, pools=pools if pools is not None else PoolHolder(), epoch=epoch,
+        plan=plan if plan is not None else SourcePlan(),
     )
     graph = Graph()
     try:
@@ -136,8 +135,7 @@ def _add_chain(
         names[0] = prefix + merge.name
     previous: Any = None
     stages = [_Source(buffer=options.source_buffer), *specs]
-    plan = run.resume if run.resume is not None else SourcePlan(first=run.start)
-    lineage = Lineage(plan)
+    lineage = Lineage(run.plan)
     keys = ItemKeys()  # the source's seed keys, if it names them
     window = _window(merge, specs, names, options)
     in_step = True  # every stage so far maps source items 1:1, in order
@@ -171,7 +169,7 @@ def _add_chain(
             # back from the merge's window, as the consumer receives the branch's items)
             ctx.add_receive_hook(window.received)
         if in_step:
-            ctx.start = run.start  # positions count from the resumed one
+            ctx.start = run.plan.base  # positions count from the resumed one
             ctx.in_step = True
         in_step = in_step and spec.items_per_output == 1
         if spec.traits.worker == "processes":
@@ -237,7 +235,7 @@ def _add_branch(
     scope = RunScope(dict(plan.options.settings))
     resources = dataclasses.replace(
         run, options=plan.options, scope=scope, pools=branch.pools, epoch=branch.epoch,
-        start=branch.start if resume is None else resume.base, resume=resume,
+        plan=resume if resume is not None else SourcePlan(first=branch.start),
     )
     first = len(graph.contexts)
     chain = _add_chain(graph, plan.open_source, branch.stages, resources, prefix=prefix,
@@ -263,8 +261,7 @@ def _merge_node(
 ) -> MergeNode:
     """Build a merge's branches into ``graph`` and the node that reads them."""
     prefixes = [f"{prefix}{label}/" for label in merge.labels]
-    saved = run.resume.nodes.get(ctx.name) if run.resume is not None else None
-    tracks = tracks_of(saved, len(merge.inputs), merge.name)
+    tracks = tracks_of(run.plan.nodes.get(ctx.name), len(merge.inputs), merge.name)
     ledger = MergeLedger(ctx.lineage.source.plan, len(merge.inputs), tracks, name=merge.name)
 
     def add(i: int, era: Era, branch: Branch, old: BranchRun | None = None) -> BranchRun:

@@ -14,6 +14,7 @@ from typing import Any, Generic, Self, cast
 from .._errors import ConfigError, check_int, check_seconds
 from ._build import build_run
 from ._features import feature
+from ._lineage import SourcePlan
 from ._merge import Branch, Merge
 from ._options import RunOptions, RunPlan
 from ._pool_holder import PoolHolder
@@ -175,9 +176,8 @@ class PipelineCore(Generic[T_co]):
         plan = self.run_plan()
         epoch, resume, offset = self._source.take_run()
         stages = self._stages if plan.stages is None else plan.stages
-        start = offset if resume is None else resume.base
-        rt = Runtime(*build_run(plan.open_source, stages, plan.options, epoch,
-                                pools=self._pools, start=start, resume=resume))
+        rt = Runtime(*build_run(plan.open_source, stages, plan.options, epoch, pools=self._pools,
+                                plan=resume if resume is not None else SourcePlan(first=offset)))
         rt.receive_hooks[:0] = plan.receive_hooks
         self._last[:] = [rt]
         return rt

@@ -5,7 +5,6 @@ the stages' errors made into one."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import time
@@ -14,10 +13,10 @@ from types import TracebackType
 from typing import Any
 
 from .._errors import FailureBudgetExceeded, FailureRecord, PipelineError
-from .._redact import describe_exception, format_exception, redact
+from .._redact import describe_exception, format_exception
 
 __all__ = [
-    "FailureBudget", "final_error", "flatten", "make_error", "mark_abandoned", "note_stage",
+    "FailureBudget", "final_error", "flatten", "mark_abandoned", "note_stage",
     "release_frames",
 ]
 
@@ -74,8 +73,8 @@ class FailureBudget:
             )
 
     def _exceeded(self, message: str) -> FailureBudgetExceeded:
-        records = [dataclasses.replace(r, message=redact(r.message)) for r in self.records]
-        return FailureBudgetExceeded(message, stage=self.stage, failures=records)
+        # each record's item and message were redacted as it was made
+        return FailureBudgetExceeded(message, stage=self.stage, failures=self.records)
 
     def log_skip(self, item: str, exc: BaseException) -> None:
         """Log a skipped item: the first few in full, then a periodic count."""
@@ -110,32 +109,9 @@ def flatten(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def make_error(name: str, errors: list[BaseException]) -> BaseException:
-    """A ``BaseException`` raised in a stage (``KeyboardInterrupt``, ``SystemExit``) as
-    itself, noting the others; else a :class:`PipelineError` naming the failed stages."""
-    fatal = next((e for e in errors if not isinstance(e, Exception)), None)
-    if fatal is not None:
-        others = [describe_exception(e) for e in errors if e is not fatal]
-        note = "asyncflow: the run also failed with " + "; ".join(others)
-        if others and note not in getattr(fatal, "__notes__", ()):
-            fatal.add_note(note)
-        return fatal
-    failed: list[str] = []
-    for exc in errors:
-        stage = getattr(exc, "_asyncflow_stage", "?")
-        if stage not in failed:
-            failed.append(stage)
-    where = ", ".join(repr(s) for s in failed)
-    message = (
-        f"pipeline {name!r} failed in stage {where}: "
-        f"{describe_exception(errors[0])}"
-    )
-    return PipelineError(message, errors)  # type: ignore[arg-type]
-
-
 def note_stage(exc: BaseException, ctx: Any) -> None:
     """Note on ``exc`` the stage (a ``NodeContext``) it failed in, once: the note, and the
-    stage's name for :func:`make_error`."""
+    stage's name for :func:`final_error`."""
     notes = getattr(exc, "__notes__", ())
     if not any(str(n).startswith("asyncflow: stage") for n in notes):
         exc.add_note(
@@ -147,12 +123,25 @@ def note_stage(exc: BaseException, ctx: Any) -> None:
 
 
 def final_error(name: str, errors: list[BaseException]) -> BaseException | None:
-    """What the consumer of run ``name`` gets after the items: ``None`` (no ``errors``), or
-    :func:`make_error`'s. Never raises: should building the error fail, the first one."""
+    """What the consumer of run ``name`` gets after the items: ``None`` (no ``errors``); a
+    ``BaseException`` raised in a stage (``KeyboardInterrupt``, ``SystemExit``) as itself,
+    noting the others; else a :class:`PipelineError` naming the failed stages. Never raises:
+    should building the error fail, the first one."""
     if not errors:
         return None
     try:
-        return make_error(name, errors)
+        fatal = next((e for e in errors if not isinstance(e, Exception)), None)
+        if fatal is not None:
+            others = [describe_exception(e) for e in errors if e is not fatal]
+            note = "asyncflow: the run also failed with " + "; ".join(others)
+            if others and note not in getattr(fatal, "__notes__", ()):
+                fatal.add_note(note)
+            return fatal
+        failed = dict.fromkeys(getattr(exc, "_asyncflow_stage", "?") for exc in errors)
+        where = ", ".join(repr(s) for s in failed)
+        message = (f"pipeline {name!r} failed in stage {where}: "
+                   f"{describe_exception(errors[0])}")
+        return PipelineError(message, errors)  # type: ignore[arg-type]
     except Exception as exc:  # never leave the hand-off open for want of a message
         logger.warning("asyncflow run %r: building its error failed: %s", name,
                        format_exception(exc))

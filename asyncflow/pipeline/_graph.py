@@ -79,6 +79,6 @@ class RunResources:
     loop: asyncio.AbstractEventLoop
     pools: PoolHolder
     epoch: int
-    start: int
-    #: Where a resumed run's source starts, and its stages' saved state.
-    resume: SourcePlan | None = None
+    #: Where the run's source starts (a resumed run's: what it leaves out, and its stages'
+    #: saved state).
+    plan: SourcePlan

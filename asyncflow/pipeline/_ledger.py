@@ -345,9 +345,6 @@ class SourceLedger(Ledger):
 
     def settled(self, ordinals: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """The positions of ``ordinals`` (``[start, end)`` ranges), emitted and settled now."""
-        if not self.plan.skip.ranges:  # ordinals follow the positions from the base, no gap
-            base = self.plan.base
-            return [(base + start, base + end) for start, end in ordinals]
         return [pair for start, end in ordinals for pair in self.positions(start, end)]
 
 

@@ -24,7 +24,7 @@ from typing import Any, Generic, NoReturn, Protocol, TypeVar, runtime_checkable
 from .._errors import ConfigError
 from .._scope import RunScope
 from ._merge_end import EndOfStream, count_to_end
-from ._merge_resume import END, PASS, TAKE, MergeLedger
+from ._merge_resume import END, TAKE, MergeLedger
 from ._node import NodeContext, Receiver, Sender, apply_hooks
 from ._options import RunOptions, RunPlan
 from ._pool_holder import PoolHolder
@@ -173,7 +173,6 @@ class BranchRun:
     scope: RunScope
     window: Window | None = None
     counts: list[tuple[int, int, int]] | None = None  # its stages' (in, out, failed) at start
-    taken: int = 0
     items: list[Any] = field(default_factory=list)
     pos: int = 0
     live: bool = True
@@ -246,12 +245,10 @@ class MergeNode:
             while (i := chooser.choose()) is not None:
                 branch = self._branch(i)
                 if (what := ledger.pick(int(i))) != TAKE:
-                    if what == PASS:  # settled before a resume: the branch leaves it out
-                        branch.taken += 1
-                    elif what == END:  # an era settled in full before a resume ran out
+                    if what == END:  # an era settled in full before a resume ran out
                         empty = ledger.replay_empty(int(i))
                         ledger.replayed(int(i), self._verdict(chooser, int(i), empty=empty))
-                    continue
+                    continue  # else passed over: settled before a resume
                 if branch.pos >= len(branch.items):
                     await self._flush(pending, out)
                     if not await self._refill(branch):
@@ -261,7 +258,6 @@ class MergeNode:
                 item = branch.items[branch.pos]
                 branch.items[branch.pos] = None  # the merge's reference is not kept
                 branch.pos += 1
-                branch.taken += 1
                 ledger.take(int(i))
                 if self._credits is not None:
                     self._credits.owe(branch.window)
@@ -313,7 +309,7 @@ class MergeNode:
 
     async def _ended(self, i: int, branch: BranchRun, chooser: MergeChooser) -> bool:
         """Branch ``i`` ran out: drop or restart it; False when the merge ends."""
-        self.ledger.ran_out(i)
+        empty = self.ledger.ran_out(i)
         if branch.ended is not None:  # its source may go on: stop its stages
             self._stop(branch)
         await self._settle(branch)
@@ -323,7 +319,7 @@ class MergeNode:
                 self.on_end(i, branch.ended.value)
         if any(ctx in self._failed for ctx in branch.contexts):
             return False  # the run fails with the branch's error
-        verdict = self._verdict(chooser, i, empty=branch.taken == 0)
+        verdict = self._verdict(chooser, i, empty=empty)
         self.ledger.ended(i, verdict)  # a restart: the branch's next era
         if verdict == "stop":
             return False

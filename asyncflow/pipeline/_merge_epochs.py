@@ -76,11 +76,6 @@ class Era:
         self.ran = 0  # the branch run's outputs taken
         self.length: int | None = None  # its items, once it ran out
 
-    def outputs_settled(self) -> int:
-        """The branch run's outputs settled, every one below it (its lineage compacts up to
-        it)."""
-        return self.outputs.mark
-
     @property
     def reported(self) -> bool:
         """Whether a state lists it: built, or resumed and still to be built (an era a

@@ -32,12 +32,12 @@ from ._ledger import SourceLedger, SourcePlan
 from ._merge_epochs import BranchLineage, Era, Track, add_run, branch_at, count_on, tracks_of
 from ._span import runs
 
-__all__ = ["END", "PASS", "SKIP", "TAKE", "MergeLedger", "branch_at", "tracks_of"]
+__all__ = ["END", "PASS", "TAKE", "MergeLedger", "branch_at", "tracks_of"]
 
 #: What a choice of a branch is to a merge (:meth:`MergeLedger.pick`): take the branch's next
-#: item; pass over an item settled before a resume; pass over one of an era settled in full;
-#: the end of such an era (tell the policy the branch ran out).
-TAKE, PASS, SKIP, END = range(4)
+#: item; pass over an item settled before a resume (of an era listed, or settled in full);
+#: the end of an era settled in full (tell the policy the branch ran out).
+TAKE, PASS, END = range(3)
 
 
 class MergeLedger(SourceLedger):
@@ -106,16 +106,16 @@ class MergeLedger(SourceLedger):
         era = self.tracks[branch].era
         with self.lock:
             era.epoch, era.lineage, era.plan = ctx.epoch, ctx.lineage, None
-        ctx.lineage.follow(era.outputs_settled)
+        ctx.lineage.follow(lambda: era.outputs.mark)  # the era's outputs settled, all below
 
     def pick(self, branch: int) -> int:
-        """What a choice of ``branch`` is: :data:`TAKE`, :data:`PASS`, :data:`SKIP` or
-        :data:`END` (a pass is counted here)."""
+        """What a choice of ``branch`` is: :data:`TAKE`, :data:`PASS` or :data:`END` (a pass
+        is counted here)."""
         track = self.tracks[branch]
         if track.replay:
             if track.passed < track.replay[0][0]:
                 track.passed += 1
-                return SKIP
+                return PASS
             return END
         era = track.era
         item, skip = era.next, era.skip
@@ -153,11 +153,13 @@ class MergeLedger(SourceLedger):
                 self.picks.append((branch, era, item, ordinal))
             self.grew(1)
 
-    def ran_out(self, branch: int) -> None:
-        """The era ``branch`` reads has run out: its length is known."""
+    def ran_out(self, branch: int) -> bool:
+        """The era ``branch`` reads has run out: its length is known. Returns whether it was
+        empty (no item taken or passed over since the branch (re)started)."""
         era = self.tracks[branch].era
         with self.lock:
             era.length = era.next
+        return era.length == 0
 
     def ended(self, branch: int, verdict: str) -> None:
         """The policy's verdict on ``branch``, which ran out: a restart begins its next era.

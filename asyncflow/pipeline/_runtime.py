@@ -65,13 +65,12 @@ class Runtime:
         # the consumer surely has every item but those of the chunk it is working through
         take = max(1, graph.outputs[-1].capacity // 2)
         self.lineage.follow(lambda: self.delivered - take)
-        self.contexts, self.nodes, self.outputs = graph.contexts, graph.nodes, graph.outputs
-        self.inputs = graph.inputs
+        self.contexts = graph.contexts
         self.notes: list[str] = [*options.notes, *graph.notes]
-        self.handoff: Handoff = self.outputs[-1]
+        self.handoff: Handoff = graph.outputs[-1]
         self.receive_hooks: list[ReceiveHook] = [h for c in graph.chain for h in c.receive_hooks]
         self.monitor = Monitor(
-            options.name, self.contexts, self.outputs, stall_timeout=options.stall_timeout,
+            options.name, self.contexts, graph.outputs, stall_timeout=options.stall_timeout,
             report_every=options.report_every,
         )
         self.thread = threading.Thread(
@@ -299,12 +298,13 @@ class Runtime:
         """Start the tasks of the stages of ``contexts``, each with its stage's run scope
         and epoch current (the run starts its own stages so; a merge node, its branches')."""
         assert self._group is not None
-        position = {id(ctx): index for index, ctx in enumerate(self.contexts)}
+        graph = self.graph
+        position = {id(ctx): index for index, ctx in enumerate(graph.contexts)}
         for ctx in contexts:
             index = position[id(ctx)]
             with use_scope(ctx.scope), use_epoch(ctx.epoch):
                 coro = self._run_node(
-                    ctx, self.nodes[index], self.inputs[index], self.outputs[index]
+                    ctx, graph.nodes[index], graph.inputs[index], graph.outputs[index]
                 )
                 try:
                     self._node_tasks[ctx] = self._group.create_task(coro)
@@ -324,22 +324,20 @@ class Runtime:
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             self._fail(ctx, inp, out, [stall])
-        except Exception as exc:
-            failures = [e for e in flatten(exc) if not isinstance(e, ChannelAborted)]
-            if failures:
-                self._fail(ctx, inp, out, failures)
-            elif inp is not None:
-                inp.abort()
         except BaseException as exc:
-            # KeyboardInterrupt, SystemExit, GeneratorExit: caught only to be forwarded, as
-            # itself, to the consumer, after the items already handed over; the run stops.
-            leaves = [
-                e for e in flatten(exc)
-                if not isinstance(e, ChannelAborted | asyncio.CancelledError)
-            ]
-            self._fail(ctx, inp, out, leaves or [exc])
-            self.stop_event.set()
-            self._cancel_main()
+            failures = [e for e in flatten(exc)
+                        if not isinstance(e, ChannelAborted | asyncio.CancelledError)]
+            if not isinstance(exc, Exception):
+                # KeyboardInterrupt, SystemExit, GeneratorExit: caught only to be forwarded,
+                # as itself, to the consumer, after the items already handed over; the run
+                # stops.
+                self._fail(ctx, inp, out, failures or [exc])
+                self.stop_event.set()
+                self._cancel_main()
+            elif failures:
+                self._fail(ctx, inp, out, failures)
+            elif inp is not None:  # aborted: the run is stopping
+                inp.abort()
         else:
             if out is not self.handoff:
                 out.close()  # the hand-off is closed last, with the run's error, in _cleanup
