@@ -14,9 +14,10 @@ below (``tests/structure.py`` holds it; docs/concepts.md draws it)::
               _tree.py     the one walker of nested items (dicts, lists, tuples, namedtuples)
               _recycle.py  the one recycler of batch buffers
               _blob.py     bytes that name their source; the reader of whole local files
-    workers   workers/     a stage's sync calls in worker processes, results through shared
-                           memory; the seeds every random stream draws from
-    engine    pipeline/    specs, the fluent Pipeline, runs, channels, stage nodes, threads
+    workers   workers/     a stage's sync calls on the run's threads or in worker processes
+                           (results through shared memory), workers="auto"'s choice; the
+                           seeds every random stream draws from
+    engine    pipeline/    specs, the fluent Pipeline, runs, channels, stage nodes
     services  ranks/       a process's share of a list, elastic resume, rank and world size
               journal/     which items made each output, and that output made again
     features  sources/     where items come from: samplers, files, HTTP, S3, tar shards

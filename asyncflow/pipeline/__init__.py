@@ -9,12 +9,15 @@ from ..workers import (
     Processes,
     WorkerInfo,
     check_picklable,
+    choose_workers,
     register_reducer,
     register_worker_setup,
+    run_failed,
+    run_thread,
+    usable_cpus,
     worker_info,
 )
 from ._assemble import AssembleSpec
-from ._auto import choose_workers, usable_cpus
 from ._core import HookFactory
 from ._custom import CustomSpec
 from ._failures import FailureBudget
@@ -37,7 +40,6 @@ from ._run import ConsumerHook, Run
 from ._span import Span
 from ._spec import StageSpec
 from ._stats import FailureRecord, ItemGroup, PipelineStats, StageStats, label_stage
-from ._thread_pool import run_failed, run_thread
 from ._traits import StageTraits
 
 __all__ = [

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from .._errors import ConfigError
 from .._scope import RunScope
+from ..workers import WorkerPool
 from . import _assemble, _custom, _map, _stages  # noqa: F401  (their nodes: node_for)
 from ._bridge import Handoff
 from ._channel import Channel
@@ -34,7 +35,6 @@ from ._protocols import Budgeted, SettlingNode, StatefulNode, round_robin
 from ._source_node import SourceNode
 from ._spec import MapSpec, StageSpec, stage_names
 from ._stats import StageCounters
-from ._thread_pool import WorkerPool
 from ._window import BranchCredits, Window
 
 __all__ = ["build_run", "thread_count"]

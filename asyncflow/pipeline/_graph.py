@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._scope import RunScope
+from ..workers import WorkerPool
 from ._lineage import Lineage, SourcePlan
 from ._node import Node, NodeContext
 from ._options import RunOptions
 from ._pool_holder import PoolHolder
-from ._thread_pool import WorkerPool
 
 __all__ = ["Graph", "RunResources"]
 

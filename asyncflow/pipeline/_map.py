@@ -24,12 +24,11 @@ from types import CoroutineType
 from typing import Any
 
 from .._errors import ConfigError
-from ..workers import FAILED
+from ..workers import FAILED, run_chunk, run_chunk_remote
 from ._chunking import TARGET_CHUNK_SECONDS, Chunking
 from ._hand import Hand
 from ._ledger import MapLedger
 from ._node import NodeContext, Receiver, Sender, node_for
-from ._offload import run_chunk, run_chunk_remote
 from ._protocols import runs_inline
 from ._reorder import Reorder
 from ._spec import MapSpec

@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 from .._errors import ConfigError
 from .._redact import describe_item, format_exception
 from .._scope import RunScope
+from ..workers import WorkerPool
 from ._failures import FailureBudget
 from ._lineage import Lineage
 from ._protocols import Node, ReceiveHook, Receiver, Sender
 from ._stats import StageCounters
-from ._thread_pool import WorkerPool
 from ._window import Window
 
 logger = logging.getLogger("asyncflow")

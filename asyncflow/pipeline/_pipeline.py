@@ -12,7 +12,7 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, overload
 
 from .._errors import ConfigError, check_budget, check_int, check_seconds
-from ..workers import Processes, resolve_workers
+from ..workers import Processes, choose_workers, resolve_workers
 from ._assemble import AssembleSpec
 from ._core import HookFactory, PipelineCore
 from ._features import feature
@@ -383,7 +383,6 @@ def _workers_options(
 ) -> dict[str, Any]:
     if workers != "auto":
         return {"processes": resolve_workers(workers)}
-    from ._auto import choose_workers
     from ._spec import fn_name
 
     processes, note = choose_workers(fn, concurrency, stage=name or fn_name(fn))

@@ -19,7 +19,7 @@ from typing import Any
 
 from .._redact import describe_exception, format_exception
 from .._scope import aclose_scopes, use_epoch, use_scope
-from ..workers import settle_soon
+from ..workers import RunLocal, enter_run, settle_soon
 from ._bridge import Handoff
 from ._channel import ChannelAborted
 from ._failures import final_error, flatten, mark_abandoned, note_stage, release_frames
@@ -28,7 +28,6 @@ from ._loop import cancel_pending, track
 from ._monitor import Monitor
 from ._node import NodeContext, ReceiveHook
 from ._stats import FailureRecord, PipelineStats, find_bottleneck
-from ._thread_pool import RunLocal, enter_run
 
 __all__ = ["Runtime"]
 

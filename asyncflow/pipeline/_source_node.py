@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, MappingView, Sequence, Set
 from typing import Any
 
 from .._errors import ConfigError
+from ..workers import SOURCE_CHUNK, aclose_iterator, next_chunk
 from ._node import NodeContext, Receiver, Sender
-from ._offload import SOURCE_CHUNK, aclose_iterator, next_chunk
 from ._protocols import GatedSource, KeyedIterator
 from ._stats import count_items, count_one
 

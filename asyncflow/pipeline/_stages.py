@@ -16,12 +16,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..workers import epoch_random
+from ..workers import SOURCE_CHUNK, aclose_iterator, epoch_random, next_chunk
 from ._channel import Channel, ChannelAborted
 from ._expansion import SplitLedger
 from ._ledger import FixedLedger, Passthrough, ShuffleLedger
 from ._node import NodeContext, Receiver, Sender, node_for
-from ._offload import SOURCE_CHUNK, aclose_iterator, next_chunk
 from ._spec import BatchSpec, FlatMapSpec, PrefetchSpec, ShuffleSpec, UnbatchSpec
 from ._stats import ItemGroup, count_items, count_one
 

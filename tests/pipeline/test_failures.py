@@ -295,7 +295,7 @@ async def test_a_base_exception_in_a_stage_ends_async_for_as_itself(
 def test_a_failing_clean_up_still_ends_the_consumers_loop(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from asyncflow.pipeline._thread_pool import WorkerPool
+    from asyncflow.workers import WorkerPool
 
     shutdown = WorkerPool.shutdown
 

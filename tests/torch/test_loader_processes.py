@@ -25,7 +25,7 @@ import torch
 import torch.utils.data as tud
 
 from asyncflow import ConfigError, DataLoader, StallError, WorkerError
-from asyncflow.pipeline._auto import usable_cpus
+from asyncflow.pipeline import usable_cpus
 from tests.conftest import _children, _segments
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -565,7 +565,7 @@ def test_auto_picks_processes_for_a_picklable_dataset(big_box: None, leak_check:
 def test_auto_picks_threads_below_four_cores_and_says_why(
     monkeypatch: pytest.MonkeyPatch, leak_check: None
 ) -> None:
-    import asyncflow.pipeline._auto as auto
+    import asyncflow.workers._auto as auto
 
     monkeypatch.setattr(auto, "usable_cpus", lambda: 3)
     loader = DataLoader(Pids(6), batch_size=2, num_workers=3)

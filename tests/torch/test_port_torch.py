@@ -40,7 +40,7 @@ from torch.utils.data import (
 from torch.utils.data.distributed import DistributedSampler
 
 import asyncflow
-from asyncflow.pipeline._auto import usable_cpus
+from asyncflow.pipeline import usable_cpus
 
 DataLoader = asyncflow.DataLoader
 

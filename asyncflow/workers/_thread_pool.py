@@ -32,7 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..workers import settle_soon
+from ._settle import settle_soon
 
 __all__ = ["HELPER_THREADS", "RunLocal", "WorkerPool", "enter_run", "run_failed", "run_thread"]
 

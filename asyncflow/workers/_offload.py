@@ -5,7 +5,7 @@ workers receive a *chunk* of items, call the function on each, and return all th
 one hand-off. Chunks grow while the function is cheap and shrink to one item when it is slow,
 so parallelism is not lost on expensive work.
 
-The run's threads themselves are :class:`~asyncflow.pipeline._thread_pool.WorkerPool`'s.
+The run's threads themselves are :class:`~asyncflow.workers._thread_pool.WorkerPool`'s.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..workers import FAILED, ChunkResult, noted, portable
+from ._portable import FAILED, ChunkResult, noted, portable
 
 __all__ = ["SOURCE_CHUNK", "aclose_iterator", "next_chunk", "run_chunk", "run_chunk_remote"]
 

@@ -10,7 +10,7 @@ import pytest
 
 from asyncflow import Pipeline
 from asyncflow.pipeline import CustomSpec, NodeContext, run_failed, run_thread
-from asyncflow.pipeline._thread_pool import HELPER, HELPER_THREADS, WorkerPool
+from asyncflow.workers._thread_pool import HELPER, HELPER_THREADS, WorkerPool
 
 
 def test_to_thread_and_run_thread_in_a_stage_use_the_runs_threads(leak_check: None) -> None:

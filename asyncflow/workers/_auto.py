@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from .._errors import ConfigError
-from ..workers import Processes, resolve_workers
+from ._worker_options import Processes, resolve_workers
 
 __all__ = ["choose_workers", "usable_cpus"]
 
@@ -41,7 +41,7 @@ def choose_workers(
     Returns:
         ``(Processes or None for threads, the reason)``; the reason is shown in ``stats()``.
     """
-    from ..workers import SHM_DIR
+    from ._segments import SHM_DIR
 
     cores = usable_cpus()
     why_not: str | None = None
@@ -57,7 +57,7 @@ def choose_workers(
         why_not = f"shared memory ({SHM_DIR}) is not writable"
     if why_not is None:
         try:
-            from ..workers import check_picklable
+            from ._boot import check_picklable
 
             check_picklable(fn, Processes(), stage)
         except ConfigError as exc:
