@@ -63,7 +63,7 @@ class LaneFetch:
             return EndOfStream(self.snapshot())
         except Exception as exc:
             batch = Failed(exc, f"asyncflow.DataLoader: batch {position} of worker "
-                                f"{_worker_id()} failed in stage 'fetch'")
+                                f"{_worker_id()} failed in stage 'fetch'", f"batch {position}")
         else:
             if self.pin:
                 batch = pin(batch)
