@@ -192,7 +192,6 @@ class DataLoader(TorchDataLoader[T_co]):
         self._copy: Any = None  # persistent thread workers' own copy of the dataset
         self._kept_alive = False  # worker processes kept alive though not asked to persist
         self._sent_digest: bytes | None = None  # the dataset they were started with
-        self._ahead: int | None = None  # batches fetched ahead of the consumer at most
         self._latest: EpochLanes | None = None  # the latest epoch, as its consumer saw it
         self._iterable: IterableEpochs | None = None
         self._template: Pipeline | None = None
