@@ -231,9 +231,7 @@ def dataset_states_of(loader: Loader) -> dict[str, Any] | None:
     if not is_stateful(loader.dataset) or loader._iterable is not None:
         return None
     states = loader._state.dataset_states
-    main = states.get(None)
-    if not states:
-        main = dataset_of(loader).state_dict()
+    main = states.get(None) if states else dataset_of(loader).state_dict()
     return {"main": main, "workers": {w: s for w, s in states.items() if w is not None}}
 
 
