@@ -280,12 +280,13 @@ class DataLoader(TorchDataLoader[T_co]):
     # -- asyncflow extras ----------------------------------------------------------------
 
     def stats(self) -> PipelineStats:
-        """Statistics of the latest epoch's pipeline (stages, throughput, failures).
+        """Statistics of the latest epoch's run (stages, throughput, failures), the failed
+        batches raised at the consumer included (:class:`EpochLanes`).
 
-        An ``IterableDataset`` read by several worker processes runs a pipeline per worker:
-        each worker's stages show under its name (``worker0/fetch``, ``worker1/fetch``,
-        ...), with the batches it made, its failed batches and its timings, and
-        ``delivered`` and ``failures`` count every worker's.
+        An ``IterableDataset`` read by several worker processes runs each worker as a branch
+        of the epoch's one run: each worker's stages show under its name (``worker0/fetch``,
+        ``worker1/fetch``, ...), with the batches it made, its failed batches and its
+        timings, and ``delivered`` and ``failures`` count every worker's.
         """
         return self._latest.stats() if self._latest is not None else PipelineStats()
 
