@@ -280,7 +280,7 @@ class LanesIterator(EpochIterator):
         self._check_superseded()
         while self._run is not None:
             try:
-                item = self._next_of(self._run)
+                item = super()._pull()
             except StopIteration:
                 break
             if self._take(item):
@@ -292,7 +292,7 @@ class LanesIterator(EpochIterator):
         self._check_superseded()
         while self._run is not None:
             try:
-                item = await self._anext_of(self._run)
+                item = await super()._apull()
             except StopAsyncIteration:
                 break
             if self._take(item):

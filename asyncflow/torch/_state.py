@@ -180,8 +180,8 @@ class EpochIterator:
         ordered: Batches come in position order.
     """
 
-    def __init__(self, run: Run | None, lanes: EpochLanes, state: LoaderState, length: int,
-                 timeout: float = 0, *, ordered: bool = True) -> None:
+    def __init__(self, run: Run[Positioned] | None, lanes: EpochLanes, state: LoaderState,
+                 length: int, timeout: float = 0, *, ordered: bool = True) -> None:
         self.lanes = lanes
         self._run = run
         self._ordered = ordered
@@ -193,19 +193,10 @@ class EpochIterator:
     def __len__(self) -> int:
         return self._length
 
-    # -- where items come from (an iterable dataset's lanes override these) ---------------
+    # -- where items come from: the run, within torch's timeout (no batch within ``timeout``
+    # seconds raises at once); an iterable dataset's lanes read the run through these -------
 
     def _pull(self) -> Positioned:
-        assert self._run is not None
-        return self._next_of(self._run)
-
-    async def _apull(self) -> Positioned:
-        assert self._run is not None
-        return await self._anext_of(self._run)
-
-    # -- torch's timeout: no batch within ``timeout`` seconds raises at once -----------------
-
-    def _next_of(self, run: Run[Positioned]) -> Positioned:
         """``next(run)``, raising :class:`LoaderTimeout` once ``timeout`` seconds pass.
 
         Cancellation:
@@ -213,6 +204,8 @@ class EpochIterator:
             the run's stop (up to its ``stop_timeout`` for a stage stuck in a batch)
             finishes on that thread, so the error is not held back by it.
         """
+        run = self._run
+        assert run is not None
         if not self._timeout:
             return next(run)
         expired = threading.Event()
@@ -236,9 +229,11 @@ class EpochIterator:
             raise self._timed_out()
         return item
 
-    async def _anext_of(self, run: Run[Positioned]) -> Positioned:
+    async def _apull(self) -> Positioned:
         """``await run.__anext__()``, raising :class:`LoaderTimeout` once ``timeout``
         seconds pass (cancelling the wait stops the run without waiting for it)."""
+        run = self._run
+        assert run is not None
         if not self._timeout:
             return await run.__anext__()
         deadline = asyncio.timeout(self._timeout)
