@@ -13,6 +13,7 @@ from torch.utils.data._utils import collate as torch_collate
 
 from .._errors import check_int
 from ..pipeline.shm import allocate
+from ._reducers import plain_cpu
 
 __all__ = ["Padded", "collate_in_segments", "default_collate", "pad_collate"]
 
@@ -27,10 +28,8 @@ def _collate_tensor(batch: Sequence[torch.Tensor], *,
     copy once more; anything else, or no segment to be had, goes to torch's."""
     elem = batch[0]
     numel = elem.numel()
-    if (type(elem) is torch.Tensor and elem.device.type == "cpu" and not elem.is_nested
-            and elem.layout == torch.strided and not elem.is_quantized
-            and not elem.requires_grad and numel > 0
-            and all(x.numel() == numel for x in batch)):  # else torch's says what is wrong
+    # tensors of unequal sizes go to torch's too, which says what is wrong
+    if plain_cpu(elem) and numel > 0 and all(x.numel() == numel for x in batch):
         buffer = allocate(len(batch) * numel * elem.element_size())
         if buffer is not None:
             out = torch.frombuffer(buffer, dtype=torch.uint8).view(elem.dtype)

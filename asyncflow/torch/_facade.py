@@ -47,7 +47,6 @@ class Loader(Protocol):
     _copy: Any
     _kept_alive: bool
     _sent_digest: bytes | None
-    _ahead: int | None
     _iterable: Any
 
     def __len__(self) -> int: ...

@@ -16,15 +16,15 @@ import itertools
 import warnings
 import weakref
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError, FailureBudgetExceeded, PipelineError
-from ..pipeline import FailureBudget, Merge, Pipeline, PipelineStats, Processes, Run
+from ..pipeline import FailureBudget, Merge, Pipeline, Run
 from ._fetch import Failed, Positioned, TorchWorkerInit
 from ._lane import LaneEnd, LaneFetch, LaneTurns
-from ._lane_stats import EpochLanes
 from ._layout import choose, deliver, epoch_length, fetch_notes, pinning, worker_spec
-from ._state import EpochIterator, LoaderState
+from ._state import EpochIterator, EpochLanes, LoaderState
 
 if TYPE_CHECKING:
     from ._facade import Loader
@@ -61,6 +61,7 @@ class IterableEpochs:
         loader._kept_alive = self.processes is not None and self.processes.persistent \
             and not loader.persistent_workers
         self.lanes: EpochLanes | None = None  # the current epoch's
+        self.run: Run | None = None  # the current epoch's
         self._iterator: weakref.ref[LanesIterator] | None = None  # the current epoch's
 
     def _plan(self, loader: Loader) -> tuple[int, str | None]:
@@ -87,10 +88,7 @@ class IterableEpochs:
         if self.processes is not None:
             init = TorchWorkerInit(loader.dataset, loader.worker_init_fn,
                                    lane=(lane, self.count))
-            workers = Processes(
-                start_method=self.processes.start_method, persistent=self.processes.persistent,
-                init=init, seed=self.processes.seed, reseed=self.processes.reseed,
-            )
+            workers = replace(self.processes, init=init)
         else:
             fetch.pin = pinning(loader)
         # A worker fetches prefetch_factor batches ahead of the consumer, as torch's: its
@@ -132,9 +130,10 @@ class IterableEpochs:
             snapshot = fetch.snapshot()
             if snapshot is not None:
                 self.dataset_states[0] = snapshot.state
-        run, turns = self._epoch_run(epoch)
-        self.lanes = EpochLanes(run, [None if self.ended[lane] else self._label(lane)
-                                      for lane in range(self.count)])
+        self.run, turns = self._epoch_run(epoch)
+        fetches = [None if self.ended[lane] else f"{self._label(lane)}/fetch"
+                   for lane in range(self.count)]
+        self.lanes = EpochLanes(self.run, fetches)
         iterator = LanesIterator(self, turns, self.loader._state, epoch_length(self.loader),
                                  self.loader.timeout)
         self._iterator = weakref.ref(iterator)
@@ -157,18 +156,14 @@ class IterableEpochs:
             "next": self.next_lane,
         }
 
-    def stats(self) -> PipelineStats:
-        """The latest epoch's lanes (:meth:`EpochLanes.stats`)."""
-        return self.lanes.stats() if self.lanes is not None else PipelineStats()
-
     def close_runs(self) -> None:
         """Stop the current epoch's run; its iterator, if its consumer had not seen the
         epoch's end nor closed it, raises from then on rather than end the epoch short."""
         iterator = self._iterator() if self._iterator is not None else None
         if iterator is not None:
             iterator.supersede()
-        if self.lanes is not None and self.lanes.run is not None:
-            self.lanes.run.close()
+        if self.run is not None:
+            self.run.close()
 
     def shutdown(self) -> None:
         """Stop the runs and every lane's persistent worker."""
@@ -219,9 +214,9 @@ class LanesIterator(EpochIterator):
     def __init__(self, epochs: IterableEpochs, turns: LaneTurns, state: LoaderState,
                  length: int, timeout: float) -> None:
         assert epochs.lanes is not None
-        super().__init__(epochs.lanes.run, state, length, timeout)
+        # this epoch's own: a later epoch opens others
+        super().__init__(epochs.run, epochs.lanes, state, length, timeout)
         self._epochs = epochs
-        self._lanes = epochs.lanes  # this epoch's own: a later epoch opens others
         self._log = turns.log
         self._yielded = 0
         self._done = False  # its consumer saw the epoch's end or its failure, or closed it
@@ -251,7 +246,7 @@ class LanesIterator(EpochIterator):
         """Note a received batch; ``True`` unless it is a failed batch ``max_failures``
         lets the epoch skip."""
         epochs, lane = self._epochs, self._read_log(to_batch=True)
-        self._lanes.received_batch(lane, item.position, item.batch)
+        self.lanes.received_batch(lane, item.batch)
         if self._current():
             epochs.yielded[lane] += 1
             epochs.next_lane = (lane + 1) % epochs.count
@@ -285,7 +280,7 @@ class LanesIterator(EpochIterator):
         self._check_superseded()
         while self._run is not None:
             try:
-                item = self._next_of(self._run)
+                item = super()._pull()
             except StopIteration:
                 break
             if self._take(item):
@@ -297,7 +292,7 @@ class LanesIterator(EpochIterator):
         self._check_superseded()
         while self._run is not None:
             try:
-                item = await self._anext_of(self._run)
+                item = await super()._apull()
             except StopAsyncIteration:
                 break
             if self._take(item):
@@ -332,7 +327,7 @@ class LanesIterator(EpochIterator):
         budget, batch = self._budget, item.batch
         if budget is None or not isinstance(batch, Failed):
             return False
-        failed, seen = sum(self._lanes.failures), sum(self._lanes.received)
+        failed, seen = sum(self.lanes.failures), sum(self.lanes.received)
         if not budget.allows(failed, seen):
             raise FailureBudgetExceeded(
                 f"stage 'fetch': {failed} of {seen} batches failed, over "
@@ -349,7 +344,7 @@ class LanesIterator(EpochIterator):
         failed, fails the epoch (:meth:`FailureBudget.check_end`)."""
         if self._budget is not None and self._current():
             self._budget.records = self.stats().failures
-            self._budget.check_end(sum(self._lanes.failures), sum(self._lanes.received))
+            self._budget.check_end(sum(self.lanes.failures), sum(self.lanes.received))
 
     def _count(self, item: Positioned) -> None:
         self._state.delivered += 1
@@ -363,7 +358,3 @@ class LanesIterator(EpochIterator):
         self._yielded += 1
         _warn_past_len(self._epochs.loader, self._yielded)
         return batch
-
-    def stats(self) -> PipelineStats:
-        """Statistics of this epoch's run so far (:meth:`EpochLanes.stats`)."""
-        return self._lanes.stats()

@@ -8,9 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from torch.utils.data import get_worker_info
 from torch.utils.data._utils.fetch import _IterableDatasetFetcher as IterableFetcher
 
-from ..pipeline import END_OF_STREAM, BranchEnd, EndOfStream, worker_info
+from ..pipeline import END_OF_STREAM, BranchEnd, EndOfStream
 from ._fetch import Failed, Positioned, Snapshot, init_failure, is_stateful, pin
 
 __all__ = ["LaneEnd", "LaneFetch", "LaneTurns"]
@@ -63,7 +64,7 @@ class LaneFetch:
             return EndOfStream(self.snapshot())
         except Exception as exc:
             batch = Failed(exc, f"asyncflow.DataLoader: batch {position} of worker "
-                                f"{_worker_id()} failed in stage 'fetch'")
+                                f"{_worker_id()} failed in stage 'fetch'", f"batch {position}")
         else:
             if self.pin:
                 batch = pin(batch)
@@ -162,10 +163,7 @@ class LaneTurns:
 
 
 def _worker_id() -> int:
-    info = worker_info()
-    if info is None:
-        return 0
-    from torch.utils.data import get_worker_info
-
-    torch_info = get_worker_info()
-    return torch_info.id if torch_info is not None else info.id
+    """The lane's worker id, as torch's ``get_worker_info()`` has it (its lane's pool sets
+    it: :class:`TorchWorkerInit`); ``0`` for the one lane in this process."""
+    info = get_worker_info()
+    return info.id if info is not None else 0

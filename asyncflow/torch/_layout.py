@@ -187,17 +187,16 @@ def epoch_pipeline(loader: Loader, fetch: Fetch) -> Pipeline:
     # consumer, as torch's: the pipeline's own queues (chunks queued per worker, the reorder
     # window, the output buffer) would hold several times that many 150 MB batches. The
     # run's window bounds them (a batch failed within the budget gives its place back).
-    loader._ahead = ((loader.prefetch_factor or 2) * loader.num_workers
-                     if processes is not None else None)
+    ahead = (loader.prefetch_factor or 2) * loader.num_workers if processes is not None else None
     # ... and batch i from worker i % num_workers, as torch's (then no worker holds more
     # than prefetch_factor batches)
-    fetch.asyncflow_round_robin = loader._ahead is not None
+    fetch.asyncflow_round_robin = ahead is not None
     fetch.pin_device = loader.pin_memory_device or None
     fetch.pin = pinning(loader) and processes is None  # pinned in the loading threads
     fetch.catch = loader.max_failures == 0
     workers = max(1, loader.num_workers)
     pipe = Pipeline(
-        [], name="DataLoader", max_failures=loader.max_failures, window=loader._ahead,
+        [], name="DataLoader", max_failures=loader.max_failures, window=ahead,
         notes=fetch_notes(note),
     ).map(
         fetch, concurrency=workers, name="fetch", ordered=loader._ordered(),
@@ -232,9 +231,7 @@ def dataset_states_of(loader: Loader) -> dict[str, Any] | None:
     if not is_stateful(loader.dataset) or loader._iterable is not None:
         return None
     states = loader._state.dataset_states
-    main = states.get(None)
-    if not states:
-        main = dataset_of(loader).state_dict()
+    main = states.get(None) if states else dataset_of(loader).state_dict()
     return {"main": main, "workers": {w: s for w, s in states.items() if w is not None}}
 
 

@@ -29,7 +29,7 @@ from ._layout import (
     restored,
 )
 from ._shuffle import ShuffleSampler
-from ._state import EpochIterator, LoaderState
+from ._state import EpochIterator, EpochLanes, LoaderState
 
 __all__ = ["DataLoader"]
 
@@ -192,8 +192,7 @@ class DataLoader(TorchDataLoader[T_co]):
         self._copy: Any = None  # persistent thread workers' own copy of the dataset
         self._kept_alive = False  # worker processes kept alive though not asked to persist
         self._sent_digest: bytes | None = None  # the dataset they were started with
-        self._ahead: int | None = None  # batches fetched ahead of the consumer at most
-        self._pipe: Pipeline | None = None
+        self._latest: EpochLanes | None = None  # the latest epoch, as its consumer saw it
         self._iterable: IterableEpochs | None = None
         self._template: Pipeline | None = None
         self._built_for: tuple[Any, ...] | None = None  # what the template was built from
@@ -271,7 +270,7 @@ class DataLoader(TorchDataLoader[T_co]):
         """The loader's arguments and position, without its running parts (pipelines,
         worker processes): a copy builds its own when it is first iterated."""
         state = dict(self.__dict__)
-        state.update(_template=None, _pipe=None, _iterable=None, _built_for=None,
+        state.update(_template=None, _latest=None, _iterable=None, _built_for=None,
                      _thread_fetches=[], _copy=None)
         return state
 
@@ -281,17 +280,15 @@ class DataLoader(TorchDataLoader[T_co]):
     # -- asyncflow extras ----------------------------------------------------------------
 
     def stats(self) -> PipelineStats:
-        """Statistics of the latest epoch's pipeline (stages, throughput, failures).
+        """Statistics of the latest epoch's run (stages, throughput, failures), the failed
+        batches raised at the consumer included (:class:`EpochLanes`).
 
-        An ``IterableDataset`` read by several worker processes runs a pipeline per worker:
-        each worker's stages show under its name (``worker0/fetch``, ``worker1/fetch``,
-        ...), with the batches it made, its failed batches and its timings, and
-        ``delivered`` and ``failures`` count every worker's.
+        An ``IterableDataset`` read by several worker processes runs each worker as a branch
+        of the epoch's one run: each worker's stages show under its name (``worker0/fetch``,
+        ``worker1/fetch``, ...), with the batches it made, its failed batches and its
+        timings, and ``delivered`` and ``failures`` count every worker's.
         """
-        if self._iterable is not None:
-            return self._iterable.stats()
-        return self._state.stats(self._pipe.stats() if self._pipe is not None
-                                 else PipelineStats())
+        return self._latest.stats() if self._latest is not None else PipelineStats()
 
     def _samplers(self) -> tuple[Any, Any]:
         return self.sampler, self.batch_sampler
@@ -367,7 +364,9 @@ class DataLoader(TorchDataLoader[T_co]):
             self._restore_main = None
         self._draws.begin()
         if self._iterable is not None:
-            return self._iterable.start(epoch)
+            iterator = self._iterable.start(epoch)
+            self._latest = iterator.lanes
+            return iterator
         if isinstance(self.sampler, ShuffleSampler) and self.generator is None:
             self.sampler.set_epoch(epoch)
         source = index_batches(self._index_sampler, skip, ahead,
@@ -379,10 +378,11 @@ class DataLoader(TorchDataLoader[T_co]):
             source = restored(source, dataset_of(self), self._restore_main)
             self._restore_main = None
         assert self._template is not None
-        self._pipe = self._template.with_source(source, epoch=epoch, start=skip)
-        run = self._pipe.open()  # the epoch's iterator keeps torch's timeout
-        return EpochIterator(run, self._state, epoch_length(self), self.timeout,
-                             ordered=self._ordered())
+        pipe = self._template.with_source(source, epoch=epoch, start=skip)
+        self._latest = EpochLanes(pipe, ["fetch"])
+        # opened without a deadline: the epoch's iterator keeps torch's timeout
+        return EpochIterator(pipe.open(), self._latest, self._state, epoch_length(self),
+                             self.timeout, ordered=self._ordered())
 
     def _ordered(self) -> bool:
         """Whether batches come in sampler order: unless ``in_order=False`` with workers."""

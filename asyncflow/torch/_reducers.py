@@ -16,16 +16,20 @@ import torch
 from ..pipeline import register_reducer, register_worker_setup
 from ..pipeline.shm import SHM_THRESHOLD
 
-__all__ = ["rebuild_tensor", "reduce_tensor", "worker_setup"]
+__all__ = ["plain_cpu", "rebuild_tensor", "reduce_tensor", "worker_setup"]
+
+
+def plain_cpu(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s bytes are all there is to it: a dense CPU tensor, not a subclass,
+    nested, sparse, quantized, nor one that requires grad."""
+    return (type(tensor) is torch.Tensor and tensor.device.type == "cpu"
+            and not tensor.is_nested and tensor.layout == torch.strided
+            and not tensor.is_quantized and not tensor.requires_grad)
 
 
 def reduce_tensor(tensor: torch.Tensor) -> Any:
     """``__reduce__`` for a large dense CPU tensor: its bytes as an out-of-band buffer."""
-    if (
-        tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.is_quantized
-        or tensor.requires_grad or type(tensor) is not torch.Tensor
-        or tensor.numel() * tensor.element_size() < SHM_THRESHOLD
-    ):
+    if not plain_cpu(tensor) or tensor.numel() * tensor.element_size() < SHM_THRESHOLD:
         return NotImplemented
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     data: Any = flat.numpy()  # a buffer, though typeshed's ndarray does not say so

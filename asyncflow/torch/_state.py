@@ -1,4 +1,13 @@
-"""Where a loader's iteration stands, and the iterator of one epoch that keeps it current."""
+"""Where a loader's iteration stands, and the iterator of one epoch that keeps it current.
+
+An epoch is one run. A map-style loader's has one lane, its ``fetch`` stage. An
+iterable-dataset loader's has a lane per worker (its own iterator), each a branch of a merge,
+its stages named ``worker<i>/<stage>`` (``main/<stage>`` for the one lane in this process).
+The run's statistics are the epoch's; one thing only the consumer knows is put in
+(:class:`EpochLanes`). A batch whose fetch raised travels to the consumer in the batch's
+place, to be raised there (as torch's), so the run itself saw no failure: the consumer's
+record of it is its lane's ``fetch`` failure.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +17,11 @@ from dataclasses import replace
 from typing import Any
 
 from .._errors import ConfigError, FailureRecord, LoaderTimeout, PipelineError, check_int
-from ..pipeline import PipelineStats, Run
+from .._redact import redact
+from ..pipeline import Pipeline, PipelineStats, Run, StageStats
 from ._fetch import Failed, Positioned
-from ._lane_stats import MAX_RECORDS, record_of, with_failed
 
-__all__ = ["EpochIterator", "LoaderState"]
+__all__ = ["EpochIterator", "EpochLanes", "LoaderState"]
 
 
 class LoaderState:
@@ -34,9 +43,6 @@ class LoaderState:
         # the dataset's own state as of the latest delivered batch: by worker process id,
         # or under None for the copy in this process
         self.dataset_states: dict[int | None, Any] = {}
-        # failed batches raised at the consumer (max_failures=0): the run saw them delivered
-        self.failures = 0
-        self.failed: list[FailureRecord] = []
 
     def begin(self) -> tuple[int, int, set[int]]:
         """Start the next epoch; returns ``(epoch, batches to skip, later positions to skip
@@ -47,7 +53,6 @@ class LoaderState:
         self.next_epoch = epoch + 1
         self.in_epoch = True
         self.serial += 1
-        self.failures, self.failed = 0, []
         return epoch, skip, ahead
 
     def moved_on(self, epoch: int) -> None:
@@ -65,21 +70,6 @@ class LoaderState:
         while self.delivered in self.ahead:
             self.ahead.discard(self.delivered)
             self.delivered += 1
-
-    def raised(self, batch: Failed) -> None:
-        """A failed batch is raised at the consumer: count it as its ``fetch`` failed."""
-        self.failures += 1
-        if len(self.failed) < MAX_RECORDS:
-            self.failed.append(record_of(batch, "fetch", batch.item))
-
-    def stats(self, stats: PipelineStats) -> PipelineStats:
-        """The epoch's run's ``stats``, its ``fetch`` stage counting the failures raised at
-        the consumer (:meth:`raised`), as an iterable dataset's lanes count theirs."""
-        if not self.failures:
-            return stats
-        stages = tuple(with_failed(s, self.failures, self.failed) if s.name == "fetch" else s
-                       for s in stats.stages)
-        return replace(stats, stages=stages)
 
     def set_next_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch``: a saved position within another epoch
@@ -115,6 +105,64 @@ class LoaderState:
         self.serial += 1
 
 
+MAX_RECORDS = 10_000  # failed batches kept per lane, as a stage keeps its records
+
+
+def _with_failed(stage: StageStats, count: int, records: list[FailureRecord]) -> StageStats:
+    """``stage`` with ``count`` more failures, raised at the consumer (``records``: theirs,
+    the first :data:`MAX_RECORDS`), which its run did not see."""
+    if not count:
+        return stage
+    return replace(stage, failures=stage.failures + count,
+                   failed_items=stage.failed_items + tuple(records))
+
+
+class EpochLanes:
+    """One epoch's lanes as the consumer sees them: each lane's ``fetch`` stage (``None`` for
+    a lane that had ended before the epoch resumed: no branch), and the batches and failed
+    batches the consumer received from each.
+
+    Args:
+        of: What the epoch's statistics come from: its run (``None`` when every lane had ended
+            before a resumed epoch), or the pipeline it runs (its latest run's). A loader
+            keeps its latest epoch's lanes: a map-style one's hold the pipeline, so that
+            dropping the epoch's iterator still stops the run.
+        fetches: Each lane's ``fetch`` stage name (``"fetch"``, ``"worker0/fetch"``), or
+            ``None``.
+    """
+
+    def __init__(self, of: Run | Pipeline | None, fetches: list[str | None]) -> None:
+        self.of = of
+        self.fetches = fetches
+        self.received = [0] * len(fetches)
+        self.failed: list[list[FailureRecord]] = [[] for _ in fetches]
+        self.failures = [0] * len(fetches)
+
+    def received_batch(self, lane: int, batch: object) -> None:
+        """The consumer received a batch (or a failed batch) from ``lane``."""
+        self.received[lane] += 1
+        if isinstance(batch, Failed):
+            self.failures[lane] += 1
+            if len(self.failed[lane]) < MAX_RECORDS:
+                stage, error = self.fetches[lane], batch.error
+                assert stage is not None  # a lane that had ended receives nothing
+                self.failed[lane].append(FailureRecord(  # its message redacted, as a stage's
+                    stage, batch.item, type(error).__name__, redact(str(error))))
+
+    def stats(self) -> PipelineStats:
+        """The run's statistics, each lane's ``fetch`` counting its failed batches, and a note
+        for each lane that had ended before the epoch resumed."""
+        stats = self.of.stats() if self.of is not None else PipelineStats()
+        lanes = {stage: lane for lane, stage in enumerate(self.fetches) if stage}
+        stages = tuple(
+            _with_failed(s, self.failures[lane], self.failed[lane])
+            if (lane := lanes.get(s.name)) is not None else s
+            for s in stats.stages)
+        notes = [f"worker {lane}'s iterator had ended before this epoch resumed: no run"
+                 for lane, stage in enumerate(self.fetches) if stage is None]
+        return replace(stats, stages=stages, notes=(*stats.notes, *notes))
+
+
 class EpochIterator:
     """The iterator of one epoch: ``for`` and ``async for``, ``close()`` / ``aclose()``.
 
@@ -122,10 +170,19 @@ class EpochIterator:
     and the next call goes on with the next batch, as with torch's loader. Breaking out of
     the loop and dropping the iterator stops the epoch's pipeline; ``with`` (or
     ``close()``) stops it at once.
+
+    Args:
+        run: The epoch's run.
+        lanes: What its consumer received (a map-style loader's one lane: its ``fetch``).
+        state: The loader's.
+        length: ``len()`` of the epoch.
+        timeout: torch's ``timeout``.
+        ordered: Batches come in position order.
     """
 
-    def __init__(self, run: Run | None, state: LoaderState, length: int,
-                 timeout: float = 0, *, ordered: bool = True) -> None:
+    def __init__(self, run: Run[Positioned] | None, lanes: EpochLanes, state: LoaderState,
+                 length: int, timeout: float = 0, *, ordered: bool = True) -> None:
+        self.lanes = lanes
         self._run = run
         self._ordered = ordered
         self._state = state
@@ -136,19 +193,10 @@ class EpochIterator:
     def __len__(self) -> int:
         return self._length
 
-    # -- where items come from (an iterable dataset's lanes override these) ---------------
+    # -- where items come from: the run, within torch's timeout (no batch within ``timeout``
+    # seconds raises at once); an iterable dataset's lanes read the run through these -------
 
     def _pull(self) -> Positioned:
-        assert self._run is not None
-        return self._next_of(self._run)
-
-    async def _apull(self) -> Positioned:
-        assert self._run is not None
-        return await self._anext_of(self._run)
-
-    # -- torch's timeout: no batch within ``timeout`` seconds raises at once -----------------
-
-    def _next_of(self, run: Run[Positioned]) -> Positioned:
         """``next(run)``, raising :class:`LoaderTimeout` once ``timeout`` seconds pass.
 
         Cancellation:
@@ -156,6 +204,8 @@ class EpochIterator:
             the run's stop (up to its ``stop_timeout`` for a stage stuck in a batch)
             finishes on that thread, so the error is not held back by it.
         """
+        run = self._run
+        assert run is not None
         if not self._timeout:
             return next(run)
         expired = threading.Event()
@@ -179,9 +229,11 @@ class EpochIterator:
             raise self._timed_out()
         return item
 
-    async def _anext_of(self, run: Run[Positioned]) -> Positioned:
+    async def _apull(self) -> Positioned:
         """``await run.__anext__()``, raising :class:`LoaderTimeout` once ``timeout``
         seconds pass (cancelling the wait stops the run without waiting for it)."""
+        run = self._run
+        assert run is not None
         if not self._timeout:
             return await run.__anext__()
         deadline = asyncio.timeout(self._timeout)
@@ -210,9 +262,8 @@ class EpochIterator:
             if item.snapshot is not None:
                 self._state.dataset_states[item.snapshot.wid] = item.snapshot.state
         batch = item.batch
+        self.lanes.received_batch(0, batch)
         if isinstance(batch, Failed):
-            if self._current():
-                self._state.raised(batch)
             batch.raise_it()  # the batch's own exception; the next batch may follow
         return batch
 
@@ -282,5 +333,5 @@ class EpochIterator:
         await self.aclose()
 
     def stats(self) -> PipelineStats:
-        """Statistics of this epoch's pipeline so far."""
-        return self._state.stats(self._run.stats() if self._run is not None else PipelineStats())
+        """Statistics of this epoch's run so far (:meth:`EpochLanes.stats`)."""
+        return self.lanes.stats()
