@@ -170,4 +170,6 @@ def test_stats_count_images_and_hide_claim_and_rows(tree: Path) -> None:
         assert (stats[name].items_in, stats[name].items_out) == (18, 18), name
     assert [s.name for s in stats.stages if s.internal] == ["claim", "rows"]
     assert [s.name for s in stats.user_stages] == ["source", "decode", "batch"]
-    assert stats.bottleneck in ("source", "decode", "batch", None)
+    # a user's stage, or the consumer (a loaded machine can make it the slowest): never a
+    # hidden one
+    assert stats.bottleneck in ("source", "decode", "batch", "consumer", None)

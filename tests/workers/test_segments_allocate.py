@@ -133,7 +133,10 @@ def allocated_and_dropped(x: int) -> tuple[bool, int]:
     return os.path.exists(path), len(_segments._made)
 
 
-@pytest.mark.parametrize("start", ["fork", "forkserver"])
+# fork needs a process with no other Python thread: in a long session, the servers of earlier
+# tests may still run (tests/conftest.py, fresh_process)
+@pytest.mark.parametrize("start", [pytest.param("fork", marks=pytest.mark.fresh_process),
+                                   "forkserver"])
 def test_worker_results_made_in_segments_come_back_whole(start: str, leak_check: None) -> None:
     pipe = Pipeline(range(12)).map(filled, concurrency=2,
                                    workers=Processes(start_method=start))  # type: ignore[arg-type]
