@@ -151,19 +151,19 @@ def _walk(root: str) -> list[tuple[str, int]]:
     return found
 
 
-def _local_listing(path: str) -> tuple[str, list[tuple[str, int]] | None]:
-    """``("folder", files)``, ``("manifest", None)`` or ``("file", [(path, size)])``."""
+def _local_listing(path: str) -> list[tuple[str, int]] | None:
+    """``(path, size)`` of each file in a folder, of a file, or of each file whose path
+    starts with ``path`` (a prefix); ``None`` for a manifest."""
     if os.path.isdir(path):
-        return "folder", _walk(path)
+        return _walk(path)
     if os.path.isfile(path):
         if Path(path).suffix.lower() in MANIFEST_SUFFIXES:
-            return "manifest", None
-        return "file", [(path, os.stat(path).st_size)]
+            return None
+        return [(path, os.stat(path).st_size)]
     parent = os.path.dirname(path) or "."
     if not os.path.isdir(parent):
         raise SourceNotFound(f"{path}: no such file or folder")
-    files = [(p, size) for p, size in _walk(parent) if p.startswith(path)]
-    return "folder", files
+    return [(p, size) for p, size in _walk(parent) if p.startswith(path)]
 
 
 class FileTransport:
@@ -184,10 +184,10 @@ class FileTransport:
         """
         path = file_path(url)
         as_uri = url.lower().startswith("file:")
-        kind, files = await run_thread(_local_listing, path)
-        if kind == "manifest":
+        files = await run_thread(_local_listing, path)
+        if files is None:  # a manifest
             for entry in local_entries(await read_file(path), path):
                 yield entry
             return
-        for found, size in files or []:
+        for found, size in files:
             yield ObjectInfo(Path(os.path.abspath(found)).as_uri() if as_uri else found, size)

@@ -71,7 +71,7 @@ class Latencies:
                  "_sorted", "high", "ratio")
 
     def __init__(self, first: int = 0) -> None:
-        self._ring: list[float] = []
+        self._ring: deque[float] = deque(maxlen=KEEP)
         self._added = 0
         self._sorted: list[float] = []
         self._groups: dict[int, list[float]] = {}
@@ -91,10 +91,7 @@ class Latencies:
         Returns:
             Whether it settled its group's median (:attr:`ratio` is then new).
         """
-        if len(self._ring) < KEEP:
-            self._ring.append(seconds)
-        else:
-            self._ring[self._added % KEEP] = seconds
+        self._ring.append(seconds)
         self._added += 1
         if self._added % _EVERY == 0 or self._added == MIN_SAMPLES:
             self._sorted = sorted(self._ring)

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from .._scope import current_scope
-from ._latency import DOUBLE_BELOW, GROW_BELOW, SHRINK_ABOVE, Latencies
+from ._latency import DOUBLE_BELOW, GROW_BELOW, Latencies
 from ._objects import connections
 from ._pace import Pace
 from ._retry import Retry, Transient
@@ -186,9 +186,8 @@ class HostLimiter:
         """A new median, ``ratio`` times the base: the window may double again while the
         answers do not wait (slow start), grow by a quarter while they wait a little (and slow
         start ends), and shrinks when they wait long, twice in a row (:meth:`_drain`)."""
-        if ratio > SHRINK_ABOVE:
-            if self.latencies.drain:
-                self._drain(ratio)
+        if self.latencies.drain:  # only ever after ratios above SHRINK_ABOVE
+            self._drain(ratio)
         elif ratio < DOUBLE_BELOW:
             self._grow_cap = max(self._grow_cap, 2 * self.window)
         elif ratio < GROW_BELOW:

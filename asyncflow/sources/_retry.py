@@ -153,14 +153,12 @@ class Transient(Exception):
         self,
         reason: str,
         *,
-        status: int | None = None,
         retry_after: float | None = None,
         timeout: bool = False,
         throttled: bool = False,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.status = status
         self.retry_after = retry_after
         self.timeout = timeout
         self.throttled = throttled
@@ -206,7 +204,7 @@ def failed_answer(
     if denied or status in (401, 403):
         return SourcePermissionError(f"{what}: {label}")
     if retried or status in retry.statuses:
-        return Transient(label, status=status, retry_after=parse_retry_after(retry_after),
+        return Transient(label, retry_after=parse_retry_after(retry_after),
                          throttled=throttled or status in THROTTLE_STATUSES)
     return SourceError(f"{what}: {label}")
 

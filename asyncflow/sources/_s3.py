@@ -268,11 +268,9 @@ class S3Transport:
         what = f"LIST {redact_url(url)}"
         token: str | None = None
         async with s3_client(self.endpoint_url, timeout) as client:
-
-            async def page() -> tuple[list[dict[str, Any]], str | None]:
-                return await list_page(client, bucket, prefix, token, what=what, retry=retry)
-
             while True:
+                page = functools.partial(list_page, client, bucket, prefix, token, what=what,
+                                         retry=retry)
                 objects, token = await with_retries(page, what=what, retry=retry, timeout=timeout)
                 for obj in objects:
                     key = obj["Key"]

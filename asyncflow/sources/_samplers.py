@@ -209,9 +209,10 @@ class RandomSampler(Sampler):
             )
         self.replacement = replacement
         self._num_samples = num_samples
-        check_num_samples(self.num_samples)
         if isinstance(data_source, int):
-            self._check_drawable(data_source)  # a fixed length: it will never apply later
+            self._drawn(data_source)  # a fixed length: its check will never apply later
+        else:
+            check_num_samples(self.num_samples)
         self.seed = check_seed(seed)
 
     @property
@@ -221,18 +222,17 @@ class RandomSampler(Sampler):
             return read_length(self.data_source)
         return self._num_samples
 
-    def _check_drawable(self, n: int) -> None:
-        if n == 0 and self._num_samples is not None:
-            raise ConfigError(f"cannot draw {self._num_samples} samples from an empty dataset")
+    def _drawn(self, n: int) -> int:
+        """Indices per epoch from a dataset of ``n``, checked (torch's messages)."""
+        count = check_num_samples(n if self._num_samples is None else self._num_samples)
         if n == 0:
-            check_num_samples(0)
+            raise ConfigError(f"cannot draw {count} samples from an empty dataset")
+        return count
 
     def _blocks(self, epoch: int) -> Iterator[Block]:
         n = read_length(self.data_source)
-        self._check_drawable(n)
-        num_samples = n if self._num_samples is None else self._num_samples
         return random_blocks(
-            n, num_samples, seed=self.seed, epoch=epoch, replacement=self.replacement
+            n, self._drawn(n), seed=self.seed, epoch=epoch, replacement=self.replacement
         )
 
     def __len__(self) -> int:

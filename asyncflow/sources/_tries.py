@@ -193,9 +193,8 @@ class _Reopening:
         try:
             return await self._pull()
         except Transient as exc:
-            raise Transient(f"{exc.reason} at byte {self.offset}", status=exc.status,
-                            retry_after=exc.retry_after, timeout=exc.timeout,
-                            throttled=exc.throttled) from None
+            exc.reason = f"{exc.reason} at byte {self.offset}"
+            raise
 
     async def _pull(self) -> bytes | None:
         if self._it is None:

@@ -25,7 +25,7 @@ async def ok() -> str:
 
 
 async def throttled() -> str:
-    raise Transient("HTTP 503 Slow Down", status=503, throttled=True)
+    raise Transient("HTTP 503 Slow Down", throttled=True)
 
 
 async def test_window_grows_by_one_per_success_while_full_then_halves_on_throttle() -> None:
@@ -60,7 +60,7 @@ async def test_a_burst_of_throttles_halves_the_window_once() -> None:
 
     async def throttled_once_all_are_sent() -> str:
         await sent.wait()
-        raise Transient("HTTP 503 Slow Down", status=503, throttled=True)
+        raise Transient("HTTP 503 Slow Down", throttled=True)
 
     tries = [asyncio.create_task(gate.run(throttled_once_all_are_sent, retried=False,
                                           retry=RETRY)) for _ in range(32)]
@@ -144,7 +144,7 @@ async def test_a_throttled_read_waits_without_holding_a_place(async_leak_check: 
         nonlocal tries
         tries += 1
         if tries == 1:
-            raise Transient("HTTP 503", status=503, throttled=True, retry_after=30)
+            raise Transient("HTTP 503", throttled=True, retry_after=30)
         return "late"
 
     slow = asyncio.create_task(
@@ -173,7 +173,7 @@ async def test_patience_counts_from_the_hosts_last_success(async_leak_check: Non
         calls += 1
         await asyncio.sleep(0.01)
         if calls < 40:
-            raise Transient("HTTP 503", status=503, throttled=True)
+            raise Transient("HTTP 503", throttled=True)
         return "done"
 
     async def others() -> None:
@@ -262,7 +262,7 @@ async def test_a_rate_limited_host_is_paced_with_few_rejections(async_leak_check
         if tokens < 1.0:
             rejected += 1
             times.append(now - start)
-            raise Transient("HTTP 503 Slow Down", status=503, throttled=True)
+            raise Transient("HTTP 503 Slow Down", throttled=True)
         tokens -= 1.0
         await asyncio.sleep(0.005)
         return "ok"

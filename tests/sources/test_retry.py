@@ -108,7 +108,7 @@ async def test_with_retries_counts_attempts_and_names_the_reason() -> None:
     async def flaky() -> str:
         nonlocal calls
         calls += 1
-        raise Transient("HTTP 500 Internal Server Error", status=500)
+        raise Transient("HTTP 500 Internal Server Error")
 
     with pytest.raises(SourceError) as info:
         await with_retries(flaky, what="GET http://h/x", retry=Retry(attempts=3, backoff=0),
@@ -127,7 +127,7 @@ async def test_throttling_never_uses_up_attempts() -> None:
         nonlocal calls
         calls += 1
         if calls <= 12:
-            raise Transient("HTTP 503 Slow Down", status=503, throttled=True)
+            raise Transient("HTTP 503 Slow Down", throttled=True)
         return "ok"
 
     retry = Retry(attempts=3, backoff=0)
@@ -142,7 +142,7 @@ async def test_throttling_gives_up_after_patience_without_progress() -> None:
     async def throttled() -> str:
         nonlocal calls
         calls += 1
-        raise Transient("HTTP 429 Too Many Requests", status=429, throttled=True)
+        raise Transient("HTTP 429 Too Many Requests", throttled=True)
 
     with pytest.raises(SourceError) as info:
         async with asyncio.timeout(10):
@@ -173,7 +173,7 @@ async def test_a_throttled_try_waits_all_of_retry_after_while_the_host_makes_pro
     async def throttled_once() -> str:
         tries.append(loop.time())
         if len(tries) == 1:
-            raise Transient("HTTP 429", status=429, retry_after=0.6, throttled=True)
+            raise Transient("HTTP 429", retry_after=0.6, throttled=True)
         return "ok"
 
     async def others_succeed() -> None:
@@ -197,7 +197,7 @@ async def test_one_attempt_turns_retrying_off_for_throttling_too() -> None:
     async def throttled() -> str:
         nonlocal calls
         calls += 1
-        raise Transient("HTTP 503", status=503, throttled=True)
+        raise Transient("HTTP 503", throttled=True)
 
     with pytest.raises(SourceError, match=r"gave up after 1 attempt\)"):
         await with_retries(throttled, what="GET x", retry=Retry(attempts=1), timeout=Timeout())
