@@ -195,13 +195,11 @@ class AssembleNode:
         while messages := await inp.get_many(_DRAIN):
             for message in messages:
                 ordinal, self._taken = self._taken, self._taken + 1
-                if message.__class__ is ItemGroup:
-                    if ledger is not None and len(message) > 1:
-                        ledger.grouped = True
-                    for row in message:
-                        await self._arrive(row, out, ordinal)
-                else:
-                    await self._arrive(message, out, ordinal)
+                rows = message if message.__class__ is ItemGroup else (message,)
+                if ledger is not None and len(rows) > 1:
+                    ledger.grouped = True
+                for row in rows:
+                    await self._arrive(row, out, ordinal)
 
     def _release(self, row: Any, ordinal: int, error: Exception | None) -> list[Any]:
         """Tell a positioned assembler of ``row``, recording its batches in the ledger

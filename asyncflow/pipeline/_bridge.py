@@ -14,6 +14,7 @@ consumer's wait is its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import Any
 
@@ -41,7 +42,7 @@ class Handoff(ChannelBase):
         max_bytes: A byte budget (see ``ChannelBase``); ``None``: items only.
     """
 
-    __slots__ = ("_cond", "_loop", "_reader", "_sleeping", "_take_size")
+    __slots__ = ("_cond", "_loop", "_reader", "_sleeping", "take_size")
 
     def __init__(
         self, capacity: int, loop: asyncio.AbstractEventLoop, max_bytes: int | None = None
@@ -52,7 +53,8 @@ class Handoff(ChannelBase):
         # The consumer waiting on a loop, if any: that loop and the future it waits on.
         self._reader: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
         self._sleeping = 0  # consumer threads waiting on the condition
-        self._take_size = max(1, capacity // 2)
+        #: The most items the consumer takes at a time.
+        self.take_size = max(1, capacity // 2)
 
     # -- the variant's hooks (lock held) ----------------------------------------------------
 
@@ -68,10 +70,8 @@ class Handoff(ChannelBase):
 
     def _resolve_writers(self, waiters: list[asyncio.Future[None]]) -> None:
         if waiters:  # one call into the run's loop for all of them
-            try:
+            with contextlib.suppress(RuntimeError):  # that loop closed: nobody is waiting
                 self._loop.call_soon_threadsafe(settle_all, waiters)
-            except RuntimeError:  # that loop is closed: nobody is waiting any more
-                pass
 
     # -- reader side (the consumer) -----------------------------------------------------
 
@@ -81,7 +81,7 @@ class Handoff(ChannelBase):
         freed = self._lent > 0
         self._give_back()
         if self._items:
-            taken: list[Any] | None = self._take(self._take_size)
+            taken: list[Any] | None = self._take(self.take_size)
             freed = True
         elif self._closed or self._aborted:
             taken = self._end()

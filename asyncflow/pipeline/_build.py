@@ -30,7 +30,6 @@ from ._merge_epochs import Era
 from ._merge_resume import MergeLedger, branch_at, tracks_of
 from ._node import ItemKeys, Node, NodeContext, make_node
 from ._options import RunOptions
-from ._pool_holder import PoolHolder
 from ._protocols import Budgeted, SettlingNode, StatefulNode, round_robin
 from ._source_node import SourceNode
 from ._spec import MapSpec, StageSpec, stage_names
@@ -63,48 +62,32 @@ class _Source(StageSpec):
         return 1  # the stages after it count from its items
 
 
-def _default_capacity(spec: StageSpec, batched: bool) -> int:
-    if spec.buffer is not None:
-        return spec.buffer
-    concurrency = spec.concurrency
-    return max(2, 2 * concurrency) if batched else max(_UNBATCHED_BUFFER, 2 * concurrency)
-
-
-def build_run(
-    open_source: Callable[[], Any] | Merge[Any],
-    specs: Sequence[StageSpec],
-    options: RunOptions,
-    epoch: int,
-    pools: PoolHolder | None = None,
-    plan: SourcePlan | None = None,
-) -> tuple[Graph, RunResources]:
+def build_run(branch: Branch, resume: SourcePlan | None) -> tuple[Graph, RunResources]:
     """One run, ready to start (in the consumer's thread): what its stages share (a fresh
     loop, whose default executor is the run's worker threads, a stop event, a run scope) and
     its graph.
 
     Args:
-        open_source: Returns the source iterable for this run (or a :class:`Merge`: the
-            run reads several pipelines, built as branches of its graph).
-        specs: The stages after the source.
-        options: Pipeline-wide settings.
-        epoch: How many runs of the pipeline started before this one.
-        pools: The pipeline's persistent worker-process pools.
-        plan: Where the run's source starts (the position of its first item, a resumed
-            epoch's) and what it leaves out, with the stages' saved state (from
-            ``load_state_dict``); ``None``: the epoch from its start.
+        branch: The epoch of the pipeline to run, described as a merge's inputs are: its
+            plan (source opener, options), stages, epoch number, first position and
+            persistent worker-process pools. A :class:`Merge` source reads several
+            pipelines, built as branches of the run's graph.
+        resume: Where a resumed run's source starts and what it leaves out, with the
+            stages' saved state (from ``load_state_dict``); ``None``: at ``branch.start``.
     """
+    options, open_source = branch.plan.options, branch.plan.open_source
     loop = new_loop()
-    pool = WorkerPool(thread_count(specs, open_source), f"asyncflow-{options.name}-worker")
+    pool = WorkerPool(thread_count(branch.stages, open_source), f"asyncflow-{options.name}-worker")
     # asyncio.to_thread and run_in_executor(None, ...) on the run's loop use its pool too
     loop.set_default_executor(pool.executor)
     run = RunResources(
         options=options, pool=pool, stop=threading.Event(), scope=RunScope(dict(options.settings)),
-        loop=loop, pools=pools if pools is not None else PoolHolder(), epoch=epoch,
-        plan=plan if plan is not None else SourcePlan(),
+        loop=loop, pools=branch.pools, epoch=branch.epoch,
+        plan=resume if resume is not None else SourcePlan(first=branch.start),
     )
     graph = Graph()
     try:
-        graph.chain = _add_chain(graph, open_source, specs, run, prefix="", handoff=True)
+        graph.chain = _add_chain(graph, open_source, branch.stages, run, prefix="", handoff=True)
     except BaseException:  # a node's factory or its declared traits refused: nothing ran
         for ctx in graph.contexts:  # those built so far
             ctx.call_stop_callbacks()
@@ -133,18 +116,18 @@ def _add_chain(
     names = [prefix + name for name in stage_names(specs)]
     if merge is not None:
         names[0] = prefix + merge.name
-    previous: Any = None
     stages = [_Source(buffer=options.source_buffer), *specs]
     lineage = Lineage(run.plan)
     keys = ItemKeys()  # the source's seed keys, if it names them
     window = _window(merge, specs, names, options)
     in_step = True  # every stage so far maps source items 1:1, in order
     batched = False
-    for index, spec in enumerate(stages):
+    for index, (spec, name) in enumerate(zip(stages, names, strict=True)):
         if spec.traits.grouping is not None:
             batched = spec.traits.grouping != "elements"
-        name = names[index]
-        capacity = _default_capacity(spec, batched)
+        capacity = spec.buffer
+        if capacity is None:  # two per call in flight, and 64 items at least unless batched
+            capacity = max(2 if batched else _UNBATCHED_BUFFER, 2 * spec.concurrency)
         last = handoff and index == len(stages) - 1
         max_bytes = spec.buffer_bytes or options.buffer_bytes
         output: Any = (
@@ -184,10 +167,9 @@ def _add_chain(
             node = (SourceNode(ctx, open_source) if merge is None
                     else _merge_node(graph, merge, ctx, run, prefix))
         graph.contexts.append(ctx)
-        graph.inputs.append(previous)
+        graph.inputs.append(graph.outputs[-1] if index else None)  # the previous stage's output
         graph.outputs.append(output)
         graph.nodes.append(node)
-        previous = output
     # the chain's entries are the graph's last (a merge's branches come before it)
     lineage.attach(names, graph.nodes[-len(stages):], specs, keep=keep, nested=not handoff)
     if handoff:
@@ -315,11 +297,8 @@ def _process_pool(
     if processes.persistent:
         return run.pools.get(index, make)
     pool = make()
-
-    def stop() -> None:
-        pool.shutdown(run.options.stop_timeout)  # a process pool abandons no call
-
-    ctx.add_stop_callback(stop)
+    # stopped with its run (a process pool abandons no call: nothing to report)
+    ctx.add_stop_callback(lambda: pool.shutdown(run.options.stop_timeout))
     return pool
 
 

@@ -14,7 +14,6 @@ from typing import Any, Generic, Self, cast
 from .._errors import ConfigError, check_int, check_seconds
 from ._build import build_run
 from ._features import feature
-from ._lineage import SourcePlan
 from ._merge import Branch, Merge
 from ._options import RunOptions, RunPlan
 from ._pool_holder import PoolHolder
@@ -72,10 +71,9 @@ class PipelineCore(Generic[T_co]):
                 (``to_device``) is followed by another.
         """
         stages = tuple(stages)
-        for index, spec in enumerate(stages):
+        for last, spec in zip((None, *stages), stages, strict=False):  # each with the one before
             if not isinstance(spec, StageSpec):
                 raise ConfigError(f"not a stage spec: {spec!r:.80}")
-            last = stages[index - 1] if index else None
             if last is not None and last.terminal:
                 raise ConfigError(
                     f"{last.name or last.default_name()}() must be the last stage: the stages "
@@ -141,8 +139,7 @@ class PipelineCore(Generic[T_co]):
         """A copy of this pipeline with ``fields`` (its attributes) replaced: a ``_last`` of
         its own unless it runs the same stages, source and options (a hook's copy)."""
         new = copy.copy(self)
-        for name, value in fields.items():
-            setattr(new, name, value)
+        vars(new).update(fields)
         return new
 
     @property
@@ -174,10 +171,10 @@ class PipelineCore(Generic[T_co]):
 
     def _runtime(self) -> Runtime:
         plan = self.run_plan()
-        epoch, resume, offset = self._source.take_run()
+        epoch, resume, start = self._source.take_run()
         stages = self._stages if plan.stages is None else plan.stages
-        rt = Runtime(*build_run(plan.open_source, stages, plan.options, epoch, pools=self._pools,
-                                plan=resume if resume is not None else SourcePlan(first=offset)))
+        branch = Branch(plan=plan, stages=stages, epoch=epoch, start=start, pools=self._pools)
+        rt = Runtime(*build_run(branch, resume))
         rt.receive_hooks[:0] = plan.receive_hooks
         self._last[:] = [rt]
         return rt

@@ -13,7 +13,7 @@ import time
 import weakref
 from typing import Any
 
-__all__ = ["cancel_pending", "new_loop", "track"]
+__all__ = ["LIVE_RUNS", "cancel_pending", "new_loop"]
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
@@ -38,14 +38,9 @@ def cancel_pending(loop: asyncio.AbstractEventLoop) -> None:
     loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
 
-#: Runs started and not yet garbage-collected (``Runtime`` objects).
-_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def track(run: Any) -> None:
-    """Stop ``run`` (it has ``request_stop()`` and ``join(timeout)``) at interpreter exit
-    should it still be going."""
-    _LIVE.add(run)
+#: Runs started and not yet garbage-collected (``Runtime`` objects: ``request_stop()`` and
+#: ``join(timeout)``), stopped at interpreter exit should they still be going.
+LIVE_RUNS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 @atexit.register
@@ -56,7 +51,7 @@ def _stop_all_at_exit() -> None:
     (``atexit`` runs last-registered first): runs stop their worker processes before
     ``multiprocessing`` joins its children.
     """
-    runs = list(_LIVE)
+    runs = list(LIVE_RUNS)
     for run in runs:
         run.request_stop()
     deadline = time.monotonic() + 3.0

@@ -150,8 +150,8 @@ class Merge(Generic[T]):
 
 @dataclass(frozen=True)
 class Branch:
-    """One new epoch of a merge's input, to be built into the merging run
-    (``PipelineCore._branch()``)."""
+    """One new epoch of a pipeline, to be built into a run: a merge's input, as a branch of
+    the merging run (``PipelineCore._branch()``), or the pipeline's own (``build_run``)."""
 
     plan: RunPlan
     stages: tuple[StageSpec, ...]

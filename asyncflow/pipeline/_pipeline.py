@@ -20,7 +20,7 @@ from ._options import RunOptions
 from ._pool_holder import PoolHolder
 from ._run import T_co
 from ._shared_source import SharedSource, Source, check_source
-from ._spec import BatchSpec, FlatMapSpec, MapSpec, PrefetchSpec, ShuffleSpec, UnbatchSpec
+from ._spec import BatchSpec, FlatMapSpec, MapSpec, PrefetchSpec, ShuffleSpec, UnbatchSpec, fn_name
 
 if TYPE_CHECKING:
     import os
@@ -107,14 +107,12 @@ class Pipeline(PipelineCore[T_co]):
         check_seconds("stop_timeout", stop_timeout)
         if name is not None and (not isinstance(name, str) or not name):
             raise ConfigError(f"name must be a non-empty string, got {name!r}")
-        for what, value, kind in (("retry", retry, "Retry"), ("timeout", timeout, "Timeout")):
-            if value is not None:
-                cls = feature(kind)  # asyncflow.Retry / asyncflow.Timeout
-                if not isinstance(value, cls):
-                    raise ConfigError(
-                        f"{what} must be an asyncflow.{cls.__name__}, got {value!r:.80}"
-                    )
-        settings = tuple((k, v) for k, v in (("retry", retry), ("timeout", timeout)) if v)
+        given = {"retry": retry, "timeout": timeout}
+        settings = tuple((what, value) for what, value in given.items() if value is not None)
+        for what, value in settings:
+            cls = feature(what.capitalize())  # asyncflow.Retry / asyncflow.Timeout
+            if not isinstance(value, cls):
+                raise ConfigError(f"{what} must be an asyncflow.{cls.__name__}, got {value!r:.80}")
         self._source = SharedSource(source)
         self._stages = ()
         self._hooks = (cast(HookFactory, feature("progress_hook")()),) if progress else ()
@@ -354,11 +352,9 @@ class Pipeline(PipelineCore[T_co]):
         Raises:
             ConfigError: ``device`` is CUDA and CUDA is not available.
         """
+        options: dict[str, Any] = {} if pool_size is None else {"pool_size": pool_size}
         to_device = feature("to_device")
-        options: dict[str, Any] = {} if then is None else {"then": then}
-        if pool_size is not None:
-            options["pool_size"] = pool_size
-        return cast(Self, to_device(self, device, non_blocking=non_blocking, **options))
+        return cast(Self, to_device(self, device, non_blocking=non_blocking, then=then, **options))
 
     def cache(self, path: str | os.PathLike[str], **options: Any) -> Pipeline[T_co]:
         """Store the output on the first pass, replay it afterwards (see :mod:`asyncflow.cache`).
@@ -383,7 +379,5 @@ def _workers_options(
 ) -> dict[str, Any]:
     if workers != "auto":
         return {"processes": resolve_workers(workers)}
-    from ._spec import fn_name
-
     processes, note = choose_workers(fn, concurrency, stage=name or fn_name(fn))
     return {"processes": processes, "note": note}

@@ -5,21 +5,22 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Sized
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Protocol, Self
+from typing import TYPE_CHECKING, Any, Generic, Self
 
 from .._errors import StallError
 from ._bridge import Handoff
 from ._cursor import REFILL, Cursor
 from ._lineage import Lineage, received
-from ._options import RunOptions
-from ._protocols import Closable, ConsumerHook, ReceiveHook
+from ._protocols import Closable, ConsumerHook
 from ._stats import FailureRecord, PipelineStats
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVar
+
+    from ._runtime import Runtime
 
     # The item type of a pipeline and of its runs. Its default makes a bare ``Pipeline`` or
     # ``Run`` annotation mean ``Pipeline[Any]``, as it did before they were generic.
@@ -29,39 +30,7 @@ else:
 
     T_co = TypeVar("T_co", covariant=True)  # typing.TypeVar takes a default from 3.13 on
 
-__all__ = ["ConsumerHook", "DataPlane", "Run"]
-
-
-class DataPlane(Protocol):
-    """What a run's handle uses of its data plane (``_runtime.Runtime``): starting and
-    stopping it, its hand-off, and its figures."""
-
-    options: RunOptions
-    epoch: int
-    delivered: int
-    chunk: Sized
-    handoff: Handoff
-    lineage: Lineage
-    receive_hooks: list[ReceiveHook]
-    #: A weak reference to the run's handle (set when the handle starts it).
-    consumer: Callable[[], Any] | None
-
-    @property
-    def done(self) -> bool: ...
-
-    def start(self) -> None: ...
-
-    def request_stop(self) -> None: ...
-
-    def join(self, timeout: float | None = None) -> bool: ...
-
-    async def wait_done(self) -> None: ...
-
-    def report_undelivered(self) -> None: ...
-
-    def snapshot(self) -> PipelineStats: ...
-
-    def failure_records(self) -> list[list[FailureRecord]]: ...
+__all__ = ["ConsumerHook", "Run"]
 
 
 class Run(Generic[T_co]):
@@ -81,15 +50,15 @@ class Run(Generic[T_co]):
 
     def __init__(
         self,
-        make_runtime: Callable[[], DataPlane],
+        make_runtime: Callable[[], Runtime],
         *,
         timeout: float | None = None,
         hooks: tuple[Callable[[Run[Any]], ConsumerHook], ...] = (),
     ) -> None:
-        self._make_runtime: Callable[[], DataPlane] | None = make_runtime
+        self._make_runtime: Callable[[], Runtime] | None = make_runtime
         self._timeout = timeout
         self._hook_factories = hooks
-        self._rt: DataPlane | None = None
+        self._rt: Runtime | None = None
         self._ended: _Ended | None = None  # what a closed run keeps (see _shed)
         # The latest chunk, shared by the consumers (``_cursor.py``).
         self._cursor = Cursor()
@@ -100,7 +69,7 @@ class Run(Generic[T_co]):
 
     # -- lifetime -----------------------------------------------------------------------
 
-    def _start(self) -> DataPlane | None:
+    def _start(self) -> Runtime | None:
         if self._closed:
             return None  # a closed run yields nothing more, and raises nothing more
         if self._rt is not None:
@@ -110,18 +79,14 @@ class Run(Generic[T_co]):
                 return None
             if self._rt is not None:
                 return self._rt
-            return self._start_runtime()
-
-    def _start_runtime(self) -> DataPlane:
-        assert self._make_runtime is not None  # dropped only when closed
-        rt = self._make_runtime()
-        self._rt = rt
-        self._finalizer = weakref.finalize(self, rt.request_stop)
-        rt.consumer = weakref.ref(self)
-        self._hooks = [factory(self) for factory in self._hook_factories]
-        self._cursor.use([*rt.receive_hooks, *self._hooks])
-        rt.start()
-        return rt
+            assert self._make_runtime is not None  # dropped only when closed
+            rt = self._rt = self._make_runtime()
+            self._finalizer = weakref.finalize(self, rt.request_stop)
+            rt.consumer = weakref.ref(self)
+            self._hooks = [factory(self) for factory in self._hook_factories]
+            self._cursor.use([*rt.receive_hooks, *self._hooks])
+            rt.start()
+            return rt
 
     def start(self) -> Self:
         """Start loading now (iteration would start it anyway). Returns ``self``."""
@@ -154,7 +119,7 @@ class Run(Generic[T_co]):
             rt.join(1.0)
             self._finish_close(rt)
 
-    def _closing(self) -> DataPlane | None:
+    def _closing(self) -> Runtime | None:
         """Mark the run closed, drop its chunk and ask its runtime to stop. Returns the
         runtime to wait for; ``None`` if the run was closed already (consumers in several
         threads may close it at once) or never started (then it is shed here)."""
@@ -170,18 +135,12 @@ class Run(Generic[T_co]):
             rt.request_stop()
         return rt
 
-    def _finish_close(self, rt: DataPlane) -> None:
+    def _finish_close(self, rt: Runtime) -> None:
         """The stopped run's last steps: its error reported where no consumer waits for it,
         its hooks closed, its runtime shed."""
-        if not self.reading:  # else the waiting consumer gets the error itself
-            rt.report_undelivered()
+        rt.report_undelivered()
         self._detach()
         self._shed()
-
-    def _abandon(self) -> None:
-        """Stop without waiting (for cancellation paths, where awaiting is not possible)."""
-        if self._closing() is not None:
-            self._detach()
 
     def _shed(self) -> None:
         """Keep only the figures of a closed run whose thread has ended: its pipeline (and
@@ -207,8 +166,7 @@ class Run(Generic[T_co]):
                 hook.close()
 
     def __enter__(self) -> Self:
-        self._start()
-        return self
+        return self.start()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -217,8 +175,7 @@ class Run(Generic[T_co]):
         self.close()
 
     async def __aenter__(self) -> Self:
-        self._start()
-        return self
+        return self.start()
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -322,7 +279,8 @@ class Run(Generic[T_co]):
         except BaseException:
             # Cancelled (a kernel interrupt, a task torn down) or Ctrl-C: the consumer is going
             # away. Stop the run now, without awaiting anything more in this task.
-            self._abandon()
+            if self._closing() is not None:
+                self._detach()
             raise
         if not chunk:
             await self.aclose()

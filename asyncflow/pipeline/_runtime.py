@@ -11,6 +11,8 @@ receives those items and then a :class:`PipelineError`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import threading
 import time
@@ -24,7 +26,7 @@ from ._bridge import Handoff
 from ._channel import ChannelAborted
 from ._failures import final_error, flatten, mark_abandoned, note_stage, release_frames
 from ._graph import Graph, RunResources
-from ._loop import cancel_pending, track
+from ._loop import LIVE_RUNS, cancel_pending
 from ._monitor import Monitor
 from ._node import NodeContext, ReceiveHook
 from ._stats import FailureRecord, PipelineStats, find_bottleneck
@@ -46,7 +48,8 @@ class Runtime:
         run: What its stages share: its loop, worker threads, stop event and scope.
     """
 
-    #: How many errors the run had when a stop was requested (those after it are its echo).
+    #: How many errors the run had when a stop was requested (those after it are its echo);
+    #: ``None`` until a stop is requested.
     _errors_at_stop: int | None = None
 
     def __init__(self, graph: Graph, run: RunResources) -> None:
@@ -61,24 +64,17 @@ class Runtime:
         self.graph = graph
         self.epoch = run.epoch
         self.lineage = graph.lineage
-        # the consumer surely has every item but those of the chunk it is working through
-        take = max(1, graph.outputs[-1].capacity // 2)
-        self.lineage.follow(lambda: self.delivered - take)
         self.contexts = graph.contexts
         self.notes: list[str] = [*options.notes, *graph.notes]
         self.handoff: Handoff = graph.outputs[-1]
+        # the consumer surely has every item but those of the chunk it is working through
+        self.lineage.follow(lambda: self.delivered - self.handoff.take_size)
         self.receive_hooks: list[ReceiveHook] = [h for c in graph.chain for h in c.receive_hooks]
-        self.monitor = Monitor(
-            options.name, self.contexts, graph.outputs, stall_timeout=options.stall_timeout,
-            report_every=options.report_every,
-        )
+        self.monitor = Monitor(graph, options)
         self.thread = threading.Thread(
             target=self._thread_main, name=f"asyncflow-{options.name}", daemon=True
         )
         self._main_task: asyncio.Task[None] | None = None
-        self._node_tasks: dict[Any, asyncio.Task[None]] = graph.tasks  # by context
-        self._group: asyncio.TaskGroup | None = None
-        self._stop_requested = False
         self._started = False
         self._done = threading.Event()
         self._done_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -87,22 +83,19 @@ class Runtime:
     # -- lifetime -----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the run's thread (once)."""
+        """Start the run's thread. Its handle (``Run``) calls it once, before any stop."""
         with self._lock:
-            if self._started or self._stop_requested:
-                return
             self._started = True
             self.started_at = time.monotonic()
-            track(self)
+            LIVE_RUNS.add(self)  # stopped at interpreter exit, should it still be going
         self.thread.start()
 
     def request_stop(self) -> None:
         """Ask the run to stop: drop undelivered items, cancel every stage. Thread-safe,
         idempotent, never blocks (also called by the garbage collector)."""
         with self._lock:
-            if self._stop_requested:
+            if self._errors_at_stop is not None:
                 return
-            self._stop_requested = True
             self._errors_at_stop = len(self.errors)
             started = self._started
         self.lineage.freeze()  # what the torn-down stages do from now on settles nothing
@@ -110,20 +103,14 @@ class Runtime:
         self.graph.close_windows()
         # A failure before the stop still reaches a consumer waiting for items.
         self.handoff.abort(self._final_error())
-        if not started:
-            self._finish_unstarted()
-            return
-        try:
-            self.loop.call_soon_threadsafe(self._cancel_main)
-        except RuntimeError:  # the loop already closed: the run has ended
-            pass
-
-    def _finish_unstarted(self) -> None:
-        for ctx in self.contexts:
-            ctx.call_stop_callbacks()
-        if not self.loop.is_closed():
+        if not started:  # nothing ran: the stages' resources are released here
+            for ctx in self.contexts:
+                ctx.call_stop_callbacks()
             self.loop.close()
-        self._done.set()
+            self._done.set()
+            return
+        with contextlib.suppress(RuntimeError):  # the loop already closed: the run has ended
+            self.loop.call_soon_threadsafe(self._cancel_main)
 
     def _cancel_main(self) -> None:
         if self._main_task is not None and not self._main_task.done():
@@ -137,8 +124,7 @@ class Runtime:
         """Wait for the run's thread to end; True if it did."""
         if self._started:
             self.thread.join(timeout)
-            return not self.thread.is_alive()
-        return True
+        return not self.thread.is_alive()
 
     async def wait_done(self) -> None:
         """Wait, on the caller's loop, until the run's thread has finished its clean-up.
@@ -149,10 +135,9 @@ class Runtime:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         with self._lock:
-            if not self._done.is_set() and self._started:
-                self._done_waiters.append((loop, fut))
-            else:
-                fut.set_result(None)
+            if self._done.is_set() or not self._started:
+                return
+            self._done_waiters.append((loop, fut))
         await fut
 
     def _thread_main(self) -> None:
@@ -208,7 +193,7 @@ class Runtime:
             self.finished_at = time.monotonic()
             release_frames(self.errors)  # a kept error keeps nothing the run used
             self.handoff.close(self._final_error())
-            if self._stop_requested:
+            if self._errors_at_stop is not None:  # a stop was requested
                 self.report_undelivered()
             with self._lock:
                 self._done.set()
@@ -277,10 +262,9 @@ class Runtime:
         with use_scope(self.scope):
             try:
                 async with asyncio.TaskGroup() as tg:
-                    self._group = tg
-                    self.graph.spawn = self._spawn
-                    self._spawn([c for c in self.contexts if c not in self.graph.deferred])
-                    sampler = asyncio.create_task(self.monitor.run(self._node_tasks, self.snapshot))
+                    self.graph.spawn = spawn = functools.partial(self._spawn, tg)
+                    spawn([c for c in self.contexts if c not in self.graph.deferred])
+                    sampler = asyncio.create_task(self.monitor.run(self.snapshot))
             finally:
                 self.graph.spawn = None
                 try:
@@ -293,10 +277,9 @@ class Runtime:
                     # before the loop ends, or its sessions' connections outlive the loop.
                     await aclose_scopes([*self.graph.scopes, self.scope])  # branches' first
 
-    def _spawn(self, contexts: Sequence[NodeContext]) -> None:
+    def _spawn(self, group: asyncio.TaskGroup, contexts: Sequence[NodeContext]) -> None:
         """Start the tasks of the stages of ``contexts``, each with its stage's run scope
         and epoch current (the run starts its own stages so; a merge node, its branches')."""
-        assert self._group is not None
         graph = self.graph
         position = {id(ctx): index for index, ctx in enumerate(graph.contexts)}
         for ctx in contexts:
@@ -306,7 +289,7 @@ class Runtime:
                     ctx, graph.nodes[index], graph.inputs[index], graph.outputs[index]
                 )
                 try:
-                    self._node_tasks[ctx] = self._group.create_task(coro)
+                    graph.tasks[ctx] = group.create_task(coro)
                 except BaseException:  # a group shutting down: the coroutine never runs
                     coro.close()
                     raise
