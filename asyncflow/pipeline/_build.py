@@ -31,7 +31,7 @@ from ._merge_resume import MergeLedger, branch_at, tracks_of
 from ._node import ItemKeys, Node, NodeContext, make_node
 from ._options import RunOptions
 from ._pool_holder import PoolHolder
-from ._protocols import Budgeted, SettlingNode, StatefulNode, round_robin
+from ._protocols import Budgeted, SettlingNode, SourceGate, StatefulNode, round_robin
 from ._source_node import SourceNode
 from ._spec import MapSpec, StageSpec, stage_names
 from ._stats import StageCounters
@@ -77,6 +77,7 @@ def build_run(
     epoch: int,
     pools: PoolHolder | None = None,
     plan: SourcePlan | None = None,
+    gate: SourceGate | None = None,
 ) -> tuple[Graph, RunResources]:
     """One run, ready to start (in the consumer's thread): what its stages share (a fresh
     loop, whose default executor is the run's worker threads, a stop event, a run scope) and
@@ -92,6 +93,7 @@ def build_run(
         plan: Where the run's source starts (the position of its first item, a resumed
             epoch's) and what it leaves out, with the stages' saved state (from
             ``load_state_dict``); ``None``: the epoch from its start.
+        gate: Awaited before the source is read (``RunPlan.gate``).
     """
     loop = new_loop()
     pool = WorkerPool(thread_count(specs, open_source), f"asyncflow-{options.name}-worker")
@@ -104,7 +106,8 @@ def build_run(
     )
     graph = Graph()
     try:
-        graph.chain = _add_chain(graph, open_source, specs, run, prefix="", handoff=True)
+        graph.chain = _add_chain(graph, open_source, specs, run, prefix="", handoff=True,
+                                 gate=gate)
     except BaseException:  # a node's factory or its declared traits refused: nothing ran
         for ctx in graph.contexts:  # those built so far
             ctx.call_stop_callbacks()
@@ -124,10 +127,12 @@ def _add_chain(
     handoff: bool,
     counters_of: Mapping[str, StageCounters] | None = None,
     keep: bool = True,
+    gate: SourceGate | None = None,
 ) -> list[NodeContext]:
     """Append a source and its stages to ``graph`` (a merge source's branches first); the
     last writes the hand-off if ``handoff``. Returns their contexts. Stages are named
-    ``prefix + name``; those named in ``counters_of`` count on with those counters."""
+    ``prefix + name``; those named in ``counters_of`` count on with those counters; the
+    source (or merge) is read once ``gate`` allows."""
     options = run.options
     merge = open_source if isinstance(open_source, Merge) else None
     names = [prefix + name for name in stage_names(specs)]
@@ -181,8 +186,8 @@ def _add_chain(
         if index > 0:
             node: Node = _stage_node(ctx, spec)
         else:
-            node = (SourceNode(ctx, open_source) if merge is None
-                    else _merge_node(graph, merge, ctx, run, prefix))
+            node = (SourceNode(ctx, open_source, gate) if merge is None
+                    else _merge_node(graph, merge, ctx, run, prefix, gate))
         graph.contexts.append(ctx)
         graph.inputs.append(previous)
         graph.outputs.append(output)
@@ -239,7 +244,7 @@ def _add_branch(
     )
     first = len(graph.contexts)
     chain = _add_chain(graph, plan.open_source, branch.stages, resources, prefix=prefix,
-                       handoff=False, counters_of=counters_of, keep=keep)
+                       handoff=False, counters_of=counters_of, keep=keep, gate=plan.gate)
     graph.scopes.append(scope)
     graph.notes.extend(f"{prefix[:-1]}: {note}" for note in plan.options.notes)
     hooks = (*plan.receive_hooks, *(h for ctx in chain for h in ctx.receive_hooks))
@@ -257,7 +262,8 @@ def _add_branch(
 
 
 def _merge_node(
-    graph: Graph, merge: Merge[Any], ctx: NodeContext, run: RunResources, prefix: str
+    graph: Graph, merge: Merge[Any], ctx: NodeContext, run: RunResources, prefix: str,
+    gate: SourceGate | None,
 ) -> MergeNode:
     """Build a merge's branches into ``graph`` and the node that reads them."""
     prefixes = [f"{prefix}{label}/" for label in merge.labels]
@@ -296,7 +302,7 @@ def _merge_node(
         graph.spawn(contexts)
 
     return MergeNode(ctx, merge, branches, spawn, rebuild, graph.tasks, graph.failed,
-                     ledger=ledger)
+                     ledger=ledger, gate=gate)
 
 
 def _process_pool(

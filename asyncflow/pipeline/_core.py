@@ -177,7 +177,8 @@ class PipelineCore(Generic[T_co]):
         epoch, resume, offset = self._source.take_run()
         stages = self._stages if plan.stages is None else plan.stages
         rt = Runtime(*build_run(plan.open_source, stages, plan.options, epoch, pools=self._pools,
-                                plan=resume if resume is not None else SourcePlan(first=offset)))
+                                plan=resume if resume is not None else SourcePlan(first=offset),
+                                gate=plan.gate))
         rt.receive_hooks[:0] = plan.receive_hooks
         self._last[:] = [rt]
         return rt

@@ -28,7 +28,7 @@ from ._merge_resume import END, TAKE, MergeLedger
 from ._node import NodeContext, Receiver, Sender, apply_hooks
 from ._options import RunOptions, RunPlan
 from ._pool_holder import PoolHolder
-from ._protocols import BranchEnd, MergeChooser, MergePolicy
+from ._protocols import BranchEnd, MergeChooser, MergePolicy, SourceGate
 from ._spec import StageSpec, unique_names
 from ._stats import count_items
 from ._window import BranchCredits, Window
@@ -85,10 +85,8 @@ class Merge(Generic[T]):
     run's worker threads, as the merge takes the items. Its consumer hooks (``with_hook``,
     ``progress``) are not run: put those on the merging pipeline.
 
-    The merge node starts the branches when it starts, or once ``gate`` allows: a feature
-    whose run decides on its loop whether to read the merge at all (a cache fill that may
-    replay after all) passes ``dataclasses.replace(merge, gate=...)`` as its run plan's
-    ``open_source``.
+    The merge node starts the branches when it starts, or once its run plan's ``gate``
+    allows (a cache fill of the merged pipeline, which may replay after all).
 
     Attributes:
         inputs: The pipelines merged.
@@ -96,8 +94,6 @@ class Merge(Generic[T]):
         name: The merge node's name in ``stats()``.
         labels: Prefixes of each branch's stage names (default: each input's ``name``, or
             ``input<i>`` for an unnamed one; made unique).
-        gate: Awaited on the run's loop before the branches start: ``False`` ends the merge
-            at once, its branches never started (``None``: start them at once).
         on_end: Called on the run's loop with a branch's index and its :class:`EndOfStream`'s
             ``value`` when the branch ends its own stream, before the policy's ``ended``.
     """
@@ -106,7 +102,6 @@ class Merge(Generic[T]):
     policy: MergePolicy
     name: str = "merge"
     labels: tuple[str, ...] = field(default=())
-    gate: Callable[[], Awaitable[bool]] | None = field(default=None, kw_only=True)
     on_end: Callable[[int, Any], None] | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
@@ -192,7 +187,7 @@ class MergeNode:
 
     Args:
         ctx: The node's context (its counters; its epoch numbers the merge's runs).
-        merge: The merge (its policy and gate).
+        merge: The merge (its policy).
         branches: The branches as first built, not started.
         spawn: Starts stages' tasks.
         rebuild: Builds a new epoch of a branch in the run and starts its tasks.
@@ -202,6 +197,7 @@ class MergeNode:
             begins the next) each output is, and passes over the choices a resumed run had
             settled, telling the policy where an era settled in full ran out
             (``_merge_resume.py``).
+        gate: Awaited before the branches start (``RunPlan.gate``).
     """
 
     def __init__(
@@ -214,11 +210,12 @@ class MergeNode:
         tasks: dict[Any, asyncio.Task[None]],
         failed: set[NodeContext],
         ledger: MergeLedger,
+        gate: SourceGate | None = None,
     ) -> None:
         self.ctx = ctx
         self.ledger = ledger
         self.policy = merge.policy
-        self.gate = merge.gate
+        self.gate = gate
         self.on_end = merge.on_end
         self.branches = branches
         self._spawn = spawn
