@@ -294,15 +294,9 @@ def _merge_node(
         graph.deferred.difference_update(old.contexts)
         if old.scope in graph.scopes:
             graph.scopes.remove(old.scope)
-        spawn(new.starts)
         return new
 
-    def spawn(contexts: Sequence[NodeContext]) -> None:
-        assert graph.spawn is not None  # the run is running
-        graph.spawn(contexts)
-
-    return MergeNode(ctx, merge, branches, spawn, rebuild, graph.tasks, graph.failed,
-                     ledger=ledger, gate=gate)
+    return MergeNode(ctx, merge, branches, graph, rebuild, ledger=ledger, gate=gate)
 
 
 def _process_pool(

@@ -23,6 +23,7 @@ from typing import Any, Generic, NoReturn, Protocol, TypeVar, runtime_checkable
 
 from .._errors import ConfigError
 from .._scope import RunScope
+from ._graph import Graph
 from ._merge_end import EndOfStream, count_to_end
 from ._merge_resume import END, TAKE, MergeLedger
 from ._node import NodeContext, Receiver, Sender, apply_hooks
@@ -175,11 +176,8 @@ class BranchRun:
     ended: EndOfStream | None = None  # the marker that ended its stream
 
 
-#: Rebuilds branch ``i`` (its old run given) as a new epoch, installed and started.
+#: Rebuilds branch ``i`` (its old run given) as a new epoch, installed in the run's graph.
 Rebuild = Callable[[int, BranchRun], Awaitable[BranchRun]]
-
-#: Starts the tasks of the stages with these contexts.
-Spawn = Callable[[Sequence[NodeContext]], None]
 
 
 class MergeNode:
@@ -189,10 +187,9 @@ class MergeNode:
         ctx: The node's context (its counters; its epoch numbers the merge's runs).
         merge: The merge (its policy).
         branches: The branches as first built, not started.
-        spawn: Starts stages' tasks.
-        rebuild: Builds a new epoch of a branch in the run and starts its tasks.
-        tasks: The run's stage tasks, by context (to stop and wait for a branch's).
-        failed: The contexts of the run's failed stages.
+        graph: The run's graph: its stages' tasks (the merge starts, stops and waits for its
+            branches'), and the contexts of those that failed.
+        rebuild: Builds a new epoch of a branch into the run (the merge starts it).
         ledger: Records which branch item (of which era: an epoch of the input, a restart
             begins the next) each output is, and passes over the choices a resumed run had
             settled, telling the policy where an era settled in full ran out
@@ -205,10 +202,8 @@ class MergeNode:
         ctx: NodeContext,
         merge: Merge[Any],
         branches: list[BranchRun],
-        spawn: Spawn,
+        graph: Graph,
         rebuild: Rebuild,
-        tasks: dict[Any, asyncio.Task[None]],
-        failed: set[NodeContext],
         ledger: MergeLedger,
         gate: SourceGate | None = None,
     ) -> None:
@@ -218,10 +213,8 @@ class MergeNode:
         self.gate = gate
         self.on_end = merge.on_end
         self.branches = branches
-        self._spawn = spawn
+        self._graph = graph
         self._rebuild = rebuild
-        self._tasks = tasks
-        self._failed = failed
         self._credits = ctx.window if isinstance(ctx.window, BranchCredits) else None
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
@@ -236,7 +229,7 @@ class MergeNode:
             if self.gate is not None and not await self.gate():
                 return
             for branch in self.branches:
-                self._spawn(branch.starts)
+                self._start(branch)
             chooser = self.policy.open(self.ctx.epoch, len(self.branches))
             ledger = self.ledger
             while (i := chooser.choose()) is not None:
@@ -314,7 +307,7 @@ class MergeNode:
             count_to_end([c.counters for c in branch.contexts], branch.counts, branch.received)
             if self.on_end is not None:
                 self.on_end(i, branch.ended.value)
-        if any(ctx in self._failed for ctx in branch.contexts):
+        if any(ctx in self._graph.failed for ctx in branch.contexts):
             return False  # the run fails with the branch's error
         verdict = self._verdict(chooser, i, empty=empty)
         self.ledger.ended(i, verdict)  # a restart: the branch's next era
@@ -323,6 +316,7 @@ class MergeNode:
         await self._retire(branch)
         if verdict == "restart":
             self.branches[i] = await self._rebuild(i, branch)
+            self._start(self.branches[i])
         return True
 
     @staticmethod
@@ -332,10 +326,14 @@ class MergeNode:
             raise ConfigError(f"merge policy: ended() returned {verdict!r}, not one of {_ENDS}")
         return verdict
 
+    def _start(self, branch: BranchRun) -> None:
+        assert self._graph.spawn is not None  # the run is running
+        self._graph.spawn(branch.starts)
+
     def _stop(self, branch: BranchRun) -> None:
         branch.live = False
         for ctx in branch.contexts:
-            task = self._tasks.get(ctx)
+            task = self._graph.tasks.get(ctx)
             if task is not None and not task.done():
                 task.cancel()
 
@@ -347,7 +345,7 @@ class MergeNode:
             Safe: stops waiting; the run's stop cancels the branch's tasks as well.
         """
         branch.live = False
-        tasks = [t for ctx in branch.contexts if (t := self._tasks.get(ctx)) is not None]
+        tasks = [t for ctx in branch.contexts if (t := self._graph.tasks.get(ctx)) is not None]
         if tasks:
             await asyncio.wait(tasks)
 
