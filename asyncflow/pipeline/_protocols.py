@@ -32,7 +32,7 @@ Sources and pipelines:
   the count); :class:`EpochSampler` (``next_epoch`` and ``set_epoch``): a sampler, which
   draws its own epochs as torch's do.
 
-Runs: :class:`ConsumerHook` (what a pipeline's hook factory builds per run; a
+Runs: :data:`ConsumerHook` (what a pipeline's hook factory builds per run; a
 :class:`Closable` one is closed when its run ends) and :class:`MergePolicy` /
 :class:`MergeChooser` (the order a merge reads its inputs in: ``asyncflow.mix``).
 """
@@ -278,12 +278,9 @@ class Closable(Protocol):
         ...
 
 
-class ConsumerHook(Protocol):
-    """Per-run consumer-side hook built by a pipeline-level hook factory."""
-
-    def __call__(self, item: Any) -> Any: ...
-
-    def close(self) -> None: ...
+#: What a pipeline's hook factory (``with_hook``) builds per run: a :class:`ReceiveHook`, called
+#: on every item in the consumer's thread; a :class:`Closable` one is closed when its run ends.
+ConsumerHook: TypeAlias = ReceiveHook
 
 
 class MergeChooser(Protocol):
