@@ -232,12 +232,13 @@ class MergeNode:
                 self._start(branch)
             chooser = self.policy.open(self.ctx.epoch, len(self.branches))
             ledger = self.ledger
-            while (i := chooser.choose()) is not None:
-                branch = self._branch(i)
-                if (what := ledger.pick(int(i))) != TAKE:
+            while (choice := chooser.choose()) is not None:
+                i = self._index(choice)
+                branch = self.branches[i]
+                if (what := ledger.pick(i)) != TAKE:
                     if what == END:  # an era settled in full before a resume ran out
-                        empty = ledger.replay_empty(int(i))
-                        ledger.replayed(int(i), self._verdict(chooser, int(i), empty=empty))
+                        empty = ledger.replay_empty(i)
+                        ledger.replayed(i, self._verdict(chooser, i, empty=empty))
                     continue  # else passed over: settled before a resume
                 if branch.pos >= len(branch.items):
                     await self._flush(pending, out)
@@ -248,7 +249,7 @@ class MergeNode:
                 item = branch.items[branch.pos]
                 branch.items[branch.pos] = None  # the merge's reference is not kept
                 branch.pos += 1
-                ledger.take(int(i))
+                ledger.take(i)
                 if self._credits is not None:
                     self._credits.owe(branch.window)
                 pending.append(item)
@@ -259,17 +260,17 @@ class MergeNode:
             for branch in self.branches:
                 self._stop(branch)
 
-    def _branch(self, i: Any) -> BranchRun:
+    def _index(self, choice: Any) -> int:
+        """The branch the policy chose, checked: an index of a live branch."""
         try:
-            index = -1 if isinstance(i, bool) else operator.index(i)
+            i = -1 if isinstance(choice, bool) else operator.index(choice)
         except TypeError:
-            index = -1
-        if not 0 <= index < len(self.branches):
-            raise ConfigError(f"merge policy chose branch {i!r} of {len(self.branches)}")
-        branch = self.branches[index]
-        if not branch.live:
-            raise ConfigError(f"merge policy chose branch {i}, which it had dropped")
-        return branch
+            i = -1
+        if not 0 <= i < len(self.branches):
+            raise ConfigError(f"merge policy chose branch {choice!r} of {len(self.branches)}")
+        if not self.branches[i].live:
+            raise ConfigError(f"merge policy chose branch {choice}, which it had dropped")
+        return i
 
     async def _flush(self, pending: list[Any], out: Sender) -> None:
         if pending:
