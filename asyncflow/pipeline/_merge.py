@@ -185,7 +185,7 @@ class MergeNode:
 
     Args:
         ctx: The node's context (its counters; its epoch numbers the merge's runs).
-        merge: The merge (its policy).
+        merge: The merge (its policy, and ``on_end``).
         branches: The branches as first built, not started.
         graph: The run's graph: its stages' tasks (the merge starts, stops and waits for its
             branches'), and the contexts of those that failed.
@@ -209,9 +209,8 @@ class MergeNode:
     ) -> None:
         self.ctx = ctx
         self.ledger = ledger
-        self.policy = merge.policy
+        self.merge = merge
         self.gate = gate
-        self.on_end = merge.on_end
         self.branches = branches
         self._graph = graph
         self._rebuild = rebuild
@@ -230,7 +229,7 @@ class MergeNode:
                 return
             for branch in self.branches:
                 self._start(branch)
-            chooser = self.policy.open(self.ctx.epoch, len(self.branches))
+            chooser = self.merge.policy.open(self.ctx.epoch, len(self.branches))
             ledger = self.ledger
             while (choice := chooser.choose()) is not None:
                 i = self._index(choice)
@@ -306,8 +305,8 @@ class MergeNode:
         await self._settle(branch)
         if branch.ended is not None:
             count_to_end([c.counters for c in branch.contexts], branch.counts, branch.received)
-            if self.on_end is not None:
-                self.on_end(i, branch.ended.value)
+            if self.merge.on_end is not None:
+                self.merge.on_end(i, branch.ended.value)
         if any(ctx in self._graph.failed for ctx in branch.contexts):
             return False  # the run fails with the branch's error
         verdict = self._verdict(chooser, i, empty=empty)
