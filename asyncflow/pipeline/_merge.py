@@ -15,7 +15,6 @@ A merge's state, and how a resumed merge replays its policy's choices, restarts 
 from __future__ import annotations
 
 import asyncio
-import logging
 import operator
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -34,18 +33,7 @@ from ._spec import StageSpec, unique_names
 from ._stats import count_items
 from ._window import BranchCredits, Window
 
-__all__ = [
-    "Branch",
-    "BranchEnd",
-    "BranchRun",
-    "Merge",
-    "MergeChooser",
-    "MergeNode",
-    "MergePolicy",
-    "retire_callbacks",
-]
-
-logger = logging.getLogger("asyncflow")
+__all__ = ["Branch", "BranchRun", "Merge", "MergeNode"]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
