@@ -22,7 +22,6 @@ from typing import Any, Generic, NoReturn, Protocol, TypeVar, runtime_checkable
 
 from .._errors import ConfigError
 from .._scope import RunScope
-from ._graph import Graph
 from ._merge_end import EndOfStream, count_to_end
 from ._merge_resume import END, TAKE, MergeLedger
 from ._node import NodeContext, Receiver, Sender, apply_hooks
@@ -164,6 +163,16 @@ class BranchRun:
     ended: EndOfStream | None = None  # the marker that ended its stream
 
 
+class RunGraph(Protocol):
+    """What the merge node needs of its run's graph (a ``_graph.Graph``): the stages' tasks
+    by context, the contexts of those that failed, and what starts stages' tasks (set while
+    the run runs)."""
+
+    tasks: dict[Any, asyncio.Task[None]]
+    failed: set[NodeContext]
+    spawn: Callable[[Sequence[NodeContext]], None] | None
+
+
 #: Rebuilds branch ``i`` (its old run given) as a new epoch, installed in the run's graph.
 Rebuild = Callable[[int, BranchRun], Awaitable[BranchRun]]
 
@@ -190,7 +199,7 @@ class MergeNode:
         ctx: NodeContext,
         merge: Merge[Any],
         branches: list[BranchRun],
-        graph: Graph,
+        graph: RunGraph,
         rebuild: Rebuild,
         ledger: MergeLedger,
         gate: SourceGate | None = None,
