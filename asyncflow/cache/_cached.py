@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from .._errors import ConfigError, check_bool
-from ..pipeline import Merge, Pipeline, RunPlan, StageSpec
+from ..pipeline import Pipeline, RunPlan, StageSpec
 from ._epoch import CacheSource
 from ._fill import Gate, cache_stage, one_shot_guard
 from ._fingerprint import canonical, describe_value, summarize, upstream_fingerprint
@@ -70,7 +70,7 @@ class CachedPipeline(Pipeline[T_co]):
             return RunPlan(open_source=functools.partial(source.run_epoch, None, defer=defer),
                            options=options, receive_hooks=hooks)
         up = self._upstream.run_plan()
-        gate = Gate(up.open_source, self._check_reuse)
+        gate = Gate(self._check_reuse)
         stages = list(_upstream_stages(self._upstream, up))
         buffer = _DEFERRED_BUFFER if defer else options.source_buffer
         stages.append(cache_stage(source, gate, defer=defer, buffer=buffer,
@@ -80,13 +80,8 @@ class CachedPipeline(Pipeline[T_co]):
             settings=(*up.options.settings, *options.settings),
             notes=(*up.options.notes, *options.notes),
         )
-        # A merge upstream (a cached mix) is built by the run as branches: its merge node
-        # waits at the gate.
-        open_source: Any = gate
-        if isinstance(up.open_source, Merge):
-            open_source = dataclasses.replace(up.open_source, gate=gate.opened)
-        return RunPlan(open_source=open_source, options=options, receive_hooks=hooks,
-                       stages=(*stages, *self.stages))
+        return RunPlan(open_source=up.open_source, options=options, receive_hooks=hooks,
+                       stages=(*stages, *self.stages), gate=gate.opened)
 
     @property
     def path(self) -> Path:

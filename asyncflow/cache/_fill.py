@@ -15,9 +15,10 @@ each; it commits when upstream's stream ends complete. Replaying after all, it k
 shut (upstream's source ends at once, its stages see an empty stream) and puts out the cache's
 items itself.
 
-The gate is the run plan's source, a :class:`~asyncflow.pipeline._protocols.GatedSource`: the
-engine's source node awaits :meth:`Gate.opened` before it opens upstream's source, then reads
-it as any source (an async iterable on the loop, any other iterator on the run's threads).
+The gate is the run plan's ``gate`` (:meth:`Gate.opened`): the engine's source node awaits it
+before it opens upstream's source, then reads it as any source (an async iterable on the loop,
+any other iterator on the run's threads); a merge upstream (``mix(...).cache()``) awaits it
+before it starts its branches.
 """
 
 from __future__ import annotations
@@ -48,18 +49,14 @@ _CHUNK = 256  # items taken from the channel of upstream's last stage at a time
 
 
 class Gate:
-    """Upstream's source for one run, held until the ``cache`` stage decides to read it.
+    """What holds upstream's source for one run until the ``cache`` stage decides to read it.
 
     Args:
-        open_upstream: Opens upstream's source (its :meth:`Pipeline.run_plan`'s
-            ``open_source``): an iterable or async iterable.
         check_reuse: Called before upstream's source is opened; raises when it cannot be
             read again (:func:`one_shot_guard`).
     """
 
-    def __init__(self, open_upstream: Callable[[], Any],
-                 check_reuse: Callable[[], None]) -> None:
-        self._open = open_upstream
+    def __init__(self, check_reuse: Callable[[], None]) -> None:
         self._check_reuse = check_reuse
         self._decided: asyncio.Future[bool] | None = None
 
@@ -75,15 +72,11 @@ class Gate:
         if not fut.done():
             fut.set_result(read)
 
-    def __call__(self) -> Any:
-        """Upstream's source, opened by the run's source node once :meth:`opened` says so."""
-        return self._open()
-
     async def opened(self) -> bool:
         """Wait for the decision; True when upstream may be read (checked for reuse first).
 
-        Awaited by the run's source node, or by the merge node of a
-        :class:`~asyncflow.pipeline.Merge` upstream (``mix(...).cache()``: its ``gate``).
+        The run plan's ``gate``: awaited by the run's source node, or by the merge node of
+        a :class:`~asyncflow.pipeline.Merge` upstream (``mix(...).cache()``).
 
         Cancellation:
             Safe: stops waiting; the decision stands for the run.

@@ -30,12 +30,12 @@ from ._identity import (
     short_digest,
     state_checksum,
 )
-from ._merge import BranchEnd, Merge, MergeChooser, MergePolicy
+from ._merge import Merge
 from ._merge_end import END_OF_STREAM, EndOfStream
 from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender, apply_hooks, node_for
 from ._options import RunOptions, RunPlan
 from ._pipeline import Pipeline
-from ._protocols import Assembler
+from ._protocols import Assembler, BranchEnd, MergeChooser, MergePolicy
 from ._run import ConsumerHook, Run
 from ._span import Span
 from ._spec import StageSpec

@@ -30,7 +30,7 @@ from ._merge_epochs import Era
 from ._merge_resume import MergeLedger, branch_at, tracks_of
 from ._node import ItemKeys, Node, NodeContext, make_node
 from ._options import RunOptions
-from ._protocols import Budgeted, SettlingNode, StatefulNode, round_robin
+from ._protocols import Budgeted, SettlingNode, SourceGate, StatefulNode, round_robin
 from ._source_node import SourceNode
 from ._spec import MapSpec, StageSpec, stage_names
 from ._stats import StageCounters
@@ -87,7 +87,8 @@ def build_run(branch: Branch, resume: SourcePlan | None) -> tuple[Graph, RunReso
     )
     graph = Graph()
     try:
-        graph.chain = _add_chain(graph, open_source, branch.stages, run, prefix="", handoff=True)
+        graph.chain = _add_chain(graph, open_source, branch.stages, run, prefix="", handoff=True,
+                                 gate=branch.plan.gate)
     except BaseException:  # a node's factory or its declared traits refused: nothing ran
         for ctx in graph.contexts:  # those built so far
             ctx.call_stop_callbacks()
@@ -107,10 +108,12 @@ def _add_chain(
     handoff: bool,
     counters_of: Mapping[str, StageCounters] | None = None,
     keep: bool = True,
+    gate: SourceGate | None = None,
 ) -> list[NodeContext]:
     """Append a source and its stages to ``graph`` (a merge source's branches first); the
     last writes the hand-off if ``handoff``. Returns their contexts. Stages are named
-    ``prefix + name``; those named in ``counters_of`` count on with those counters."""
+    ``prefix + name``; those named in ``counters_of`` count on with those counters; the
+    source (or merge) is read once ``gate`` allows."""
     options = run.options
     merge = open_source if isinstance(open_source, Merge) else None
     names = [prefix + name for name in stage_names(specs)]
@@ -164,8 +167,8 @@ def _add_chain(
         if index > 0:
             node: Node = _stage_node(ctx, spec)
         else:
-            node = (SourceNode(ctx, open_source) if merge is None
-                    else _merge_node(graph, merge, ctx, run, prefix))
+            node = (SourceNode(ctx, open_source, gate) if merge is None
+                    else _merge_node(graph, merge, ctx, run, prefix, gate))
         graph.contexts.append(ctx)
         graph.inputs.append(graph.outputs[-1] if index else None)  # the previous stage's output
         graph.outputs.append(output)
@@ -221,7 +224,7 @@ def _add_branch(
     )
     first = len(graph.contexts)
     chain = _add_chain(graph, plan.open_source, branch.stages, resources, prefix=prefix,
-                       handoff=False, counters_of=counters_of, keep=keep)
+                       handoff=False, counters_of=counters_of, keep=keep, gate=plan.gate)
     graph.scopes.append(scope)
     graph.notes.extend(f"{prefix[:-1]}: {note}" for note in plan.options.notes)
     hooks = (*plan.receive_hooks, *(h for ctx in chain for h in ctx.receive_hooks))
@@ -239,7 +242,8 @@ def _add_branch(
 
 
 def _merge_node(
-    graph: Graph, merge: Merge[Any], ctx: NodeContext, run: RunResources, prefix: str
+    graph: Graph, merge: Merge[Any], ctx: NodeContext, run: RunResources, prefix: str,
+    gate: SourceGate | None,
 ) -> MergeNode:
     """Build a merge's branches into ``graph`` and the node that reads them."""
     prefixes = [f"{prefix}{label}/" for label in merge.labels]
@@ -270,15 +274,9 @@ def _merge_node(
         graph.deferred.difference_update(old.contexts)
         if old.scope in graph.scopes:
             graph.scopes.remove(old.scope)
-        spawn(new.starts)
         return new
 
-    def spawn(contexts: Sequence[NodeContext]) -> None:
-        assert graph.spawn is not None  # the run is running
-        graph.spawn(contexts)
-
-    return MergeNode(ctx, merge, branches, spawn, rebuild, graph.tasks, graph.failed,
-                     ledger=ledger)
+    return MergeNode(ctx, merge, branches, graph, rebuild, ledger=ledger, gate=gate)
 
 
 def _process_pool(

@@ -35,11 +35,11 @@ class Cursor:
             empty deque. The consumer's fast path pops from it, and nothing else.
         apply: The consumer-side hooks, composed (set before the first chunk comes).
         lock: Held to claim an item or the refill, and to install a chunk.
-        reading: Consumers refilling now (0 or 1).
+        refilling: Whether a consumer is refilling the chunk now (at most one is).
     """
 
     __slots__ = (
-        "_refilled", "_waiters", "apply", "chunk", "free", "lock", "reading", "refilling",
+        "_refilled", "_waiters", "apply", "chunk", "free", "lock", "refilling",
     )
 
     def __init__(self) -> None:
@@ -49,7 +49,6 @@ class Cursor:
         self.lock = threading.Lock()
         self._refilled = threading.Condition(self.lock)
         self.refilling = False
-        self.reading = 0
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     def use(self, hooks: Sequence[Callable[[Any], Any]]) -> None:
@@ -75,7 +74,6 @@ class Cursor:
         if self.refilling:
             return EMPTY
         self.refilling = True
-        self.reading += 1
         return REFILL
 
     def claim_sync(self) -> Any:
@@ -118,7 +116,6 @@ class Cursor:
         """The refill is over (a new chunk installed, or none: the end): wake every waiting
         consumer (lock held)."""
         self.refilling = False
-        self.reading -= 1
         self._refilled.notify_all()
         waiters, self._waiters = self._waiters, []
         for loop, fut in waiters:

@@ -15,7 +15,6 @@ A merge's state, and how a resumed merge replays its policy's choices, restarts 
 from __future__ import annotations
 
 import asyncio
-import logging
 import operator
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,23 +27,12 @@ from ._merge_resume import END, TAKE, MergeLedger
 from ._node import NodeContext, Receiver, Sender, apply_hooks
 from ._options import RunOptions, RunPlan
 from ._pool_holder import PoolHolder
-from ._protocols import BranchEnd, MergeChooser, MergePolicy
+from ._protocols import BranchEnd, MergeChooser, MergePolicy, SourceGate
 from ._spec import StageSpec, unique_names
 from ._stats import count_items
 from ._window import BranchCredits, Window
 
-__all__ = [
-    "Branch",
-    "BranchEnd",
-    "BranchRun",
-    "Merge",
-    "MergeChooser",
-    "MergeNode",
-    "MergePolicy",
-    "retire_callbacks",
-]
-
-logger = logging.getLogger("asyncflow")
+__all__ = ["Branch", "BranchRun", "Merge", "MergeNode"]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -85,10 +73,8 @@ class Merge(Generic[T]):
     run's worker threads, as the merge takes the items. Its consumer hooks (``with_hook``,
     ``progress``) are not run: put those on the merging pipeline.
 
-    The merge node starts the branches when it starts, or once ``gate`` allows: a feature
-    whose run decides on its loop whether to read the merge at all (a cache fill that may
-    replay after all) passes ``dataclasses.replace(merge, gate=...)`` as its run plan's
-    ``open_source``.
+    The merge node starts the branches when it starts, or once its run plan's ``gate``
+    allows (a cache fill of the merged pipeline, which may replay after all).
 
     Attributes:
         inputs: The pipelines merged.
@@ -96,8 +82,6 @@ class Merge(Generic[T]):
         name: The merge node's name in ``stats()``.
         labels: Prefixes of each branch's stage names (default: each input's ``name``, or
             ``input<i>`` for an unnamed one; made unique).
-        gate: Awaited on the run's loop before the branches start: ``False`` ends the merge
-            at once, its branches never started (``None``: start them at once).
         on_end: Called on the run's loop with a branch's index and its :class:`EndOfStream`'s
             ``value`` when the branch ends its own stream, before the policy's ``ended``.
     """
@@ -106,7 +90,6 @@ class Merge(Generic[T]):
     policy: MergePolicy
     name: str = "merge"
     labels: tuple[str, ...] = field(default=())
-    gate: Callable[[], Awaitable[bool]] | None = field(default=None, kw_only=True)
     on_end: Callable[[int, Any], None] | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
@@ -180,11 +163,18 @@ class BranchRun:
     ended: EndOfStream | None = None  # the marker that ended its stream
 
 
-#: Rebuilds branch ``i`` (its old run given) as a new epoch, installed and started.
-Rebuild = Callable[[int, BranchRun], Awaitable[BranchRun]]
+class RunGraph(Protocol):
+    """What the merge node needs of its run's graph (a ``_graph.Graph``): the stages' tasks
+    by context, the contexts of those that failed, and what starts stages' tasks (set while
+    the run runs)."""
 
-#: Starts the tasks of the stages with these contexts.
-Spawn = Callable[[Sequence[NodeContext]], None]
+    tasks: dict[Any, asyncio.Task[None]]
+    failed: set[NodeContext]
+    spawn: Callable[[Sequence[NodeContext]], None] | None
+
+
+#: Rebuilds branch ``i`` (its old run given) as a new epoch, installed in the run's graph.
+Rebuild = Callable[[int, BranchRun], Awaitable[BranchRun]]
 
 
 class MergeNode:
@@ -192,16 +182,16 @@ class MergeNode:
 
     Args:
         ctx: The node's context (its counters; its epoch numbers the merge's runs).
-        merge: The merge (its policy and gate).
+        merge: The merge (its policy, and ``on_end``).
         branches: The branches as first built, not started.
-        spawn: Starts stages' tasks.
-        rebuild: Builds a new epoch of a branch in the run and starts its tasks.
-        tasks: The run's stage tasks, by context (to stop and wait for a branch's).
-        failed: The contexts of the run's failed stages.
+        graph: The run's graph: its stages' tasks (the merge starts, stops and waits for its
+            branches'), and the contexts of those that failed.
+        rebuild: Builds a new epoch of a branch into the run (the merge starts it).
         ledger: Records which branch item (of which era: an epoch of the input, a restart
             begins the next) each output is, and passes over the choices a resumed run had
             settled, telling the policy where an era settled in full ran out
             (``_merge_resume.py``).
+        gate: Awaited before the branches start (``RunPlan.gate``).
     """
 
     def __init__(
@@ -209,22 +199,18 @@ class MergeNode:
         ctx: NodeContext,
         merge: Merge[Any],
         branches: list[BranchRun],
-        spawn: Spawn,
+        graph: RunGraph,
         rebuild: Rebuild,
-        tasks: dict[Any, asyncio.Task[None]],
-        failed: set[NodeContext],
         ledger: MergeLedger,
+        gate: SourceGate | None = None,
     ) -> None:
         self.ctx = ctx
         self.ledger = ledger
-        self.policy = merge.policy
-        self.gate = merge.gate
-        self.on_end = merge.on_end
+        self.merge = merge
+        self.gate = gate
         self.branches = branches
-        self._spawn = spawn
+        self._graph = graph
         self._rebuild = rebuild
-        self._tasks = tasks
-        self._failed = failed
         self._credits = ctx.window if isinstance(ctx.window, BranchCredits) else None
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
@@ -239,15 +225,16 @@ class MergeNode:
             if self.gate is not None and not await self.gate():
                 return
             for branch in self.branches:
-                self._spawn(branch.starts)
-            chooser = self.policy.open(self.ctx.epoch, len(self.branches))
+                self._start(branch)
+            chooser = self.merge.policy.open(self.ctx.epoch, len(self.branches))
             ledger = self.ledger
-            while (i := chooser.choose()) is not None:
-                branch = self._branch(i)
-                if (what := ledger.pick(int(i))) != TAKE:
+            while (choice := chooser.choose()) is not None:
+                i = self._index(choice)
+                branch = self.branches[i]
+                if (what := ledger.pick(i)) != TAKE:
                     if what == END:  # an era settled in full before a resume ran out
-                        empty = ledger.replay_empty(int(i))
-                        ledger.replayed(int(i), self._verdict(chooser, int(i), empty=empty))
+                        empty = ledger.replay_empty(i)
+                        ledger.replayed(i, self._verdict(chooser, i, empty=empty))
                     continue  # else passed over: settled before a resume
                 if branch.pos >= len(branch.items):
                     await self._flush(pending, out)
@@ -258,7 +245,7 @@ class MergeNode:
                 item = branch.items[branch.pos]
                 branch.items[branch.pos] = None  # the merge's reference is not kept
                 branch.pos += 1
-                ledger.take(int(i))
+                ledger.take(i)
                 if self._credits is not None:
                     self._credits.owe(branch.window)
                 pending.append(item)
@@ -269,17 +256,17 @@ class MergeNode:
             for branch in self.branches:
                 self._stop(branch)
 
-    def _branch(self, i: Any) -> BranchRun:
+    def _index(self, choice: Any) -> int:
+        """The branch the policy chose, checked: an index of a live branch."""
         try:
-            index = -1 if isinstance(i, bool) else operator.index(i)
+            i = -1 if isinstance(choice, bool) else operator.index(choice)
         except TypeError:
-            index = -1
-        if not 0 <= index < len(self.branches):
-            raise ConfigError(f"merge policy chose branch {i!r} of {len(self.branches)}")
-        branch = self.branches[index]
-        if not branch.live:
-            raise ConfigError(f"merge policy chose branch {i}, which it had dropped")
-        return branch
+            i = -1
+        if not 0 <= i < len(self.branches):
+            raise ConfigError(f"merge policy chose branch {choice!r} of {len(self.branches)}")
+        if not self.branches[i].live:
+            raise ConfigError(f"merge policy chose branch {choice}, which it had dropped")
+        return i
 
     async def _flush(self, pending: list[Any], out: Sender) -> None:
         if pending:
@@ -315,9 +302,9 @@ class MergeNode:
         await self._settle(branch)
         if branch.ended is not None:
             count_to_end([c.counters for c in branch.contexts], branch.counts, branch.received)
-            if self.on_end is not None:
-                self.on_end(i, branch.ended.value)
-        if any(ctx in self._failed for ctx in branch.contexts):
+            if self.merge.on_end is not None:
+                self.merge.on_end(i, branch.ended.value)
+        if any(ctx in self._graph.failed for ctx in branch.contexts):
             return False  # the run fails with the branch's error
         verdict = self._verdict(chooser, i, empty=empty)
         self.ledger.ended(i, verdict)  # a restart: the branch's next era
@@ -326,6 +313,7 @@ class MergeNode:
         await self._retire(branch)
         if verdict == "restart":
             self.branches[i] = await self._rebuild(i, branch)
+            self._start(self.branches[i])
         return True
 
     @staticmethod
@@ -335,10 +323,14 @@ class MergeNode:
             raise ConfigError(f"merge policy: ended() returned {verdict!r}, not one of {_ENDS}")
         return verdict
 
+    def _start(self, branch: BranchRun) -> None:
+        assert self._graph.spawn is not None  # the run is running
+        self._graph.spawn(branch.starts)
+
     def _stop(self, branch: BranchRun) -> None:
         branch.live = False
         for ctx in branch.contexts:
-            task = self._tasks.get(ctx)
+            task = self._graph.tasks.get(ctx)
             if task is not None and not task.done():
                 task.cancel()
 
@@ -350,7 +342,7 @@ class MergeNode:
             Safe: stops waiting; the run's stop cancels the branch's tasks as well.
         """
         branch.live = False
-        tasks = [t for ctx in branch.contexts if (t := self._tasks.get(ctx)) is not None]
+        tasks = [t for ctx in branch.contexts if (t := self._graph.tasks.get(ctx)) is not None]
         if tasks:
             await asyncio.wait(tasks)
 

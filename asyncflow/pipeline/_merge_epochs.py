@@ -109,10 +109,6 @@ class Track:
             self.eras.append(Era())
         self.era = self.eras[index]
 
-    def pending(self) -> bool:
-        """Whether eras listed in a resumed state come after the one being read (lock held)."""
-        return self.eras[-1] is not self.era
-
     def fold(self) -> None:
         """Count the eras settled in full at the front as done, and let them go (lock
         held): never the era being read, nor the last a state lists (a restart has begun

@@ -172,7 +172,7 @@ class MergeLedger(SourceLedger):
             if verdict == "restart":
                 track.advance()
                 return
-            pending = track.pending()
+            pending = track.eras[-1] is not track.era  # a resumed state lists eras after it
         if pending:
             self._differs(branch, verdict)
 

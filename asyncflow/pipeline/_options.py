@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import check_int
-from ._protocols import ReceiveHook
+from ._protocols import ReceiveHook, SourceGate
 from ._spec import StageSpec
 
 __all__ = ["RunOptions", "RunPlan"]
@@ -49,6 +49,10 @@ class RunPlan:
         stages: The stages the run builds after its source; ``None``: the pipeline's own.
             A feature that runs another pipeline's stages in the same run (a cache fill
             runs upstream's source and stages, then its writer) lists them here.
+        gate: Awaited on the run's loop before the source is read: ``False`` ends the
+            source at once, never opened (a merge's branches never started). A feature that
+            decides on the run's loop whether to read the source at all (a cache fill, which
+            may replay after all) holds it here. ``None``: read it at once.
     """
 
     # A ``Merge`` is one too (called, it refuses to be opened as a plain source).
@@ -56,3 +60,4 @@ class RunPlan:
     options: RunOptions
     receive_hooks: tuple[ReceiveHook, ...] = ()
     stages: tuple[StageSpec, ...] | None = None
+    gate: SourceGate | None = None

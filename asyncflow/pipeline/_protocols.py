@@ -26,21 +26,21 @@ Sources and pipelines:
   :class:`ListedSource` (``listing_identity``), :class:`SplitShare` (``split_state``),
   :class:`KeyedIterator` (``seed_key`` on a source's iterator; public as
   ``seeding.KeyedIterator``, where it is defined beside the seeds it keys),
-  :class:`GatedSource` (``opened``: a run plan's source opened only once a feature on the
-  run's loop allows it; a ``Merge``'s ``gate`` field does this for a merge).
+  :data:`SourceGate` (a run plan's ``gate``: its source, or merge, read only once a feature
+  on the run's loop allows it).
 * The epoch: a source or stage reads its run's from ``current_epoch()`` (the pipeline owns
   the count); :class:`EpochSampler` (``next_epoch`` and ``set_epoch``): a sampler, which
   draws its own epochs as torch's do.
 
-Runs: :class:`ConsumerHook` (what a pipeline's hook factory builds per run; a
+Runs: :data:`ConsumerHook` (what a pipeline's hook factory builds per run; a
 :class:`Closable` one is closed when its run ends) and :class:`MergePolicy` /
 :class:`MergeChooser` (the order a merge reads its inputs in: ``asyncflow.mix``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 from ..workers import KeyedIterator
 from ._span import Span
@@ -54,7 +54,6 @@ __all__ = [
     "Closable",
     "ConsumerHook",
     "EpochSampler",
-    "GatedSource",
     "KeyedIterator",
     "ListedSource",
     "MergeChooser",
@@ -66,6 +65,7 @@ __all__ = [
     "ResumableSource",
     "Sender",
     "SettlingNode",
+    "SourceGate",
     "SplitShare",
     "StatefulNode",
     "TracingNode",
@@ -246,20 +246,12 @@ class SplitShare(Protocol):
         ...
 
 
-@runtime_checkable
-class GatedSource(Protocol):
-    """A run plan's ``open_source`` (called with no arguments, it returns the source) that
-    the run calls only once :meth:`opened` allows: a feature that decides on the run's loop
-    whether to read the source at all (a cache fill, which may replay after all) holds it
-    there. The source it returns is read as any other."""
-
-    async def opened(self) -> bool:
-        """Wait for the feature's decision: ``False`` ends the source at once, never opened.
-
-        Cancellation:
-            Stops waiting; the source is not opened.
-        """
-        ...
+#: A run plan's ``gate`` (``RunPlan.gate``), awaited on the run's loop before the run reads
+#: its source or starts its merge's branches: ``False`` ends the source at once, never opened.
+#: A feature that decides on the run's loop whether to read the source at all (a cache fill,
+#: which may replay after all) holds it there; its wait is cancelled with the run (the
+#: source is then not opened).
+SourceGate: TypeAlias = Callable[[], Awaitable[bool]]
 
 
 @runtime_checkable
@@ -286,12 +278,9 @@ class Closable(Protocol):
         ...
 
 
-class ConsumerHook(Protocol):
-    """Per-run consumer-side hook built by a pipeline-level hook factory."""
-
-    def __call__(self, item: Any) -> Any: ...
-
-    def close(self) -> None: ...
+#: What a pipeline's hook factory (``with_hook``) builds per run: a :class:`ReceiveHook`, called
+#: on every item in the consumer's thread; a :class:`Closable` one is closed when its run ends.
+ConsumerHook: TypeAlias = ReceiveHook
 
 
 class MergeChooser(Protocol):

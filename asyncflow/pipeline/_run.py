@@ -218,7 +218,7 @@ class Run(Generic[T_co]):
     def reading(self) -> bool:
         """Whether a consumer is waiting for this run's next items now (a stop from
         another thread then leaves the run's error to it instead of reporting it)."""
-        return self._cursor.reading > 0
+        return self._cursor.refilling
 
     def _handoff(self) -> Handoff | None:
         """The run's hand-off, starting the run; ``None`` once it is closed. (The frames an

@@ -10,6 +10,7 @@ it was.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Any, TypeAlias, TypeVar
@@ -118,8 +119,6 @@ class SharedSource:
         info: dict[str, Any] = {"type": type(source).__name__}
         if self.is_factory:
             info["callable"] = getattr(source, "__qualname__", None) or type(source).__qualname__
-        try:
+        with contextlib.suppress(TypeError):  # a source without a length
             info["len"] = len(source)
-        except TypeError:
-            pass
         return info

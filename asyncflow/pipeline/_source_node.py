@@ -2,8 +2,8 @@
 the epoch) counted as it goes, leaving out the positions a resumed run has settled already
 (:class:`~asyncflow.pipeline._lineage.SourcePlan`): a sequence by slicing, an iterator by
 reading past them. An iterator that names its items' seed keys (``seeding.KeyedIterator``: a
-``Split`` share's) hands them to the run's stages in place of the positions. A
-:class:`~asyncflow.pipeline._protocols.GatedSource` is opened only once it allows."""
+``Split`` share's) hands them to the run's stages in place of the positions. A run plan's
+``gate`` holds the source unopened until it allows."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 from .._errors import ConfigError
 from ..workers import SOURCE_CHUNK, aclose_iterator, next_chunk
 from ._node import NodeContext, Receiver, Sender
-from ._protocols import GatedSource, KeyedIterator
+from ._protocols import KeyedIterator, SourceGate
 from ._stats import count_items, count_one
 
 __all__ = ["SourceNode"]
@@ -37,15 +37,18 @@ def _consume(it: Any, count: int) -> None:
 
 
 class SourceNode:
-    """Feeds the run from an iterable, an async iterable, or a zero-argument callable."""
+    """Feeds the run from an iterable, an async iterable, or a zero-argument callable, opened
+    once ``gate`` (if any) allows."""
 
-    def __init__(self, ctx: NodeContext, open_source: Callable[[], Any]) -> None:
+    def __init__(self, ctx: NodeContext, open_source: Callable[[], Any],
+                 gate: SourceGate | None = None) -> None:
         self.ctx = ctx
         self._open = open_source
+        self._gate = gate
         self.ledger = ctx.lineage.source  # its ordinals' positions (a resumed run skips some)
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
-        if isinstance(self._open, GatedSource) and not await self._open.opened():
+        if self._gate is not None and not await self._gate():
             return  # a feature decided that this run reads no source
         source = self._open()
         if hasattr(source, "__aiter__"):

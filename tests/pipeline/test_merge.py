@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import re
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,12 +270,21 @@ def test_a_gate_holds_the_branches_until_it_opens(leak_check: None) -> None:
         await asyncio.sleep(0.01)
         return True
 
-    merge = Merge([Pipeline(source, name="held")], RoundRobin())
-    closed = Pipeline(dataclasses.replace(merge, gate=shut))
+    class Held(Pipeline[int]):
+        """A merged pipeline whose run plan holds the merge at a gate (as a cache fill's)."""
+
+        def __init__(self, gate: Callable[[], Awaitable[bool]]) -> None:
+            super().__init__(Merge([Pipeline(source, name="held")], RoundRobin()))
+            self.gate = gate
+
+        def run_plan(self) -> RunPlan:
+            return dataclasses.replace(super().run_plan(), gate=self.gate)
+
+    closed = Held(shut)
     assert list(closed) == []
     assert opened == []  # its source was never opened
     assert closed.stats()["held/source"].items_out == 0
-    assert list(Pipeline(dataclasses.replace(merge, gate=later))) == list(range(5))
+    assert list(Held(later)) == list(range(5))
     assert opened == [1]
 
 

@@ -16,7 +16,6 @@ import pytest
 
 import asyncflow
 from asyncflow import ConfigError, Pipeline
-from asyncflow.cache._fill import Gate
 from asyncflow.pipeline import CustomSpec, RunPlan, StageSpec, seeding
 from asyncflow.pipeline import _protocols as hooks
 from asyncflow.pipeline._lineage import node_ledger
@@ -66,7 +65,6 @@ def test_the_sources_meet_their_protocols() -> None:
     assert isinstance(iter(share), hooks.KeyedIterator)
     assert seeding.KeyedIterator is hooks.KeyedIterator  # the public name stays
     assert not isinstance(range(3), hooks.ResumableSource | hooks.ListedSource | hooks.SplitShare)
-    assert isinstance(Gate(list, lambda: None), hooks.GatedSource)  # a cache fill's source
 
 
 def test_a_map_functions_markers() -> None:
@@ -172,7 +170,7 @@ def test_a_merge_policy_must_open() -> None:
 
 
 class _Gated:
-    """A run plan's source held until ``opened`` says whether to read it."""
+    """A run plan's source held until its ``gate`` (``opened``) says whether to read it."""
 
     def __init__(self, read: bool) -> None:
         self.read = read
@@ -186,16 +184,16 @@ class _Gated:
         return self.read
 
 
-def test_a_gated_source_is_opened_only_when_it_allows() -> None:
+def test_a_run_plans_gate_opens_the_source_only_when_it_allows() -> None:
     class Held(Pipeline):
         def __init__(self, gate: _Gated) -> None:
             super().__init__(range(0))
             self.gate = gate
 
         def run_plan(self) -> RunPlan:
-            return dataclasses.replace(super().run_plan(), open_source=self.gate)
+            return dataclasses.replace(super().run_plan(), open_source=self.gate,
+                                       gate=self.gate.opened)
 
     shut, read = _Gated(False), _Gated(True)
-    assert isinstance(shut, hooks.GatedSource) and not isinstance(list, hooks.GatedSource)
     assert list(Held(shut).map(lambda x: x + 1)) == [] and shut.opens == 0
     assert list(Held(read).map(lambda x: x + 1)) == [1, 2, 3, 4, 5] and read.opens == 1
