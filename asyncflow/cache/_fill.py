@@ -147,9 +147,10 @@ def cache_stage(source: CacheSource, gate: Gate, *, defer: bool, buffer: int | N
 
 def one_shot_guard(source: Any) -> Callable[[], None]:
     """The check a filling epoch makes before it reads upstream's ``source``: for an
-    iterator (read once), it raises ``ConfigError`` when a second one would read it again."""
-    one_shot = (hasattr(source, "__next__") and iter(source) is source) or hasattr(
-        source, "__anext__")
+    iterator (read once), it raises ``ConfigError`` when a second one would read it again.
+    A class (an iterator class too) is a factory: each epoch calls it for a fresh one."""
+    one_shot = not isinstance(source, type) and (
+        (hasattr(source, "__next__") and iter(source) is source) or hasattr(source, "__anext__"))
     opened = itertools.count()
 
     def check() -> None:

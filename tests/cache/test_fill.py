@@ -121,6 +121,31 @@ def test_an_iterator_upstream_is_not_read_twice(tmp_path: Path) -> None:
     assert not (tmp_path / "c").exists()
 
 
+class Upstream:
+    """An iterator class: the class itself is the upstream's factory (each call a fresh one)."""
+
+    def __init__(self) -> None:
+        self.left = iter(range(6))
+
+    def __iter__(self) -> Upstream:
+        return self
+
+    def __next__(self) -> tuple[np.ndarray, np.ndarray]:
+        return batch(next(self.left))
+
+
+def test_a_class_upstream_is_a_factory_read_again_by_a_later_filling_epoch(
+    tmp_path: Path
+) -> None:
+    pipe = Pipeline(Upstream).cache(tmp_path / "c", batched=True)
+    for i, _ in enumerate(pipe):
+        if i == 1:
+            break
+    del _
+    assert labels(pipe) == list(range(24)) and labels(pipe) == list(range(24))
+    assert leftovers(tmp_path / "c") == []
+
+
 def test_a_stage_of_upstream_failing_on_its_last_item_writes_nothing(
     tmp_path: Path, leak_check: None
 ) -> None:
