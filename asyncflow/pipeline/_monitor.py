@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .._errors import StallError
-from ._graph import Graph
 from ._node import NodeContext
 from ._options import RunOptions
 from ._stats import PipelineStats
@@ -23,14 +23,19 @@ _SAMPLE_EVERY = 0.05
 class Monitor:
     """Samples a run every 50 ms, on the run's loop.
 
-    Each sample adds every queue of ``graph`` to its average fill, notes how late the loop
-    woke up, cancels a stage that has had work in hand and produced nothing for the options'
-    ``stall_timeout`` seconds (recording a :class:`StallError` for it in :attr:`stalled`),
-    and logs the stats table every ``report_every`` seconds.
+    It watches a run's graph (``_graph.Graph``'s ``contexts``, ``outputs`` and running
+    ``tasks`` by context, read as they grow). Each sample adds every queue to its average
+    fill, notes how late the loop woke up, cancels a stage that has had work in hand and
+    produced nothing for the options' ``stall_timeout`` seconds (recording a
+    :class:`StallError` for it in :attr:`stalled`), and logs the stats table every
+    ``report_every`` seconds.
     """
 
-    def __init__(self, graph: Graph, options: RunOptions) -> None:
-        self.graph = graph
+    def __init__(
+        self, contexts: Sequence[NodeContext], outputs: Sequence[Any],
+        tasks: dict[Any, asyncio.Task[None]], options: RunOptions,
+    ) -> None:
+        self.contexts, self.outputs, self.tasks = contexts, outputs, tasks
         self.options = options
         self.stalled: dict[NodeContext, StallError] = {}
         #: The longest callback that held the run's loop (seconds).
@@ -41,16 +46,15 @@ class Monitor:
         logged every ``report_every`` seconds."""
         last = time.monotonic()
         next_report = last + (self.options.report_every or float("inf"))
-        graph = self.graph
         while True:
             await asyncio.sleep(_SAMPLE_EVERY)
             now = time.monotonic()
             # How late this wake-up came: the longest callback that held the loop meanwhile.
             self.loop_delay_max = max(self.loop_delay_max, now - last - _SAMPLE_EVERY)
             # the hand-off's fullness: whether the consumer keeps up
-            graph.contexts[-1].counters.full_area += graph.outputs[-1].fullness() * (now - last)
-            for index, ctx in enumerate(graph.contexts):
-                ctx.counters.fill_area += len(graph.outputs[index]) * (now - last)
+            self.contexts[-1].counters.full_area += self.outputs[-1].fullness() * (now - last)
+            for index, ctx in enumerate(self.contexts):
+                ctx.counters.fill_area += len(self.outputs[index]) * (now - last)
                 self._cancel_if_stalled(index, ctx, now)
             last = now
             if now >= next_report:
@@ -63,10 +67,10 @@ class Monitor:
             return
         counters = ctx.counters
         silent = now - counters.last_progress
-        output = self.graph.outputs[index]
+        output = self.outputs[index]
         if counters.in_flight and silent > stall and len(output) < output.capacity:
             self.stalled[ctx] = StallError(
                 f"stage {ctx.name!r} has had work in hand and produced nothing for "
                 f"{silent:.1f} s (stall_timeout={stall} s)"
             )
-            self.graph.tasks[ctx].cancel()
+            self.tasks[ctx].cancel()

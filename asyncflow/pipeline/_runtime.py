@@ -70,7 +70,7 @@ class Runtime:
         # the consumer surely has every item but those of the chunk it is working through
         self.lineage.follow(lambda: self.delivered - self.handoff.take_size)
         self.receive_hooks: list[ReceiveHook] = [h for c in graph.chain for h in c.receive_hooks]
-        self.monitor = Monitor(graph, options)
+        self.monitor = Monitor(graph.contexts, graph.outputs, graph.tasks, options)
         self.thread = threading.Thread(
             target=self._thread_main, name=f"asyncflow-{options.name}", daemon=True
         )
