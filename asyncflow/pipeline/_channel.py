@@ -268,8 +268,6 @@ class ChannelBase(abc.ABC):
 
     def _take_putters(self) -> list[asyncio.Future[None]]:
         """The writers to wake now that room came back: all of them re-check (lock held)."""
-        if not self._putters:
-            return []
         woken = list(self._putters)
         self._putters.clear()
         return woken

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .._errors import ConfigError
@@ -83,24 +84,13 @@ def apply_hooks(hooks: Sequence[ReceiveHook], items: list[Any]) -> list[Any]:
     return out
 
 
+@dataclass(slots=True)
 class ItemKeys:
     """A run's source's seed keys (``seeding.KeyedIterator``), shared by the stages in step
     with the source: set by the source node once it has opened its iterator."""
 
-    __slots__ = ("first", "key")
-
-    def __init__(self) -> None:
-        self.key: Callable[[int], int] | None = None
-        self.first = 0  # the source position of the iterator's item 0
-
-    def of(self, first: int, count: int) -> list[int] | None:
-        """The keys of source positions ``first, first + 1, ...`` (``None``: keyed by
-        position)."""
-        key = self.key
-        if key is None:
-            return None
-        start = first - self.first
-        return [key(i) for i in range(start, start + count)]
+    key: Callable[[int], int] | None = None
+    first: int = 0  # the source position of the iterator's item 0
 
 
 class NodeContext:
@@ -171,7 +161,11 @@ class NodeContext:
         (as :meth:`positions` gives them), when the source names them
         (``seeding.KeyedIterator``) and the stage is in step with it; ``None`` otherwise: the
         positions are the keys."""
-        return self.item_keys.of(first, count) if self.in_step else None
+        keys = self.item_keys
+        if keys.key is None or not self.in_step:
+            return None
+        start, key = first - keys.first, keys.key
+        return [key(i) for i in range(start, start + count)]
 
     def run_sync(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run ``fn(*args)`` on the run's worker threads (or the stage's executor).
