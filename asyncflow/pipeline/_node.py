@@ -140,8 +140,7 @@ class NodeContext:
         :attr:`start`), and how many of the ``count`` items from it have consecutive
         positions (a resumed run leaves settled positions out). For a stage in step with the
         source; any other gets ``(taken, count)``."""
-        plan = self.lineage.source.plan
-        if not self.in_step or not plan.skip.ranges:
+        if not self.in_step:
             return taken, count
         ordinal = taken - self.start
         low, high = self.lineage.source.positions(ordinal, ordinal + count)[0]
