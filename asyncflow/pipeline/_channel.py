@@ -31,16 +31,14 @@ ALL = 1 << 62
 
 
 def nbytes_of(obj: Any, depth: int = 0) -> int:
-    """The bytes an item holds, as far as can be told cheaply: ``nbytes`` of arrays and
-    tensors, the length of ``bytes`` and ``str``, summed over tuples, lists and dict values
-    (three levels deep); 0 for anything else."""
+    """The bytes an item holds, as far as can be told cheaply: ``nbytes`` of arrays, tensors
+    and memoryviews, the length of ``bytes`` and ``str``, summed over tuples, lists and dict
+    values (three levels deep); 0 for anything else."""
     n = getattr(obj, "nbytes", None)
     if isinstance(n, int):
         return n
     if isinstance(obj, bytes | bytearray | str):
         return len(obj)
-    if isinstance(obj, memoryview):
-        return obj.nbytes
     if depth < 3:
         if isinstance(obj, tuple | list):
             return sum(nbytes_of(x, depth + 1) for x in obj)
@@ -268,8 +266,6 @@ class ChannelBase(abc.ABC):
 
     def _take_putters(self) -> list[asyncio.Future[None]]:
         """The writers to wake now that room came back: all of them re-check (lock held)."""
-        if not self._putters:
-            return []
         woken = list(self._putters)
         self._putters.clear()
         return woken

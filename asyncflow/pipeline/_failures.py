@@ -30,10 +30,6 @@ class FailureBudget:
             has seen. A fraction is checked with a grace of one failure while few items have
             been seen, and exactly at the end of the stream.
         stage: The stage's name, for logs and errors.
-
-    Attributes:
-        records: The stage's failure records (the run shares its counters' list here), which
-            :class:`~asyncflow.FailureBudgetExceeded` carries.
     """
 
     _LOGGED_IN_FULL = 5
@@ -45,7 +41,6 @@ class FailureBudget:
         self._logged = 0
         self._unlogged = 0
         self._last_summary = time.monotonic()
-        self.records: Sequence[FailureRecord] = ()
 
     def allows(self, failures: int, seen: int) -> bool:
         """Whether ``failures`` out of ``seen`` items are still within the budget."""
@@ -55,26 +50,27 @@ class FailureBudget:
             return failures <= max(1.0, self.limit * seen)
         return failures <= self.limit
 
-    def check_end(self, failures: int, seen: int) -> None:
+    def check_end(self, failures: int, seen: int, records: Sequence[FailureRecord]) -> None:
         """At the end of the stream: raise if the budget is exceeded or every item failed.
 
+        Args:
+            failures: The items that failed.
+            seen: The items the stage took.
+            records: The stage's failure records (each item and message redacted as the
+                record was made), which the error carries.
+
         Raises:
-            FailureBudgetExceeded: Carrying the stage's failure records.
+            FailureBudgetExceeded: Carrying ``records``.
         """
         if seen and failures == seen:
-            raise self._exceeded(
-                f"stage {self.stage!r}: every one of its {seen} items failed; "
-                "an epoch that yields nothing is treated as an error"
-            )
-        if isinstance(self.limit, float) and failures > self.limit * seen:
-            raise self._exceeded(
-                f"stage {self.stage!r}: {failures} of {seen} items failed "
-                f"({failures / seen:.1%}), over the budget of {self.limit:.1%}"
-            )
-
-    def _exceeded(self, message: str) -> FailureBudgetExceeded:
-        # each record's item and message were redacted as it was made
-        return FailureBudgetExceeded(message, stage=self.stage, failures=self.records)
+            message = (f"stage {self.stage!r}: every one of its {seen} items failed; "
+                       "an epoch that yields nothing is treated as an error")
+        elif isinstance(self.limit, float) and failures > self.limit * seen:
+            message = (f"stage {self.stage!r}: {failures} of {seen} items failed "
+                       f"({failures / seen:.1%}), over the budget of {self.limit:.1%}")
+        else:
+            return
+        raise FailureBudgetExceeded(message, stage=self.stage, failures=records)
 
     def log_skip(self, item: str, exc: BaseException) -> None:
         """Log a skipped item: the first few in full, then a periodic count."""

@@ -77,8 +77,6 @@ def short_digest(data: bytes | bytearray | memoryview) -> str:
     """The first 16 hex digits of ``data``'s SHA-256, fed in pieces under 2 KiB: hashlib lets
     go of the GIL for a longer one, and taking it back while the run's threads work can cost
     a switch interval (5 ms)."""
-    if len(data) <= 2000:  # the common case, in one call
-        return hashlib.sha256(data).hexdigest()[:16]
     digest = hashlib.sha256()
     view = memoryview(data).cast("B")
     for start in range(0, len(view), 2000):

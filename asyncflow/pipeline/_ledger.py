@@ -86,7 +86,8 @@ class Ledger(abc.ABC):
 
 
 class Passthrough(Ledger):
-    """Output ``n`` is input ``n`` (prefetch, an ordered map that cannot skip items)."""
+    """Output ``n`` is input ``n`` (``prefetch``; an ordered map that cannot skip items has
+    a :class:`MapLedger` with ``identity``, which answers the same)."""
 
     def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
         return outputs

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+from dataclasses import InitVar, dataclass, field
 from typing import Any, TypeVar
 
 from .._errors import ConfigError
@@ -83,28 +84,18 @@ def apply_hooks(hooks: Sequence[ReceiveHook], items: list[Any]) -> list[Any]:
     return out
 
 
+@dataclass(slots=True)
 class ItemKeys:
     """A run's source's seed keys (``seeding.KeyedIterator``), shared by the stages in step
     with the source: set by the source node once it has opened its iterator."""
 
-    __slots__ = ("first", "key")
-
-    def __init__(self) -> None:
-        self.key: Callable[[int], int] | None = None
-        self.first = 0  # the source position of the iterator's item 0
-
-    def of(self, first: int, count: int) -> list[int] | None:
-        """The keys of source positions ``first, first + 1, ...`` (``None``: keyed by
-        position)."""
-        key = self.key
-        if key is None:
-            return None
-        start = first - self.first
-        return [key(i) for i in range(start, start + count)]
+    key: Callable[[int], int] | None = None
+    first: int = 0  # the source position of the iterator's item 0
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class NodeContext:
-    """Everything a node of one run may use.
+    """Everything a node of one run may use (a context is compared and hashed by identity).
 
     Attributes:
         name: The stage's unique name in this run.
@@ -116,51 +107,40 @@ class NodeContext:
         epoch: How many runs of this pipeline started before this one.
     """
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        index: int,
-        counters: StageCounters,
-        budget: FailureBudget,
-        pool: WorkerPool,
-        stop: threading.Event,
-        scope: RunScope,
-        epoch: int,
-        executor: Executor | None = None,
-    ) -> None:
-        self.name = name
-        self.index = index
-        self.counters = counters
-        self.budget = budget
-        self.stop = stop
-        self.scope = scope
-        self.epoch = epoch
-        self.executor = executor
-        self._pool = pool
-        #: The stage's worker processes (a ``ProcessPool``), when it runs on processes.
-        self.processes: Any = None
-        #: The position in the epoch of the stage's first input item (non-zero when a resumed
-        #: run starts part-way and the stages before map source items 1:1).
-        self.start = 0
-        self.receive_hooks: list[ReceiveHook] = []
-        self.stop_callbacks: list[Callable[[], None]] = []
-        #: The run's lineage (``_lineage.py``): where the node's ledger, if any, belongs.
-        self.lineage = Lineage()
-        #: Whether the stages before this one map source items 1:1, in order.
-        self.in_step = False
-        #: The source's seed keys (shared by the stages of a run's chain).
-        self.item_keys = ItemKeys()
-        #: The run's window (``Pipeline(window=...)``), for a stage of the run's own chain.
-        self.window: Window | None = None
+    name: str
+    index: int
+    counters: StageCounters
+    budget: FailureBudget
+    pool: InitVar[WorkerPool]
+    stop: threading.Event
+    scope: RunScope
+    epoch: int
+    executor: Executor | None = None
+    #: The stage's worker processes (a ``ProcessPool``), when it runs on processes.
+    processes: Any = None
+    #: The position in the epoch of the stage's first input item (non-zero when a resumed
+    #: run starts part-way and the stages before map source items 1:1).
+    start: int = 0
+    receive_hooks: list[ReceiveHook] = field(default_factory=list)
+    stop_callbacks: list[Callable[[], None]] = field(default_factory=list)
+    #: The run's lineage (``_lineage.py``): where the node's ledger, if any, belongs.
+    lineage: Lineage = field(default_factory=Lineage)
+    #: Whether the stages before this one map source items 1:1, in order.
+    in_step: bool = False
+    #: The source's seed keys (shared by the stages of a run's chain).
+    item_keys: ItemKeys = field(default_factory=ItemKeys)
+    #: The run's window (``Pipeline(window=...)``), for a stage of the run's own chain.
+    window: Window | None = None
+
+    def __post_init__(self, pool: WorkerPool) -> None:
+        self._pool = pool  # the run's threads, which run_sync submits to
 
     def positions(self, taken: int, count: int) -> tuple[int, int]:
         """The source position of the stage's input item ``taken`` (counted from
         :attr:`start`), and how many of the ``count`` items from it have consecutive
         positions (a resumed run leaves settled positions out). For a stage in step with the
         source; any other gets ``(taken, count)``."""
-        plan = self.lineage.source.plan
-        if not self.in_step or not plan.skip.ranges:
+        if not self.in_step:
             return taken, count
         ordinal = taken - self.start
         low, high = self.lineage.source.positions(ordinal, ordinal + count)[0]
@@ -171,7 +151,11 @@ class NodeContext:
         (as :meth:`positions` gives them), when the source names them
         (``seeding.KeyedIterator``) and the stage is in step with it; ``None`` otherwise: the
         positions are the keys."""
-        return self.item_keys.of(first, count) if self.in_step else None
+        keys = self.item_keys
+        if keys.key is None or not self.in_step:
+            return None
+        start, key = first - keys.first, keys.key
+        return [key(i) for i in range(start, start + count)]
 
     def run_sync(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run ``fn(*args)`` on the run's worker threads (or the stage's executor).

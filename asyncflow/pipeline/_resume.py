@@ -215,12 +215,11 @@ def load_state(
     epoch = check_int("the state's epoch", state["epoch"], 0)
     positions = Span.from_json(state["positions"], "the state's positions", _length(source))
     _check_body(state, stages, positions, isinstance(source, ResumableSource))
-    nodes = state["nodes"]
     first = 0
     if isinstance(source, ResumableSource):
         source.load_state_dict({**state["sampler"], "offset": positions.mark})
         first = positions.mark
-    return epoch, SourcePlan(first=first, skip=positions, nodes=nodes)
+    return epoch, SourcePlan(first=first, skip=positions, nodes=state["nodes"])
 
 
 def _check_body(state: dict[str, Any], stages: Sequence[StageSpec],

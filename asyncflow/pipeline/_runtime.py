@@ -295,11 +295,11 @@ class Runtime:
                     raise
 
     async def _run_node(self, ctx: NodeContext, node: Any, inp: Any, out: Any) -> None:
-        ctx.budget.records = ctx.counters.records  # FailureBudgetExceeded carries them
         try:
             await node.run(inp, out)
             # every stage's failure budget, at its end (every item failed; a fraction over)
-            ctx.budget.check_end(ctx.counters.failures, ctx.counters.items_in)
+            counters = ctx.counters
+            ctx.budget.check_end(counters.failures, counters.items_in, counters.records)
         except asyncio.CancelledError:
             stall = self.monitor.stalled.get(ctx)
             if stall is None or self.stop_event.is_set():

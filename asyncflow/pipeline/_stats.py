@@ -276,7 +276,4 @@ def find_bottleneck(stages: tuple[StageStats, ...], output_fullness: float) -> s
     busiest = max(range(len(stages)), key=lambda i: stages[i].utilization)
     if stages[busiest].utilization <= 0:
         return None
-    for stage in stages[busiest:]:
-        if not stage.internal:
-            return stage.name
-    return stages[busiest].name
+    return next((s.name for s in stages[busiest:] if not s.internal), stages[busiest].name)

@@ -343,8 +343,8 @@ class LanesIterator(EpochIterator):
         """At the epoch's end: a fraction of failed batches over the budget, or every batch
         failed, fails the epoch (:meth:`FailureBudget.check_end`)."""
         if self._budget is not None and self._current():
-            self._budget.records = self.stats().failures
-            self._budget.check_end(sum(self.lanes.failures), sum(self.lanes.received))
+            self._budget.check_end(sum(self.lanes.failures), sum(self.lanes.received),
+                                   self.stats().failures)
 
     def _count(self, item: Positioned) -> None:
         self._state.delivered += 1
