@@ -46,14 +46,6 @@ def _expand_start(
     return (it, *next_chunk(it, limit))
 
 
-class _Slot:
-    __slots__ = ("channel", "error")
-
-    def __init__(self, capacity: int) -> None:
-        self.channel = Channel(capacity)
-        self.error: BaseException | None = None
-
-
 @node_for(FlatMapSpec)
 class FlatMapNode:
     """``flat_map``: each item becomes the items of the (async) iterable ``fn`` returns
@@ -78,8 +70,8 @@ class FlatMapNode:
             async with asyncio.TaskGroup() as tg:
                 for _ in range(concurrency):
                     tg.create_task(self._direct_worker(inp, out))
-        else:  # each item's expansion into a slot of its own, emitted in input order
-            slots: asyncio.Queue[_Slot | None] = asyncio.Queue()
+        else:  # each item's expansion into a channel of its own, emitted in input order
+            slots: asyncio.Queue[Channel | None] = asyncio.Queue()
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._emitter(slots, out))
                 async with asyncio.TaskGroup() as workers:
@@ -160,30 +152,31 @@ class FlatMapNode:
                 self.ledger.end(ordinal)
         return bool(items)
 
-    async def _slot_worker(self, inp: Receiver, slots: asyncio.Queue[_Slot | None]) -> None:
+    async def _slot_worker(self, inp: Receiver, slots: asyncio.Queue[Channel | None]) -> None:
         while items := await inp.get_many(1):
             self.ctx.counters.items_in += count_items(items)
             self.ledger.begin()  # its ordinal is its slot's place in the queue
-            slot = _Slot(self.ctx.counters.capacity)
+            slot = Channel(self.ctx.counters.capacity)
             slots.put_nowait(slot)  # with no await since the get: slots follow the items
             try:
-                await self._expand(items[0], slot.channel, None)
+                await self._expand(items[0], slot, None)
             except Exception as exc:
-                slot.error = exc  # raised by the emitter once earlier items are out
+                slot.close(exc)  # raised by the emitter once earlier items are out
                 return
             finally:
-                slot.channel.close()
+                slot.close()  # (a slot closed with an error keeps it)
 
-    async def _emitter(self, slots: asyncio.Queue[_Slot | None], out: Sender) -> None:
+    async def _emitter(self, slots: asyncio.Queue[Channel | None], out: Sender) -> None:
         ticket = 0
         while (slot := await slots.get()) is not None:
-            while values := await slot.channel.get_many(_DRAIN):
+            while values := await slot.get_many(_DRAIN):
                 values = self.ledger.keep(ticket, values)
                 if values:
                     await out.put_many(values)
             self.ledger.end(ticket)
-            if slot.error is not None:
-                raise slot.error
+            error = slot.take_pending()  # what its expansion raised, if it failed
+            if error is not None:
+                raise error
             ticket += 1
 
 
