@@ -41,7 +41,7 @@ def _expand_start(
     """Call a flat_map function and take the first chunk of its result (on a worker)."""
     result = fn(item)
     if hasattr(result, "__aiter__"):
-        return result, [], False, None
+        return aiter(result), [], False, None
     it = iter(result)
     return (it, *next_chunk(it, limit))
 
@@ -103,7 +103,7 @@ class FlatMapNode:
                 result = self.spec.fn(item)
                 if inspect.isawaitable(result):
                     result = await result
-                it = result if hasattr(result, "__aiter__") else iter(result)
+                it = aiter(result) if hasattr(result, "__aiter__") else iter(result)
                 chunk, done, error = list[Any](), False, None
             else:
                 it, chunk, done, error = await ctx.run_sync(
