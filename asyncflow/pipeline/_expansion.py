@@ -159,11 +159,9 @@ class SplitLedger(Ledger):
                           for key, span in self.partial.items())
             text = '{"partial":[' + ",".join([entry[3] for entry in listed]) + "]}"
             rows = self._rows = (self._version, listed, text)
-        # new lists each time: the caller may keep or change what it is given (most keys
-        # and settled indices are one pair, or none: made without a call)
-        return [{"input": [[*key[0]]] if len(key) == 1 else list(map(list, key)),
-                 "done": {"mark": mark, "ranges": [] if not ranges else [[*ranges[0]]]
-                          if len(ranges) == 1 else list(map(list, ranges))}}
+        # new lists each time: the caller may keep or change what it is given
+        return [{"input": [list(pair) for pair in key],
+                 "done": {"mark": mark, "ranges": [list(pair) for pair in ranges]}}
                 for key, mark, ranges, _ in rows[1]], rows[2]
 
     def _entry(self, o: int) -> _Entry:
