@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from .._errors import ConfigError
@@ -104,26 +105,21 @@ class SplitLedger(Ledger):
         return min(self.sources[max(0, ordinal - self.first_out):], default=self.taken)
 
     def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
-        first, sources, indices = self.first_out, self.sources, self.indices
-        listed = len(sources)
         got, entries, open_ = self._got, self._entries, self.open
         touched, self._ended = self._ended, []
         if touched or outputs:
             self._version += 1
-        for a, b in outputs:
-            low, high = max(a - first, 0), min(b - first, listed)
-            if low >= high:
-                continue
-            for o, j in zip(sources[low:high], indices[low:high], strict=True):
-                known = got.get(o)
-                if known is None:
-                    got[o] = [j]
-                else:
-                    known.append(j)
-                entries.pop(o, None)
-                touched.append(o)
+        for o, j in self._made(outputs):
+            known = got.get(o)
+            if known is None:
+                got[o] = [j]
+            else:
+                known.append(j)
+            entries.pop(o, None)
+            touched.append(o)
         if self.batch is not None:  # element ``j`` of batch ``o`` is its input o * size + j
-            self.batch.elements += self._elements(outputs, self.batch.size)
+            size = self.batch.size
+            self.batch.elements += runs([o * size + j for o, j in self._made(outputs)])
         settled = []
         for o in set(touched):
             state = open_.get(o)
@@ -134,21 +130,18 @@ class SplitLedger(Ledger):
                 entries.pop(o, None)
                 self._keys.pop(o, None)
                 self._skipping.discard(o)
-        drop = min(listed, mark - first)
+        drop = min(len(self.sources), mark - self.first_out)
         if drop > 0:
-            del sources[:drop], indices[:drop]
+            del self.sources[:drop], self.indices[:drop]
             self.first_out += drop
         return runs(settled)
 
-    def _elements(self, outputs: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
-        """The batch's inputs that ``outputs`` are (``batch().unbatch()``)."""
+    def _made(self, outputs: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+        """The input and index of each output in ``outputs`` (ordinal ranges) still listed."""
         first, listed = self.first_out, len(self.sources)
-        elements = []
         for a, b in outputs:
             low, high = max(a - first, 0), min(b - first, listed)
-            elements += [o * size + j for o, j in zip(self.sources[low:high],
-                                                      self.indices[low:high], strict=True)]
-        return runs(elements)
+            yield from zip(self.sources[low:high], self.indices[low:high], strict=True)
 
     def _settled_partials(self) -> tuple[list[dict[str, Any]], str]:
         """The inputs expanded in part, and their canonical JSON text
@@ -166,11 +159,9 @@ class SplitLedger(Ledger):
                           for key, span in self.partial.items())
             text = '{"partial":[' + ",".join([entry[3] for entry in listed]) + "]}"
             rows = self._rows = (self._version, listed, text)
-        # new lists each time: the caller may keep or change what it is given (most keys
-        # and settled indices are one pair, or none: made without a call)
-        return [{"input": [[*key[0]]] if len(key) == 1 else list(map(list, key)),
-                 "done": {"mark": mark, "ranges": [] if not ranges else [[*ranges[0]]]
-                          if len(ranges) == 1 else list(map(list, ranges))}}
+        # new lists each time: the caller may keep or change what it is given
+        return [{"input": [list(pair) for pair in key],
+                 "done": {"mark": mark, "ranges": [list(pair) for pair in ranges]}}
                 for key, mark, ranges, _ in rows[1]], rows[2]
 
     def _entry(self, o: int) -> _Entry:

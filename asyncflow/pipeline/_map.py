@@ -45,27 +45,25 @@ class MapNode:
 
     def __init__(self, ctx: NodeContext, spec: MapSpec) -> None:
         self.ctx = ctx
-        # Results in workers' hands stay within half the output queue's capacity, so memory
-        # stays bounded by the queues however cheap the function is.
-        # (an ordered stage holds up to 2 x concurrency chunks: those in workers and those
-        # waiting in its reorder buffer).
-        self.processes = ctx.processes
+        self.fn = spec.fn
+        self.filter = spec.mode == "filter"
+        worker = spec.traits.worker
+        self.is_async = worker == "loop"
+        self.processes = ctx.processes  # a ``ProcessPool`` when ``worker == "processes"``
+        self.remote = isinstance(spec.executor, ProcessPoolExecutor)
         # With worker processes, several chunks per worker: one running, the next ones in its
         # pipe, so that a worker has work in hand while the parent's loop waits for the GIL
         # (a training step's Python holds it for milliseconds at a time).
-        concurrency = spec.concurrency * (_PER_PROCESS if self.processes is not None else 1)
-        holders = 2 * concurrency * (2 if spec.ordered and concurrency > 1 else 1)
-        self.fn = spec.fn
-        self.filter = spec.mode == "filter"
-        self.ordered = spec.ordered
+        concurrency = spec.concurrency * (_PER_PROCESS if worker == "processes" else 1)
         self.concurrency = concurrency
-        self.is_async = spec.is_async
-        self.remote = isinstance(spec.executor, ProcessPoolExecutor)
+        reordered = spec.ordered and concurrency > 1
+        self._reorder = Reorder(self._emit, 2 * concurrency) if reordered else None
         self._taken = ctx.start  # an item's position in the stage's input (its seed)
-        self._reorder = Reorder(self._emit, 2 * self.concurrency) if (
-            spec.ordered and self.concurrency > 1
-        ) else None
         self._checked = False
+        # Results in workers' hands stay within half the output queue's capacity, so memory
+        # stays bounded by the queues however cheap the function is (an ordered stage holds
+        # up to 2 x concurrency chunks: those in workers and those in its reorder buffer).
+        holders = 2 * concurrency * (2 if reordered else 1)
         # With a byte budget on the output, what workers hold in hand stays within half of
         # it too: chunks shrink as the measured output size per item grows.
         max_bytes = getattr(ctx.counters.output, "max_bytes", None)
@@ -78,8 +76,7 @@ class MapNode:
         )
         self.chunking = Chunking(
             max(1, min(_MAX_CHUNK, ctx.counters.capacity // holders)), max_bytes, holders,
-            self._hand, may_inline=(not self.is_async and self.processes is None
-                                    and spec.executor is None and runs_inline(spec.fn)),
+            self._hand, may_inline=worker == "threads" and runs_inline(spec.fn),
         )
         # state: which inputs each output came from, recorded before it is put out; concurrent
         # workers emit one at a time, so that the records follow the output order
@@ -89,10 +86,7 @@ class MapNode:
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
-        if self.is_async:
-            worker = self._async_chunks if self.concurrency == 1 else self._async_worker
-        else:
-            worker = self._sync_worker
+        worker = self._async_worker if self.is_async else self._sync_worker
         if self.processes is not None:
             await self.ctx.run_sync(self.processes.start)
         if self.concurrency == 1:
@@ -105,15 +99,14 @@ class MapNode:
 
     def _check_result(self, values: list[Any]) -> None:
         self._checked = True
-        for value in values:
-            if inspect.iscoroutine(value):
-                for other in values:
-                    if inspect.iscoroutine(other):
-                        other.close()
-                raise ConfigError(
-                    f"stage {self.ctx.name!r}: the function returned a coroutine; declare it "
-                    "with `async def` so that it runs on the event loop"
-                )
+        coroutines = [value for value in values if inspect.iscoroutine(value)]
+        if coroutines:
+            for coroutine in coroutines:
+                coroutine.close()  # never awaited: closed without a warning
+            raise ConfigError(
+                f"stage {self.ctx.name!r}: the function returned a coroutine; declare it "
+                "with `async def` so that it runs on the event loop"
+            )
 
     def _outputs(self, items: list[Any], values: list[Any], upto: int, clean: bool) -> list[Any]:
         if self.filter:
@@ -223,56 +216,35 @@ class MapNode:
         return True
 
     async def _async_worker(self, inp: Receiver, out: Sender) -> None:
-        while await self._async_one(inp, out):  # one call per item: see _sync_worker
-            pass
+        """An async function, awaited directly: a chunk at a time by a lone worker, an item at
+        a time by each of several.
 
-    async def _async_one(self, inp: Receiver, out: Sender) -> bool:
-        """Take, await and hand on one item; ``False`` at the end of the input."""
-        ticket, items = await self._take(inp, 1)
-        if not items:
-            return False
-        counters = self.ctx.counters
-        counters.in_flight += 1
-        start = time.perf_counter()
-        try:
-            value = self.fn(items[0])
-            if inspect.isawaitable(value):
-                value = await value
-            result: _Single = (items, [value], [])
-        except Exception as exc:
-            result = (items, [FAILED], [(0, exc)])
-        finally:
-            counters.in_flight -= 1
-            counters.busy += time.perf_counter() - start
-        await self._deliver(ticket, result, out)
-        return True
-
-    async def _async_chunks(self, inp: Receiver, out: Sender) -> None:
-        """An async function at ``concurrency=1``: awaited directly, a chunk at a time.
-
-        A call that completes without suspending costs no wake-up at all. Before the chunk
-        waits on a call that does suspend, the results done so far are handed on if the
-        output has room now, so that a slow or stuck call never holds back finished items.
+        A call that completes without suspending costs no wake-up at all. Before a lone
+        worker's chunk waits on a call that does suspend, the results done so far are handed
+        on if the output has room now, so that a slow or stuck call never holds back finished
+        items.
 
         Cancellation:
             Cancels the call in progress; the chunk's other items are dropped (the run is
             stopping).
         """
-        offer = getattr(out, "try_put_many", None)
-        carry: list[Any] = []  # items taken but not yet run (a chunk cut short)
+        alone = self.concurrency == 1  # its outputs in order with no reorder buffer or lock
+        offer = getattr(out, "try_put_many", None) if alone else None
+        ticket, carry = 0, list[Any]()  # items taken but not yet run (a chunk cut short)
         while True:
             if not carry:
-                carry = (await self._take(inp, self.chunking.size))[1]
+                ticket, carry = await self._take(inp, self.chunking.size if alone else 1)
                 if not carry:
                     return
             # the chunk lives in that call only (see _sync_worker); what it returns is left
-            carry = await self._async_chunk(carry, out, offer)
+            carry = await self._async_chunk(carry, ticket, out, offer)
 
     async def _async_chunk(
-        self, items: list[Any], out: Sender, offer: Callable[[list[Any]], bool] | None
+        self, items: list[Any], ticket: int, out: Sender,
+        offer: Callable[[list[Any]], bool] | None,
     ) -> list[Any]:
-        """Run and hand on ``items`` (see :meth:`_async_chunks`); return the items left to
-        run when the chunk was cut short."""
+        """Run and hand on ``items``, taken as ``ticket`` (see :meth:`_async_worker`); return
+        the items left to run when the chunk was cut short."""
         counters, fn, perf_counter = self.ctx.counters, self.fn, time.perf_counter
         carry: list[Any] = []
         values: list[Any] = []
@@ -309,7 +281,9 @@ class MapNode:
             elapsed = perf_counter() - start
             counters.busy += elapsed
         self.chunking.adapt(elapsed, end)
-        await self._emit(items[base:end], values, failures, out)
+        if base or end < len(items):  # else the very list taken, which an unordered
+            items = items[base:end]  # ledger knows its chunk by (``MapLedger.take``)
+        await self._deliver(ticket, (items, values, failures), out)
         return carry
 
     def _offer(

@@ -7,7 +7,6 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..workers import settle, settle_all
 from ._protocols import Sender
 
 __all__ = ["Reorder"]
@@ -30,8 +29,8 @@ class Reorder:
         self.ready: dict[int, Any] = {}
         self.taken = 0
         self.emitted = 0
-        self._wake_emitter: asyncio.Future[None] | None = None
-        self._room_waiters: list[asyncio.Future[None]] = []
+        self._ready = asyncio.Event()  # set as the next ticket's result or a worker's end comes
+        self._room = asyncio.Event()  # set as a ticket is emitted
 
     def ticket(self) -> int:
         """The next ticket, for items just taken (no await since): tickets follow items."""
@@ -40,30 +39,24 @@ class Reorder:
 
     async def room(self) -> None:
         while self.taken - self.emitted >= self.window:
-            fut = asyncio.get_running_loop().create_future()
-            self._room_waiters.append(fut)
-            await fut
+            self._room.clear()
+            await self._room.wait()
 
     def put(self, ticket: int, result: Any) -> None:
         self.ready[ticket] = result
         if ticket == self.emitted:
-            self._wake()
-
-    def _wake(self) -> None:
-        fut, self._wake_emitter = self._wake_emitter, None
-        if fut is not None:
-            settle(fut)
+            self._ready.set()
 
     async def emit_all(self, workers: list[asyncio.Task[None]], out: Sender) -> None:
         for worker in workers:
-            worker.add_done_callback(lambda _: self._wake())
+            worker.add_done_callback(lambda _: self._ready.set())
         while True:
             if await self._emit_next(out):
                 continue
             if all(w.done() for w in workers) and self.emitted >= self.taken:
                 return
-            self._wake_emitter = asyncio.get_running_loop().create_future()
-            await self._wake_emitter
+            self._ready.clear()
+            await self._ready.wait()
 
     async def _emit_next(self, out: Sender) -> bool:
         """Emit the next result in order if it is ready. The result is a local of this call
@@ -74,6 +67,5 @@ class Reorder:
         items, values, failures = result
         await self.emit(items, values, failures, out)
         self.emitted += 1
-        waiters, self._room_waiters = self._room_waiters, []
-        settle_all(waiters)
+        self._room.set()
         return True

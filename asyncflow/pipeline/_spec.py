@@ -19,21 +19,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BatchSpec", "FlatMapSpec", "MapSpec", "PrefetchSpec", "ShuffleSpec",
-    "StageSpec", "UnbatchSpec", "fn_name",
-    "is_async_callable", "stage_names", "unique_names",
+    "StageSpec", "UnbatchSpec", "fn_name", "stage_names", "unique_names",
 ]
-
-
-def is_async_callable(fn: Any) -> bool:
-    """True for coroutine functions, partials of them and objects with ``async __call__``."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
-        return True
-    call = getattr(fn, "__call__", None)  # noqa: B004
-    return call is not None and (
-        inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
-    )
 
 
 def fn_name(fn: Any) -> str:
@@ -239,7 +226,13 @@ class MapSpec(StageSpec):
 
     @property
     def is_async(self) -> bool:
-        return is_async_callable(self.fn)
+        """Whether ``fn`` runs on the loop: a coroutine or async generator function, a partial
+        of one, or an object whose ``__call__`` is one."""
+        fn = self.fn
+        while isinstance(fn, functools.partial):
+            fn = fn.func
+        return any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
+                   for f in (fn, getattr(fn, "__call__", None)))  # noqa: B004
 
     def default_name(self) -> str:
         name = fn_name(self.fn)

@@ -41,17 +41,9 @@ def _expand_start(
     """Call a flat_map function and take the first chunk of its result (on a worker)."""
     result = fn(item)
     if hasattr(result, "__aiter__"):
-        return result, [], False, None
+        return aiter(result), [], False, None
     it = iter(result)
     return (it, *next_chunk(it, limit))
-
-
-class _Slot:
-    __slots__ = ("channel", "error")
-
-    def __init__(self, capacity: int) -> None:
-        self.channel = Channel(capacity)
-        self.error: BaseException | None = None
 
 
 @node_for(FlatMapSpec)
@@ -61,31 +53,29 @@ class FlatMapNode:
 
     def __init__(self, ctx: NodeContext, spec: FlatMapSpec) -> None:
         self.ctx = ctx
-        self.fn = spec.fn
-        self.ordered = spec.ordered
-        self.concurrency = spec.concurrency
+        self.spec = spec
         self.is_async = spec.is_async
-        self.capacity = ctx.counters.capacity
         self.ledger = SplitLedger()
         # workers that put out directly record and put one at a time: a put that waits
         # for room must not let another's items in between its own
         self._put_lock: contextlib.AbstractAsyncContextManager[Any] = (
-            asyncio.Lock() if self.concurrency > 1 and not self.ordered
+            asyncio.Lock() if spec.concurrency > 1 and not spec.ordered
             else contextlib.nullcontext())
         ctx.counters.label(spec.fn)
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
-        if self.concurrency == 1 or not self.ordered:
+        concurrency = self.spec.concurrency
+        if concurrency == 1 or not self.spec.ordered:
             async with asyncio.TaskGroup() as tg:
-                for _ in range(self.concurrency):
+                for _ in range(concurrency):
                     tg.create_task(self._direct_worker(inp, out))
-        else:  # each item's expansion into a slot of its own, emitted in input order
-            slots: asyncio.Queue[_Slot | None] = asyncio.Queue()
+        else:  # each item's expansion into a channel of its own, emitted in input order
+            slots: asyncio.Queue[Channel | None] = asyncio.Queue()
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._emitter(slots, out))
                 async with asyncio.TaskGroup() as workers:
-                    for _ in range(self.concurrency):
+                    for _ in range(concurrency):
                         workers.create_task(self._slot_worker(inp, slots))
                 slots.put_nowait(None)  # no more slots
 
@@ -102,20 +92,22 @@ class FlatMapNode:
         self.ctx.produced(count_items(values))
 
     async def _expand(self, item: Any, out: Sender, ordinal: int | None) -> None:
+        """Put out the items ``fn(item)`` makes; a failure of the item's is counted against
+        the budget (:meth:`NodeContext.item_failed` raises once it is exceeded)."""
         ctx = self.ctx
         start = time.perf_counter()
         ctx.counters.chunks += 1
         ctx.counters.in_flight += 1
         try:
             if self.is_async:
-                result = self.fn(item)
+                result = self.spec.fn(item)
                 if inspect.isawaitable(result):
                     result = await result
-                it = result if hasattr(result, "__aiter__") else iter(result)
+                it = aiter(result) if hasattr(result, "__aiter__") else iter(result)
                 chunk, done, error = list[Any](), False, None
             else:
                 it, chunk, done, error = await ctx.run_sync(
-                    _expand_start, self.fn, item, SOURCE_CHUNK
+                    _expand_start, self.spec.fn, item, SOURCE_CHUNK
                 )
             if hasattr(it, "__anext__"):
                 try:
@@ -132,22 +124,18 @@ class FlatMapNode:
                 if done:
                     return
                 chunk, done, error = await ctx.run_sync(next_chunk, it, SOURCE_CHUNK)
+        except ChannelAborted:
+            raise  # the run is stopping: not the item's failure
+        except Exception as exc:
+            ctx.item_failed(item, exc)
         finally:
             ctx.counters.in_flight -= 1
             ctx.counters.busy += time.perf_counter() - start
 
-    async def _expand_or_fail(self, item: Any, out: Sender, ordinal: int | None) -> None:
-        try:
-            await self._expand(item, out, ordinal)
-        except ChannelAborted:
-            raise  # the run is stopping: not the item's failure
-        except Exception as exc:
-            self.ctx.item_failed(item, exc)
-
     async def _direct_worker(self, inp: Receiver, out: Sender) -> None:
         # A single worker takes what is queued in one go; several take one item each, so
         # that the expansions spread over them.
-        limit = SOURCE_CHUNK if self.concurrency == 1 else 1
+        limit = SOURCE_CHUNK if self.spec.concurrency == 1 else 1
         while await self._expand_chunk(inp, limit, out):
             pass
 
@@ -159,35 +147,36 @@ class FlatMapNode:
             self.ctx.counters.items_in += count_one(item)
             ordinal = self.ledger.begin()
             try:
-                await self._expand_or_fail(item, out, ordinal)
+                await self._expand(item, out, ordinal)
             finally:
                 self.ledger.end(ordinal)
         return bool(items)
 
-    async def _slot_worker(self, inp: Receiver, slots: asyncio.Queue[_Slot | None]) -> None:
+    async def _slot_worker(self, inp: Receiver, slots: asyncio.Queue[Channel | None]) -> None:
         while items := await inp.get_many(1):
             self.ctx.counters.items_in += count_items(items)
             self.ledger.begin()  # its ordinal is its slot's place in the queue
-            slot = _Slot(self.capacity)
+            slot = Channel(self.ctx.counters.capacity)
             slots.put_nowait(slot)  # with no await since the get: slots follow the items
             try:
-                await self._expand_or_fail(items[0], slot.channel, None)
+                await self._expand(items[0], slot, None)
             except Exception as exc:
-                slot.error = exc  # raised by the emitter once earlier items are out
+                slot.close(exc)  # raised by the emitter once earlier items are out
                 return
             finally:
-                slot.channel.close()
+                slot.close()  # (a slot closed with an error keeps it)
 
-    async def _emitter(self, slots: asyncio.Queue[_Slot | None], out: Sender) -> None:
+    async def _emitter(self, slots: asyncio.Queue[Channel | None], out: Sender) -> None:
         ticket = 0
         while (slot := await slots.get()) is not None:
-            while values := await slot.channel.get_many(_DRAIN):
+            while values := await slot.get_many(_DRAIN):
                 values = self.ledger.keep(ticket, values)
                 if values:
                     await out.put_many(values)
             self.ledger.end(ticket)
-            if slot.error is not None:
-                raise slot.error
+            error = slot.take_pending()  # what its expansion raised, if it failed
+            if error is not None:
+                raise error
             ticket += 1
 
 
@@ -197,13 +186,12 @@ class BatchNode:
 
     def __init__(self, ctx: NodeContext, spec: BatchSpec) -> None:
         self.ctx = ctx
-        self.size = spec.size
-        self.drop_last = spec.drop_last
+        self.spec = spec
         self.ledger = FixedLedger(spec.size)
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
-        size, pending = self.size, []
+        size, pending = self.spec.size, []
         counters = self.ctx.counters
         ledger = self.ledger
         while items := await inp.get_many(_DRAIN):
@@ -218,7 +206,7 @@ class BatchNode:
                 self.ctx.produced(len(batches))
                 del batches  # handed on: not kept alive while the next chunk is awaited
             del items
-        if pending and not self.drop_last:
+        if pending and not self.spec.drop_last:
             await out.put(pending)
             self.ctx.produced(1)
         else:
@@ -294,8 +282,7 @@ class ShuffleNode:
     def __init__(self, ctx: NodeContext, spec: ShuffleSpec) -> None:
         self.ctx = ctx
         self.size = spec.buffer_size
-        seed = spec.seed
-        self.rng = epoch_random(seed, ctx.epoch) if seed is not None else random.Random()
+        self.rng = random.Random() if spec.seed is None else epoch_random(spec.seed, ctx.epoch)
         self.ledger = ShuffleLedger()
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:

@@ -8,7 +8,7 @@ pays no task, future or wake-up for the calls that complete at once.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 __all__ = ["Resume"]
@@ -34,19 +34,18 @@ class Resume:
 
     def __await__(self) -> Generator[Any, Any, Any]:
         coro, signal = self.coro, self.signal
+        step: Callable[[Any], Any]
         while True:
             try:
-                sent = yield signal
+                value = yield signal
             except GeneratorExit:
                 coro.close()
                 raise
             except BaseException as exc:  # thrown in by the task (cancellation): forwarded
-                try:
-                    signal = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value
+                step, value = coro.throw, exc
             else:
-                try:
-                    signal = coro.send(sent)
-                except StopIteration as done:
-                    return done.value
+                step = coro.send
+            try:
+                signal = step(value)
+            except StopIteration as done:
+                return done.value

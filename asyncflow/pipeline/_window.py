@@ -58,13 +58,8 @@ class Window:
 
     def give(self, count: int = 1) -> None:
         """Give ``count`` credits back (any thread; never blocks)."""
-        if count <= 0:
-            return
-        with self._lock:
-            self._free += count
-            waiters, self._waiters = self._waiters, []
-        for loop, fut in waiters:
-            settle_soon(loop, fut)
+        if count > 0:
+            self._wake(count)
 
     def received(self, item: Any) -> Any:
         """A receive hook: the consumer has the item; its credit is free again."""
@@ -74,8 +69,14 @@ class Window:
     def close(self) -> None:
         """The run failed or is stopping: wake the source, and let nothing more in (any
         thread; idempotent)."""
+        self._wake(0, close=True)
+
+    def _wake(self, freed: int, *, close: bool = False) -> None:
+        """Free ``freed`` credits (and close, if ``close``), and wake every waiting take to
+        look again."""
         with self._lock:
-            self._closed = True
+            self._free += freed
+            self._closed = self._closed or close
             waiters, self._waiters = self._waiters, []
         for loop, fut in waiters:
             settle_soon(loop, fut)

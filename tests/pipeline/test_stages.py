@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import pytest
@@ -104,6 +105,28 @@ def test_flat_map_accepts_lists_generators_and_async_generators() -> None:
         x for x in range(5) for _ in range(x)
     ]
     assert list(Pipeline(range(5)).flat_map(coro_list)) == [x for x in range(5) for _ in range(x)]
+
+
+class _Pairs:
+    """An async iterable that is not an async iterator: ``__aiter__`` makes a new one."""
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+    def __aiter__(self) -> AsyncIterator[tuple[int, int]]:
+        async def pairs() -> AsyncIterator[tuple[int, int]]:
+            for i in range(2):
+                yield self.x, i
+        return pairs()
+
+
+def test_flat_map_accepts_async_iterables_that_are_not_iterators() -> None:
+    async def coro_pairs(x: int) -> _Pairs:
+        return _Pairs(x)
+
+    expected = [(x, i) for x in range(3) for i in range(2)]
+    assert list(Pipeline(range(3)).flat_map(_Pairs)) == expected
+    assert list(Pipeline(range(3)).flat_map(coro_pairs)) == expected
 
 
 def test_flat_map_ordered_with_concurrency_keeps_each_expansion_together() -> None:
