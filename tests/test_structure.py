@@ -1,15 +1,18 @@
 """The package's structure holds: no import cycles between files, no import up a layer, every
-module placed in a layer (the figures themselves: ``python -m tests.structure``)."""
+module placed in a layer, an engine at most 10 imports deep (the figures themselves:
+``python -m tests.structure``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from tests.structure import (
+    ENGINE,
     LAYERS,
     code_lines,
     components,
     cycles,
+    graph,
     longest_chain,
     unplaced,
     upward_imports,
@@ -23,6 +26,11 @@ def test_no_import_cycle_between_files() -> None:
 
 def test_no_import_points_up_a_layer() -> None:
     assert not upward_imports(), "\n".join(upward_imports())
+
+
+def test_the_engines_longest_import_chain_is_at_most_10_modules() -> None:
+    chain = longest_chain(graph(ENGINE))  # every import counts, TYPE_CHECKING ones too
+    assert len(chain) <= 10, " -> ".join(chain)
 
 
 def test_every_module_has_a_layer() -> None:

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from .._errors import ConfigError
 from ._ledger import FixedLedger, Ledger
-from ._span import Span, is_count, runs
+from ._span import Span, runs
 
-__all__ = ["SplitLedger", "check_partial"]
+__all__ = ["SplitLedger"]
 
 _Pairs = tuple[tuple[int, int], ...]
 #: A partial input's saved entry: its key, its settled indices (mark, ranges), its text.
@@ -52,6 +51,14 @@ class SplitLedger(Ledger):
         self._entries: dict[int, _Entry] = {}
         self._version = 0  # bumped as the partial inputs change
         self._rows: tuple[int, list[_Entry], str] | None = None  # the last, and its text
+
+    def join(self, before: Ledger, key_of: Callable[[int], Any]) -> None:
+        """Name partial expansions by ``key_of``; an ``unbatch`` right after a ``batch``
+        settles that batch's inputs one by one instead (element ``j`` of batch ``n`` is
+        input ``n * size + j``)."""
+        self.key_of = key_of
+        if self.elementwise and isinstance(before, FixedLedger) and before.taken is not None:
+            self.batch = before
 
     def begin(self) -> int:
         """An input was read: its ordinal. Its indices to skip are found when resuming."""
@@ -198,32 +205,6 @@ class SplitLedger(Ledger):
         for entry in state.get("partial", ()):
             key = tuple((int(a), int(b)) for a, b in entry["input"])
             self.partial[key] = Span.from_json(entry["done"], "a partial expansion")
-
-
-def check_partial(extras: dict[str, Any], what: str) -> None:
-    """Check a saved state's extras of a ``flat_map`` / ``unbatch`` stage, what
-    :meth:`SplitLedger.get_state` gives: ``{"partial": [{"input": [[a, b], ...], "done":
-    span}, ...]}``.
-
-    Raises:
-        ConfigError: They are not (``what`` and the field are named).
-    """
-    if set(extras) - {"partial"}:
-        raise ConfigError(f"{what} has unknown fields {sorted(set(extras) - {'partial'})}")
-    partial = extras.get("partial", [])
-    if not isinstance(partial, list):
-        raise ConfigError(f"{what}['partial'] must be a list, got {type(partial).__name__}")
-    for index, entry in enumerate(partial):
-        where = f"{what}['partial'][{index}]"
-        if not isinstance(entry, dict) or set(entry) != {"input", "done"}:
-            raise ConfigError(f"{where} must be a dict of input and done")
-        pairs = entry["input"]
-        if not isinstance(pairs, list) or not pairs or not all(
-                isinstance(p, list) and len(p) == 2 and is_count(p[0]) and is_count(p[1])
-                and p[0] <= p[1] for p in pairs):
-            raise ConfigError(f"{where}['input'] must be a list of [start, stop] source "
-                              f"positions, got {pairs!r:.80}")
-        Span.from_json(entry["done"], f"{where}['done']")
 
 
 def _text(key: Any, mark: int, ranges: Any) -> str:

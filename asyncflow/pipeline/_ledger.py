@@ -84,6 +84,12 @@ class Ledger(abc.ABC):
         """Restore what :meth:`get_state` saved, before the run starts."""
         return None  # a hook: nothing to do by default
 
+    def join(self, before: Ledger, key_of: Callable[[int], Any]) -> None:
+        """Take its place in the run's lineage, after the ledger ``before`` (as the run is
+        built): ``key_of(o)`` names output ``o``'s input by its source positions, as sorted
+        ``(start, end)`` ranges. A hook: nothing to do by default."""
+        return None
+
 
 class Passthrough(Ledger):
     """Output ``n`` is input ``n`` (``prefetch``; an ordered map that cannot skip items has

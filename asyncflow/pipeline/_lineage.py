@@ -20,7 +20,6 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._expansion import SplitLedger
 from ._ledger import FixedLedger, Ledger, SourceLedger, SourcePlan, received
 from ._protocols import SettlingNode, StatefulNode, TracingNode
 from ._span import GrowingSpan, Span, runs
@@ -125,13 +124,8 @@ class Lineage:
         for index, ledger in enumerate(ledgers):
             ledger.lock, ledger.grew = self.lock, self._grew
             ledger.on = self.missing is None
-            if isinstance(ledger, SplitLedger):
-                ledger.key_of = functools.partial(self.key_of, index - 1)
-                before = ledgers[index - 1]
-                if (ledger.elementwise and isinstance(before, FixedLedger)
-                        and before.taken is not None):
-                    ledger.batch = before  # batch().unbatch(): element j of batch n is
-                    # the batch's input n * size + j
+            if index:
+                ledger.join(ledgers[index - 1], functools.partial(self.key_of, index - 1))
         self.ledgers, self.names = ledgers, kept
         self._outputs, self._inputs = GrowingSpan(), [GrowingSpan() for _ in ledgers]
         if self.missing is None:

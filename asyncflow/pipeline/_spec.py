@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._errors import ConfigError, check_budget, check_flags, check_int
-from ._expansion import check_partial
 from ._protocols import Budgeted
+from ._span import Span, is_count
 from ._traits import StageTraits, Worker
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BatchSpec", "FlatMapSpec", "MapSpec", "PrefetchSpec", "ShuffleSpec",
-    "StageSpec", "UnbatchSpec", "fn_name", "stage_names", "unique_names",
+    "StageSpec", "UnbatchSpec", "check_partial", "fn_name", "stage_names", "unique_names",
 ]
 
 
@@ -332,3 +332,29 @@ class ShuffleSpec(StageSpec):
 
     def settings(self) -> dict[str, Any]:
         return {"buffer_size": self.buffer_size, "seed": self.seed}
+
+
+def check_partial(extras: dict[str, Any], what: str) -> None:
+    """Check a saved state's extras of a ``flat_map`` / ``unbatch`` stage, what
+    ``_expansion.SplitLedger.get_state`` gives: ``{"partial": [{"input": [[a, b], ...], "done":
+    span}, ...]}``.
+
+    Raises:
+        ConfigError: They are not (``what`` and the field are named).
+    """
+    if set(extras) - {"partial"}:
+        raise ConfigError(f"{what} has unknown fields {sorted(set(extras) - {'partial'})}")
+    partial = extras.get("partial", [])
+    if not isinstance(partial, list):
+        raise ConfigError(f"{what}['partial'] must be a list, got {type(partial).__name__}")
+    for index, entry in enumerate(partial):
+        where = f"{what}['partial'][{index}]"
+        if not isinstance(entry, dict) or set(entry) != {"input", "done"}:
+            raise ConfigError(f"{where} must be a dict of input and done")
+        pairs = entry["input"]
+        if not isinstance(pairs, list) or not pairs or not all(
+                isinstance(p, list) and len(p) == 2 and is_count(p[0]) and is_count(p[1])
+                and p[0] <= p[1] for p in pairs):
+            raise ConfigError(f"{where}['input'] must be a list of [start, stop] source "
+                              f"positions, got {pairs!r:.80}")
+        Span.from_json(entry["done"], f"{where}['done']")
