@@ -136,21 +136,15 @@ class FlatMapNode:
         # A single worker takes what is queued in one go; several take one item each, so
         # that the expansions spread over them.
         limit = SOURCE_CHUNK if self.spec.concurrency == 1 else 1
-        while await self._expand_chunk(inp, limit, out):
-            pass
-
-    async def _expand_chunk(self, inp: Receiver, limit: int, out: Sender) -> bool:
-        """Expand the next chunk of input; False at its end. The chunk is a local of this
-        call only, so nothing handed on stays referenced while the worker waits for more."""
-        items = await inp.get_many(limit)
-        for item in items:
-            self.ctx.counters.items_in += count_one(item)
-            ordinal = self.ledger.begin()
-            try:
-                await self._expand(item, out, ordinal)
-            finally:
-                self.ledger.end(ordinal)
-        return bool(items)
+        while items := await inp.get_many(limit):
+            for item in items:
+                self.ctx.counters.items_in += count_one(item)
+                ordinal = self.ledger.begin()
+                try:
+                    await self._expand(item, out, ordinal)
+                finally:
+                    self.ledger.end(ordinal)
+            del items, item  # handed on: not kept alive while the worker waits for more
 
     async def _slot_worker(self, inp: Receiver, slots: asyncio.Queue[Channel | None]) -> None:
         while items := await inp.get_many(1):
@@ -259,20 +253,12 @@ class PrefetchNode:
 
     async def run(self, inp: Receiver | None, out: Sender) -> None:
         assert inp is not None
-        while await self._pass_on(inp, out):
-            pass
-
-    async def _pass_on(self, inp: Receiver, out: Sender) -> bool:
-        """Move one chunk on; ``False`` at the end. The chunk is a local of this call only, so
-        that what was handed on is not kept alive while the next chunk is awaited."""
-        items = await inp.get_many(_DRAIN)
-        if not items:
-            return False
-        count = count_items(items)
-        self.ctx.counters.items_in += count
-        await out.put_many(items)
-        self.ctx.produced(count)
-        return True
+        while items := await inp.get_many(_DRAIN):
+            count = count_items(items)
+            self.ctx.counters.items_in += count
+            await out.put_many(items)
+            self.ctx.produced(count)
+            del items  # handed on: not kept alive while the next chunk is awaited
 
 
 @node_for(ShuffleSpec)
