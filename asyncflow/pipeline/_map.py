@@ -116,10 +116,8 @@ class MapNode:
             return values if upto >= len(values) else values[:upto]
         return [v for v in values[:upto] if v is not FAILED]
 
-    async def _emit(
-        self, items: list[Any], values: list[Any], failures: list[tuple[int, BaseException]],
-        out: Sender,
-    ) -> None:
+    async def _emit(self, result: _Single, out: Sender) -> None:
+        items, values, failures = result
         try:
             self.ledger.emit(items, values, failures)
             for index, exc in failures:
@@ -146,7 +144,7 @@ class MapNode:
             self._reorder.put(ticket, result)
         else:
             async with self._emit_lock:
-                await self._emit(result[0], result[1], result[2], out)
+                await self._emit(result, out)
 
     async def _take(self, inp: Receiver, limit: int) -> tuple[int, list[Any]]:
         """The next chunk of input (``[]`` at its end), counted, and its ticket."""

@@ -18,12 +18,11 @@ class Reorder:
     taken but not yet emitted is bounded (twice the concurrency), which bounds memory.
 
     Args:
-        emit: Puts out one ticket's results (``items, values, failures, out``: the stage's).
+        emit: Puts out one ticket's result (``result, out``: the stage's).
         window: Tickets taken and not yet emitted, at most.
     """
 
-    def __init__(self, emit: Callable[[Any, Any, Any, Sender], Awaitable[None]],
-                 window: int) -> None:
+    def __init__(self, emit: Callable[[Any, Sender], Awaitable[None]], window: int) -> None:
         self.emit = emit
         self.window = window
         self.ready: dict[int, Any] = {}
@@ -64,8 +63,7 @@ class Reorder:
         result = self.ready.pop(self.emitted, None)
         if result is None:
             return False
-        items, values, failures = result
-        await self.emit(items, values, failures, out)
+        await self.emit(result, out)
         self.emitted += 1
         self._room.set()
         return True
