@@ -100,8 +100,7 @@ class AssembleLedger(Ledger):
         self.assembler = assembler
         self.outputs: list[tuple[list[int], list[int]]] = []  # (ordinals, positions) per batch
         self.first_out = 0
-        self.dead: list[int] = []
-        self.dead_positions: list[int] = []
+        self.dead: list[tuple[list[int], list[int]]] = []  # as outputs, released without one
         self.positions = GrowingSpan()  # settled rows, an earlier run's included
         #: Set when a message held several rows: such a run cannot be resumed.
         self.grouped = False
@@ -112,27 +111,20 @@ class AssembleLedger(Ledger):
         with self.lock:
             if not self.on:
                 return
-            if out:
-                self.outputs.append((ordinals, list(positions)))
-            else:
-                self.dead.extend(ordinals)
-                self.dead_positions.extend(positions)
+            (self.outputs if out else self.dead).append((ordinals, list(positions)))
         self.grew(1)
 
     def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:
-        ordinals, places = self.dead, self.dead_positions
-        self.dead, self.dead_positions = [], []
+        done, self.dead = self.dead, []  # the batches settled: dead ones at once
         first, listed = self.first_out, len(self.outputs)
         for a, b in outputs:
-            for rows, settled in self.outputs[max(a - first, 0) : max(b - first, 0)]:
-                ordinals.extend(rows)
-                places.extend(settled)
-        self.positions.add(runs(places))
+            done.extend(self.outputs[max(a - first, 0) : max(b - first, 0)])
+        self.positions.add(runs([p for _, settled in done for p in settled]))
         drop = min(listed, mark - first)
         if drop > 0:
             del self.outputs[:drop]
             self.first_out += drop
-        return runs(ordinals)
+        return runs([o for rows, _ in done for o in rows])
 
     def inputs_of(self, ordinal: int) -> list[int]:
         index = ordinal - self.first_out

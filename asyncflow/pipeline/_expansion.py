@@ -38,7 +38,8 @@ class SplitLedger(Ledger):
         self.open: dict[int, list[Any]] = {}
         self.partial: dict[tuple[tuple[int, int], ...], Span] = {}
         self.key_of: Any = None  # names an input by its source positions (resume only)
-        self._keys: dict[int, list[list[int]]] = {}  # an open input's key, once asked
+        # an open input's key, asked once: fixed while it is open (its records upstream stay)
+        self._keys: dict[int, _Pairs] = {}
         #: The batch ledger this unbatch splits the outputs of, if it follows one directly:
         #: its outputs then settle that batch's inputs one by one (no partials needed).
         self.batch: FixedLedger | None = None
@@ -150,9 +151,11 @@ class SplitLedger(Ledger):
             low, high = max(a - first, 0), min(b - first, listed)
             yield from zip(self.sources[low:high], self.indices[low:high], strict=True)
 
-    def _settled_partials(self) -> tuple[list[dict[str, Any]], str]:
-        """The inputs expanded in part, and their canonical JSON text
-        (``_text``): an input's entry is made once per change of its settled outputs."""
+    def get_state(self) -> dict[str, Any] | None:
+        """The inputs expanded in part (their canonical JSON text kept as ``state_text``): an
+        input's entry is made once per change of its settled outputs."""
+        if self.batch is not None:
+            return None  # its batch's inputs are settled one by one
         rows = self._rows
         if rows is None or rows[0] != self._version:
             entries = self._entries
@@ -166,10 +169,13 @@ class SplitLedger(Ledger):
                           for key, span in self.partial.items())
             text = '{"partial":[' + ",".join([entry[3] for entry in listed]) + "]}"
             rows = self._rows = (self._version, listed, text)
+        self.state_text = rows[2] if rows[1] else None
+        if not rows[1]:
+            return None
         # new lists each time: the caller may keep or change what it is given
-        return [{"input": [list(pair) for pair in key],
-                 "done": {"mark": mark, "ranges": [list(pair) for pair in ranges]}}
-                for key, mark, ranges, _ in rows[1]], rows[2]
+        return {"partial": [{"input": [list(pair) for pair in key],
+                             "done": {"mark": mark, "ranges": [list(pair) for pair in ranges]}}
+                            for key, mark, ranges, _ in rows[1]]}
 
     def _entry(self, o: int) -> _Entry:
         """Open input ``o``'s partial entry: its source positions, and its outputs settled
@@ -182,23 +188,10 @@ class SplitLedger(Ledger):
         else:
             done = Span.of(0, found[:]) if skip is None else Span.of(0, found[:]).union(skip)
             mark, ranges = done.mark, done.ranges
-        pairs = tuple((a, b) for a, b in self._key(o))
-        return pairs, mark, ranges, _text(pairs, mark, ranges)
-
-    def _key(self, o: int) -> list[list[int]]:
-        """Open input ``o``'s source positions (``[start, end]`` pairs), asked once: they are
-        fixed while it is open (its records upstream stay)."""
         key = self._keys.get(o)
         if key is None:
-            key = self._keys[o] = [list(r) for r in self.key_of(o)]
-        return key
-
-    def get_state(self) -> dict[str, Any] | None:
-        if self.batch is not None:
-            return None  # its batch's inputs are settled one by one
-        partial, text = self._settled_partials()
-        self.state_text = text if partial else None
-        return {"partial": partial} if partial else None
+            key = self._keys[o] = self.key_of(o)
+        return key, mark, ranges, _text(key, mark, ranges)
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._version += 1
