@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -46,7 +47,7 @@ class SplitLedger(Ledger):
         # Per open input, the indices of its settled outputs; the inputs ended since the
         # last walk; those a resumed run skips in part; each partial input's saved entry,
         # until its settled outputs change.
-        self._got: dict[int, list[int]] = {}
+        self._got: defaultdict[int, list[int]] = defaultdict(list)
         self._ended: list[int] = []
         self._skipping: set[int] = set()
         self._entries: dict[int, _Entry] = {}
@@ -118,11 +119,7 @@ class SplitLedger(Ledger):
         if touched or outputs:
             self._version += 1
         for o, j in self._made(outputs):
-            known = got.get(o)
-            if known is None:
-                got[o] = [j]
-            else:
-                known.append(j)
+            got[o].append(j)
             entries.pop(o, None)
             touched.append(o)
         if self.batch is not None:  # element ``j`` of batch ``o`` is its input o * size + j
