@@ -58,19 +58,15 @@ class Gate:
 
     def __init__(self, check_reuse: Callable[[], None]) -> None:
         self._check_reuse = check_reuse
-        self._decided: asyncio.Future[bool] | None = None
-
-    def _future(self) -> asyncio.Future[bool]:
-        if self._decided is None:
-            self._decided = asyncio.get_running_loop().create_future()
-        return self._decided
+        self._read = False
+        self._decided = asyncio.Event()  # bound to the run's loop when first awaited
 
     def release(self, read: bool) -> None:
         """Let upstream's source read (``True``) or end at once (``False``); the first call
         decides (on the run's loop)."""
-        fut = self._future()
-        if not fut.done():
-            fut.set_result(read)
+        if not self._decided.is_set():
+            self._read = read
+            self._decided.set()
 
     async def opened(self) -> bool:
         """Wait for the decision; True when upstream may be read (checked for reuse first).
@@ -81,7 +77,8 @@ class Gate:
         Cancellation:
             Safe: stops waiting; the decision stands for the run.
         """
-        if not await self._future():
+        await self._decided.wait()
+        if not self._read:
             return False
         self._check_reuse()
         return True

@@ -136,10 +136,8 @@ class Reader:
             begin = HEADER_BYTES + first * size
             if _resident(base + begin - begin % mmap.PAGESIZE):
                 continue  # a warm cache: one resident row speaks for the rest
-            if isinstance(rows, np.ndarray):
-                spans = [(r, r + 1) for r in rows.tolist()]
-            else:
-                spans = [(first, rows[-1] + 1)]
+            spans = ([(r, r + 1) for r in rows.tolist()] if isinstance(rows, np.ndarray)
+                     else [(first, rows[-1] + 1)])
             for start, stop in spans:
                 begin = HEADER_BYTES + start * size
                 aligned = begin - begin % mmap.PAGESIZE
