@@ -28,8 +28,8 @@ from ._loop import new_loop
 from ._merge import Branch, BranchRun, Merge, MergeNode
 from ._merge_epochs import Era
 from ._merge_resume import MergeLedger, branch_at, tracks_of
-from ._node import ItemKeys, Node, NodeContext, make_node
-from ._options import RunOptions
+from ._node import ItemKeys, Node, NodeContext, ReceiveHook, make_node
+from ._options import RunOptions, RunPlan
 from ._protocols import Budgeted, SettlingNode, SourceGate, StatefulNode, round_robin
 from ._source_node import SourceNode
 from ._spec import MapSpec, StageSpec, stage_names
@@ -87,8 +87,9 @@ def build_run(branch: Branch, resume: SourcePlan | None) -> tuple[Graph, RunReso
     )
     graph = Graph()
     try:
-        graph.chain = _add_chain(graph, open_source, branch.stages, run, prefix="", handoff=True,
-                                 gate=branch.plan.gate)
+        chain = _add_chain(graph, open_source, branch.stages, run, prefix="", handoff=True,
+                           gate=branch.plan.gate)
+        graph.receive_hooks = _receive_hooks(branch.plan, chain)
     except BaseException:  # a node's factory or its declared traits refused: nothing ran
         for ctx in graph.contexts:  # those built so far
             ctx.call_stop_callbacks()
@@ -146,17 +147,13 @@ def _add_chain(
         ctx = NodeContext(
             name=name, index=index, counters=counters, budget=budget, pool=run.pool,
             stop=run.stop, scope=run.scope, epoch=run.epoch, executor=spec.executor,
+            lineage=lineage, item_keys=keys, window=window, in_step=in_step,
+            start=run.plan.base if in_step else 0,  # positions count from the resumed one
         )
-        ctx.lineage = lineage
-        ctx.item_keys = keys
-        ctx.window = window
         if window is not None and index == 0 and (handoff or merge is not None):
             # the consumer has it: its credit is free (a branch's source gets its credits
             # back from the merge's window, as the consumer receives the branch's items)
             ctx.add_receive_hook(window.received)
-        if in_step:
-            ctx.start = run.plan.base  # positions count from the resumed one
-            ctx.in_step = True
         in_step = in_step and spec.items_per_output == 1
         if spec.traits.worker == "processes":
             ctx.processes = _process_pool(index, spec, name, ctx, run)
@@ -227,7 +224,6 @@ def _add_branch(
                        handoff=False, counters_of=counters_of, keep=keep, gate=plan.gate)
     graph.scopes.append(scope)
     graph.notes.extend(f"{prefix[:-1]}: {note}" for note in plan.options.notes)
-    hooks = (*plan.receive_hooks, *(h for ctx in chain for h in ctx.receive_hooks))
     contexts = graph.contexts[first:]
     starts = [ctx for ctx in contexts if ctx not in graph.deferred]  # nested: their merge's
     graph.deferred.update(contexts)
@@ -235,10 +231,17 @@ def _add_branch(
     steady = not isinstance(plan.open_source, Merge) and all(
         s.items_per_output == 1 for s in branch.stages)  # one for one: EndOfStream's counts
     return BranchRun(
-        contexts=contexts, starts=starts, output=graph.outputs[-1], hooks=hooks, scope=scope,
+        contexts=contexts, starts=starts, output=graph.outputs[-1], scope=scope,
+        hooks=_receive_hooks(plan, chain),
         window=None if isinstance(window, BranchCredits) else window,
         counts=[(c.counters.items_in, c.counters.items_out, c.counters.failures)
                 for c in contexts] if steady else None)
+
+
+def _receive_hooks(plan: RunPlan, chain: Sequence[NodeContext]) -> tuple[ReceiveHook, ...]:
+    """What is applied to each item a chain outputs (in the consumer's thread, or by the
+    merge that reads a branch): its plan's hooks, then those its stages added."""
+    return (*plan.receive_hooks, *(hook for ctx in chain for hook in ctx.receive_hooks))
 
 
 def _merge_node(

@@ -175,7 +175,6 @@ class PipelineCore(Generic[T_co]):
         stages = self._stages if plan.stages is None else plan.stages
         branch = Branch(plan=plan, stages=stages, epoch=epoch, start=start, pools=self._pools)
         rt = Runtime(*build_run(branch, resume))
-        rt.receive_hooks[:0] = plan.receive_hooks
         self._last[:] = [rt]
         return rt
 

@@ -13,7 +13,7 @@ from typing import Any
 from .._scope import RunScope
 from ..workers import WorkerPool
 from ._lineage import Lineage, SourcePlan
-from ._node import Node, NodeContext
+from ._node import Node, NodeContext, ReceiveHook
 from ._options import RunOptions
 from ._pool_holder import PoolHolder
 
@@ -35,8 +35,9 @@ class Graph:
     inputs: list[Any] = field(default_factory=list)
     outputs: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    #: The contexts of the pipeline's own source and stages (their receive hooks are the run's).
-    chain: list[NodeContext] = field(default_factory=list)
+    #: What the consumer's thread applies to each item: the run plan's receive hooks, then
+    #: those of the pipeline's own stages.
+    receive_hooks: tuple[ReceiveHook, ...] = ()
     #: The running stages' tasks, by context (the runtime fills it).
     tasks: dict[Any, asyncio.Task[None]] = field(default_factory=dict)
     #: The contexts of the stages that failed (the runtime fills it).

@@ -84,7 +84,7 @@ class Run(Generic[T_co]):
             self._finalizer = weakref.finalize(self, rt.request_stop)
             rt.consumer = weakref.ref(self)
             self._hooks = [factory(self) for factory in self._hook_factories]
-            self._cursor.use([*rt.receive_hooks, *self._hooks])
+            self._cursor.use([*rt.graph.receive_hooks, *self._hooks])
             rt.start()
             return rt
 
@@ -308,7 +308,8 @@ class Run(Generic[T_co]):
         as ``stats().failures`` lists them)."""
         if self._ended is not None:
             return [list(records) for records in self._ended.failures]
-        return [] if self._rt is None else self._rt.failure_records()
+        rt = self._rt
+        return [] if rt is None else [list(ctx.counters.records) for ctx in rt.contexts]
 
     @property
     def closed(self) -> bool:

@@ -28,8 +28,8 @@ from ._failures import final_error, flatten, mark_abandoned, note_stage, release
 from ._graph import Graph, RunResources
 from ._loop import LIVE_RUNS, cancel_pending
 from ._monitor import Monitor
-from ._node import NodeContext, ReceiveHook
-from ._stats import FailureRecord, PipelineStats, find_bottleneck
+from ._node import NodeContext
+from ._stats import PipelineStats, find_bottleneck
 
 __all__ = ["Runtime"]
 
@@ -69,7 +69,6 @@ class Runtime:
         self.handoff: Handoff = graph.outputs[-1]
         # the consumer surely has every item but those of the chunk it is working through
         self.lineage.follow(lambda: self.delivered - self.handoff.take_size)
-        self.receive_hooks: list[ReceiveHook] = [h for c in graph.chain for h in c.receive_hooks]
         self.monitor = Monitor(graph.contexts, graph.outputs, graph.tasks, options)
         self.thread = threading.Thread(
             target=self._thread_main, name=f"asyncflow-{options.name}", daemon=True
@@ -353,7 +352,3 @@ class Runtime:
                                   for line in scope.reports())),
             loop_delay_max=self.monitor.loop_delay_max,
         )
-
-    def failure_records(self) -> list[list[FailureRecord]]:
-        """Each stage's failures so far, in run order (copies)."""
-        return [list(ctx.counters.records) for ctx in self.contexts]
