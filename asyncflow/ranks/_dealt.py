@@ -36,9 +36,6 @@ class Dealt(Iterator[T]):
         self.positions = positions
         self._items = map(listed.__getitem__, positions)
 
-    def __iter__(self) -> Dealt[T]:
-        return self
-
     def __next__(self) -> T:
         return next(self._items)
 
@@ -62,9 +59,6 @@ class AsyncDealt(AsyncIterator[T]):
     ) -> None:
         self.positions: list[int] = []
         self._gen = self._deal(positions_of, items)
-
-    def __aiter__(self) -> AsyncDealt[T]:
-        return self
 
     def __anext__(self) -> Awaitable[T]:
         return self._gen.__anext__()

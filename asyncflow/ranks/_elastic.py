@@ -188,13 +188,6 @@ def _agree(splits: list[dict[str, Any]]) -> None:
         )
 
 
-def _positions(index: int, state: Mapping[str, Any]) -> Any:
-    positions = state.get("positions")
-    if positions is None:
-        raise ConfigError(f"part {index}'s state lacks 'positions'")
-    return positions
-
-
 def _check_partial(states: Sequence[Any], splits: list[dict[str, Any]]) -> None:
     for state, split in zip(states, splits, strict=True):
         nodes = state.get("nodes") or {}
@@ -240,7 +233,8 @@ def remaining(states: Sequence[Any], *, partial: Partial = "refuse") -> Remainin
     prior = settled_of(n, first["history"])
     by_part = sorted(zip(splits, states, strict=True), key=lambda pair: pair[0]["index"])
     phase = {"count": count, "remainder": first["remainder"],
-             "positions": [_positions(i, state) for i, (_, state) in enumerate(by_part)]}
+             # each checked by _settle, which names the part whose positions are missing
+             "positions": [state.get("positions") for _, state in by_part]}
     settled = _settle(n, prior, phase)
     history = [*first["history"], phase]
     return Remaining(n, first["listing"], first["remainder"], bool(first["shuffle"]),

@@ -34,7 +34,7 @@ from .._lazy import lazy_getattr
 from ._auto import choose_workers, usable_cpus
 from ._boot import check_picklable
 from ._offload import SOURCE_CHUNK, aclose_iterator, next_chunk, run_chunk, run_chunk_remote
-from ._portable import FAILED, ChunkResult, noted, portable
+from ._portable import FAILED
 from ._reducers import register_lazy_reducers, register_reducer
 from ._seeding import (
     SEED_MASK,
@@ -67,7 +67,6 @@ __all__ = [
     "SHM_DIR",
     "SHM_THRESHOLD",
     "SOURCE_CHUNK",
-    "ChunkResult",
     "KeyedIterator",
     "ProcessPool",
     "Processes",
@@ -86,8 +85,6 @@ __all__ = [
     "item_random",
     "item_seed",
     "next_chunk",
-    "noted",
-    "portable",
     "register_lazy_reducers",
     "register_reducer",
     "register_worker_setup",

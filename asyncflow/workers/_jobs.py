@@ -47,13 +47,13 @@ class Slot:
         self.jobs: deque[Job] = deque()
         self.ready = False
 
-
     def close(self) -> None:
         """Release the worker's pipe and process handle (its sentinel is a descriptor) once
         it has ended."""
         self.conn.close()
         with contextlib.suppress(ValueError):  # still running: released when collected
             self.process.close()
+
 
 def blame(job: Job, status: tuple[int, int], error: Callable[[Any], BaseException]) -> None:
     """Fail with ``error(item)`` the item of ``job`` a dead worker was on (``status``: the

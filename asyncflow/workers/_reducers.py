@@ -78,8 +78,7 @@ def eager_reducer_modules() -> list[str]:
 def load_reducer_modules(names: Iterable[str]) -> None:
     """Import the modules that registered reducers in the parent (in a worker, at start)."""
     for name in names:
-        if name not in sys.modules:
-            importlib.import_module(name)
+        importlib.import_module(name)  # a module imported already is returned at once
 
 
 def _lookup(cls: type) -> Callable[[Any], Any] | None:

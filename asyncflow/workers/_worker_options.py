@@ -144,10 +144,7 @@ def resolve_workers(workers: Any) -> Processes | None:
             f"workers must be 'threads', 'processes' or an asyncflow.Processes(...), got "
             f"{workers!r:.80}"
         )
-    spec: Processes = workers
-    if spec.seed is None:
-        spec = replace(spec, seed=fresh_seed())
-    return spec
+    return workers if workers.seed is not None else replace(workers, seed=fresh_seed())
 
 
 _current: WorkerInfo | None = None
