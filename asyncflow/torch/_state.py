@@ -270,13 +270,11 @@ class EpochIterator:
     def _reraise(self, exc: Exception) -> None:
         """Raise what a torch user expects for a run that failed: the stage's own exception
         (with the group's notes), and a timeout as torch's ``RuntimeError``."""
-        failure: BaseException = exc
-        if isinstance(exc, PipelineError) and len(exc.exceptions) == 1:
-            failure = exc.exceptions[0]
-            for note in getattr(exc, "__notes__", ()):
-                failure.add_note(note)
-        if failure is exc:
+        if not (isinstance(exc, PipelineError) and len(exc.exceptions) == 1):
             raise exc
+        failure = exc.exceptions[0]
+        for note in getattr(exc, "__notes__", ()):
+            failure.add_note(note)
         failure.__suppress_context__ = True  # not "during handling of" its own group
         raise failure
 
