@@ -111,8 +111,6 @@ MAX_RECORDS = 10_000  # failed batches kept per lane, as a stage keeps its recor
 def _with_failed(stage: StageStats, count: int, records: list[FailureRecord]) -> StageStats:
     """``stage`` with ``count`` more failures, raised at the consumer (``records``: theirs,
     the first :data:`MAX_RECORDS`), which its run did not see."""
-    if not count:
-        return stage
     return replace(stage, failures=stage.failures + count,
                    failed_items=stage.failed_items + tuple(records))
 
