@@ -59,10 +59,8 @@ class Padded(NamedTuple):
 
 
 def _as_tensor(value: Any, where: str) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value
     try:
-        return torch.as_tensor(value)
+        return torch.as_tensor(value)  # a tensor (a subclass too) is returned as it is
     except (TypeError, ValueError, RuntimeError) as exc:
         raise TypeError(f"{where}: cannot pad a {type(value).__name__}") from exc
 

@@ -16,6 +16,7 @@ rank raises its own exception.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
@@ -141,10 +142,8 @@ def _fetch(it: Iterator[T], count: int) -> tuple[deque[T], Exception | None]:
     """Up to ``count`` batches of ``it`` (fewer at its end), or the error it raised."""
     held: deque[T] = deque()
     try:
-        for _ in range(count):
-            held.append(next(it))
-    except StopIteration:
-        pass
+        for batch in itertools.islice(it, count):  # stops at count: no batch read past it
+            held.append(batch)
     except Exception as exc:
         return held, exc
     return held, None

@@ -111,8 +111,6 @@ MAX_RECORDS = 10_000  # failed batches kept per lane, as a stage keeps its recor
 def _with_failed(stage: StageStats, count: int, records: list[FailureRecord]) -> StageStats:
     """``stage`` with ``count`` more failures, raised at the consumer (``records``: theirs,
     the first :data:`MAX_RECORDS`), which its run did not see."""
-    if not count:
-        return stage
     return replace(stage, failures=stage.failures + count,
                    failed_items=stage.failed_items + tuple(records))
 
@@ -270,13 +268,11 @@ class EpochIterator:
     def _reraise(self, exc: Exception) -> None:
         """Raise what a torch user expects for a run that failed: the stage's own exception
         (with the group's notes), and a timeout as torch's ``RuntimeError``."""
-        failure: BaseException = exc
-        if isinstance(exc, PipelineError) and len(exc.exceptions) == 1:
-            failure = exc.exceptions[0]
-            for note in getattr(exc, "__notes__", ()):
-                failure.add_note(note)
-        if failure is exc:
+        if not (isinstance(exc, PipelineError) and len(exc.exceptions) == 1):
             raise exc
+        failure = exc.exceptions[0]
+        for note in getattr(exc, "__notes__", ()):
+            failure.add_note(note)
         failure.__suppress_context__ = True  # not "during handling of" its own group
         raise failure
 
