@@ -146,8 +146,7 @@ class GpuDecodeNode:
         # normalize()'s scale and offset (bit for bit the kernel's), read-only
         self.scale, self.offset = _affine(tuple(options["mean"]), tuple(options["std"]),
                                           torch.float32, device)
-        cuda = device.type == "cuda"
-        self.stream = _side_stream(device) if cuda else None
+        self.stream = _side_stream(device) if device.type == "cuda" else None
         self.held: list[torch.Tensor] = []  # the last batch's pictures (see make)
         self.offered = self.refused = 0  # JPEGs given to the GPU decoder, and refused
         self._taken = 0  # batches read
