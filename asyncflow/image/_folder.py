@@ -277,12 +277,11 @@ def folder(
     part = resolve_split(split)
     classes, samples = scan(root, extensions)
     shuffled = train if shuffle is None else shuffle
-    if seed is None and part is not None:
-        seed = 0  # every rank must draw the same order, as with a DistributedSampler
     if seed is None:
+        # With a split, every rank must draw the same order, as with a DistributedSampler.
         # Without shuffling or augmentation the seed changes nothing: keep it fixed, so that
         # an evaluation pipeline is the same in every process (and its cache is reused).
-        seed = fresh_seed() if (shuffled or train) else 0
+        seed = fresh_seed() if (shuffled or train) and part is None else 0
     seed = int(seed)
     # A decoder takes a group of items per hand-off: a process worker's hand-off (two pickles,
     # two pipe messages, a wake-up of the parent's loop) costs more than a thread's.

@@ -146,8 +146,7 @@ class GpuDecodeNode:
         # normalize()'s scale and offset (bit for bit the kernel's), read-only
         self.scale, self.offset = _affine(tuple(options["mean"]), tuple(options["std"]),
                                           torch.float32, device)
-        cuda = device.type == "cuda"
-        self.stream = _side_stream(device) if cuda else None
+        self.stream = _side_stream(device) if device.type == "cuda" else None
         self.held: list[torch.Tensor] = []  # the last batch's pictures (see make)
         self.offered = self.refused = 0  # JPEGs given to the GPU decoder, and refused
         self._taken = 0  # batches read
@@ -287,11 +286,9 @@ class GpuDecodeNode:
         if not gpu:
             return {}
         decoded = self._decoded([row.data for _, row in gpu])
-        pictures = {}
-        for (i, row), picture in zip(gpu, decoded, strict=True):
-            rgb = None if picture is None else _as_rgb(picture, row, self.decoder.layout)
-            if rgb is not None:
-                pictures[i] = rgb
+        rgb = [(i, _as_rgb(picture, row, self.decoder.layout))
+               for (i, row), picture in zip(gpu, decoded, strict=True)]
+        pictures = {i: picture for i, picture in rgb if picture is not None}
         self.offered += len(gpu)
         self.refused += len(gpu) - len(pictures)
         return pictures
@@ -333,10 +330,11 @@ def _side_stream(device: torch.device) -> Any:
         return stream
 
 
-def _as_rgb(picture: torch.Tensor, row: Encoded, layout: str) -> torch.Tensor | None:
-    """``picture`` as three channels of its plan's size, or ``None`` if it is not one."""
+def _as_rgb(picture: torch.Tensor | None, row: Encoded, layout: str) -> torch.Tensor | None:
+    """``picture`` as three channels of its plan's size, or ``None`` if it is not one (or
+    the decoder refused it)."""
     height, width = row.place.height, row.place.width
-    if picture.dtype != torch.uint8:
+    if picture is None or picture.dtype != torch.uint8:
         return None
     shape = tuple(picture.shape)
     rgb, gray = ((3, height, width), (1, height, width)) if layout == "chw" else (

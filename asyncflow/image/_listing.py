@@ -12,6 +12,7 @@ under the tree's root, their labels, sizes and a fingerprint of their bytes
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -110,14 +111,8 @@ class Listing:
         return order
 
     def _items(self, epoch: int, run: int) -> Iterator[ItemGroup]:
-        order = self.order(epoch)
-        # Groups: stats count the images in them, not the groups.
-        group = ItemGroup()
-        for pos, i in enumerate(order):
-            path, label = self.samples[int(i)]
-            group.append(Sample(path, label, epoch, pos, run, int(i)))
-            if len(group) == self.group:
-                yield group
-                group = ItemGroup()
-        if group:
+        items = (Sample(*self.samples[int(i)], epoch, pos, run, int(i))
+                 for pos, i in enumerate(self.order(epoch)))
+        # Groups of ``group`` samples: stats count the images in them, not the groups.
+        while group := ItemGroup(itertools.islice(items, self.group)):
             yield group

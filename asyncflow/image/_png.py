@@ -98,10 +98,9 @@ def _expected_size(data: bytes | memoryview) -> int:
     ihdr = bytes(memoryview(data)[16:29])
     width, height = int.from_bytes(ihdr[0:4], "big"), int.from_bytes(ihdr[4:8], "big")
     bits = ihdr[8] * _CHANNELS.get(ihdr[9], 1)
-    if ihdr[12] == 0:
-        return height * (1 + (width * bits + 7) // 8)
     total = 0
-    for x0, y0, dx, dy in _ADAM7:
+    # Adam7's seven passes, or, not interlaced, one pass over every pixel.
+    for x0, y0, dx, dy in _ADAM7 if ihdr[12] else ((0, 0, 1, 1),):
         cols, rows = max(0, -(-(width - x0) // dx)), max(0, -(-(height - y0) // dy))
         if cols and rows:
             total += rows * (1 + (cols * bits + 7) // 8)

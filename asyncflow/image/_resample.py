@@ -285,13 +285,11 @@ def _taps(
     out_len, ksize = taps.shape[1], taps.shape[2]
     shape = (n, 3, h, out_len) if dim == 3 else (n, 3, out_len, w)
     total = torch.zeros(shape, dtype=torch.float32, device=src.device)
+
+    def spread(t: torch.Tensor) -> torch.Tensor:  # ``n x out_len`` as a view along ``dim``
+        return t[:, None, None, :] if dim == 3 else t[:, None, :, None]
+
     for k in range(ksize):
         index = torch.clamp(starts + k, max=limit - 1)
-        weight = taps[:, :, k]
-        if dim == 3:
-            gathered = src.gather(3, index[:, None, None, :].expand(shape))
-            total.addcmul_(gathered, weight[:, None, None, :])
-        else:
-            gathered = src.gather(2, index[:, None, :, None].expand(shape))
-            total.addcmul_(gathered, weight[:, None, :, None])
+        total.addcmul_(src.gather(dim, spread(index).expand(shape)), spread(taps[:, :, k]))
     return total

@@ -21,6 +21,7 @@ torch, which keeps each worker process small.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import mmap
 import os
@@ -156,7 +157,5 @@ class SharedSlabs:
     @staticmethod
     def release(name: str) -> None:
         """Unlink a slab's name (its memory lives on while mapped)."""
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(SHM_DIR, name))
-        except FileNotFoundError:
-            pass

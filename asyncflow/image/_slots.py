@@ -276,9 +276,8 @@ class BatchAssembler:
                 entry.labels[ticket.row] = ticket.label
                 entry.arrived += 1
             else:
-                error = row.error if isinstance(row, Failed) else "failed"
-                entry.failed[ticket.row] = (f"{type(error).__name__}: {error}"
-                                            if isinstance(error, Exception) else error)
+                entry.failed[ticket.row] = (f"{type(row.error).__name__}: {row.error}"
+                                            if isinstance(row, Failed) else "failed")
             if entry.spare and entry.complete and self._slabs is not None:
                 self._slabs.release(entry.slab)  # every row is in: no worker maps it again
             first = state.next

@@ -40,13 +40,6 @@ from ._jpeg import _damaged
 __all__ = ["available", "backend_info", "decode", "version"]
 
 
-def _load() -> ModuleType | None:
-    try:
-        return importlib.import_module("simplejpeg")
-    except ImportError:  # a speed-up only: PIL decodes every JPEG without it
-        return None
-
-
 def _installed(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -54,18 +47,16 @@ def _installed(dist: str) -> str | None:
         return None
 
 
-def _maps_rgbx() -> bool:
-    """Whether to resize the decoded ``RGBX`` array in place (mapped) rather than a copy.
+try:
+    _simplejpeg: ModuleType | None = importlib.import_module("simplejpeg")
+except ImportError:  # a speed-up only: PIL decodes every JPEG without it
+    _simplejpeg = None
 
-    pillow-simd resizes four bands as fast as three, so mapping saves the copy (0.05 ms a
-    picture here); stock Pillow resizes the three bands of an "RGB" image 10-25% faster than
-    four, which pays for the copy (0.16 ms a picture).
-    """
-    return _installed("pillow-simd") == PIL.__version__
-
-
-_simplejpeg = _load()
-_MAP_RGBX = _maps_rgbx()
+#: Whether to resize the decoded ``RGBX`` array in place (mapped) rather than a copy:
+#: pillow-simd resizes four bands as fast as three, so mapping saves the copy (0.05 ms a
+#: picture here); stock Pillow resizes the three bands of an "RGB" image 10-25% faster than
+#: four, which pays for the copy (0.16 ms a picture).
+_MAP_RGBX = _installed("pillow-simd") == PIL.__version__
 
 #: libjpeg's warnings that the data ran out: JWRN_HIT_MARKER and JWRN_JPEG_EOF.
 _RAN_OUT = ("premature end of data segment", "Premature end of JPEG file")
