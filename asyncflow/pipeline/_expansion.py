@@ -118,10 +118,14 @@ class SplitLedger(Ledger):
         touched, self._ended = self._ended, []
         if touched or outputs:
             self._version += 1
-        for o, j in self._made(outputs):
-            got[o].append(j)
-            entries.pop(o, None)
-            touched.append(o)
+        first, sources, indices = self.first_out, self.sources, self.indices
+        listed = len(sources)
+        for a, b in outputs:  # inline, not through _made: this runs at every state save
+            low, high = max(a - first, 0), min(b - first, listed)
+            for o, j in zip(sources[low:high], indices[low:high], strict=True):
+                got[o].append(j)
+                entries.pop(o, None)
+                touched.append(o)
         if self.batch is not None:  # element ``j`` of batch ``o`` is its input o * size + j
             size = self.batch.size
             self.batch.elements += runs([o * size + j for o, j in self._made(outputs)])
@@ -169,10 +173,13 @@ class SplitLedger(Ledger):
         self.state_text = rows[2] if rows[1] else None
         if not rows[1]:
             return None
-        # new lists each time: the caller may keep or change what it is given
-        return {"partial": [{"input": [list(pair) for pair in key],
-                             "done": {"mark": mark, "ranges": [list(pair) for pair in ranges]}}
-                            for key, mark, ranges, _ in rows[1]]}
+        # new lists each time: the caller may keep or change what it is given (most keys
+        # and settled indices are one pair, or none: made without a call)
+        return {"partial": [
+            {"input": [[*key[0]]] if len(key) == 1 else list(map(list, key)),
+             "done": {"mark": mark, "ranges": [] if not ranges else [[*ranges[0]]]
+                      if len(ranges) == 1 else list(map(list, ranges))}}
+            for key, mark, ranges, _ in rows[1]]}
 
     def _entry(self, o: int) -> _Entry:
         """Open input ``o``'s partial entry: its source positions, and its outputs settled
