@@ -14,6 +14,8 @@ below (``tests/structure.py`` holds it; docs/concepts.md draws it)::
               _tree.py     the one walker of nested items (dicts, lists, tuples, namedtuples)
               _recycle.py  the one recycler of batch buffers
               _blob.py     bytes that name their source; the reader of whole local files
+              _identity.py the one checksum of a saved state, the one digest of bytes, and
+                           what a listing holds (resume, the cache, ranks, the journal)
     workers   workers/     a stage's sync calls on the run's threads or in worker processes
                            (results through shared memory), workers="auto"'s choice; the
                            seeds every random stream draws from

@@ -30,7 +30,7 @@ ENGINE = "asyncflow.pipeline"
 #: the public face (``asyncflow/__init__.py``) is matched on its own name only.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("asyncflow._errors", "asyncflow._redact", "asyncflow._scope", "asyncflow._lazy",
-              "asyncflow._tree", "asyncflow._recycle", "asyncflow._blob")),
+              "asyncflow._tree", "asyncflow._recycle", "asyncflow._blob", "asyncflow._identity")),
     ("workers", ("asyncflow.workers",)),
     ("engine", (ENGINE,)),
     ("services", ("asyncflow.ranks", "asyncflow.journal")),

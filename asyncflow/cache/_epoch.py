@@ -99,7 +99,7 @@ class CacheSource:
         return self.run_epoch(None)
 
     def listing_identity(self) -> dict[str, Any]:
-        """What a resume state must find again (``asyncflow/pipeline/_identity.py``): the
+        """What a resume state must find again (``asyncflow/_identity.py``): the
         data the cache holds, named by its upstream's fingerprint (the source's listing with
         each file's size and time, each stage's settings, the key), wherever it lies."""
         return listing_identity([f"upstream {self.fingerprint[:16]}"])

@@ -11,7 +11,7 @@ the fingerprint. That costs one ``stat`` per listed file when the fingerprint is
 ``.cache()`` is called); URLs (``scheme://...``) are left alone.
 
 A long sequence (a source's listing) is described as a resume state identifies it
-(``asyncflow/pipeline/_identity.py``): each item by its value, with the size and time of the
+(``asyncflow/_identity.py``): each item by its value, with the size and time of the
 files it names as its content, in parts that say where two listings first differ.
 """
 

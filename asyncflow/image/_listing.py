@@ -69,7 +69,7 @@ class Listing:
                 "part": self.part}
 
     def listing_identity(self) -> dict[str, Any]:
-        """What a resume state must find again (``asyncflow/pipeline/_identity.py``): each
+        """What a resume state must find again (``asyncflow/_identity.py``): each
         file by its path under the tree's root and its label, then its size and a fingerprint
         of its first and last bytes (``_digests.py`` says why those). The same tree
         moved to another root is the same listing. Taken once per listing, on first use.

@@ -4,6 +4,14 @@ Features (``asyncflow.torch``, ``asyncflow.cache``, progress bars, display) exte
 through the public seams exported here; see ``EXTENDING.md``.
 """
 
+from .._identity import (
+    describe_difference,
+    item_token,
+    listing_identity,
+    sequence_identity,
+    short_digest,
+    state_checksum,
+)
 from .._scope import current_epoch
 from ..workers import (
     Processes,
@@ -22,14 +30,6 @@ from ._core import HookFactory
 from ._custom import CustomSpec
 from ._failures import FailureBudget
 from ._features import feature, register_feature
-from ._identity import (
-    describe_difference,
-    item_token,
-    listing_identity,
-    sequence_identity,
-    short_digest,
-    state_checksum,
-)
 from ._merge import Merge
 from ._merge_end import END_OF_STREAM, EndOfStream
 from ._node import Node, NodeContext, ReceiveHook, Receiver, Sender, apply_hooks, node_for

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import ConfigError, check_int
-from ._identity import describe_difference, sequence_identity, short_digest, state_checksum
+from .._identity import describe_difference, sequence_identity, short_digest, state_checksum
 from ._lineage import SourcePlan, received
 from ._merge import Merge
 from ._protocols import ListedSource, ResumableSource, SplitShare

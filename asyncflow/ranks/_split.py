@@ -307,7 +307,7 @@ class Share(Generic[T]):
 
     def listing_identity(self) -> dict[str, Any]:
         """What a resume state must find again: every item of the whole list, the same on
-        every rank (``asyncflow/pipeline/_identity.py``). Hashed once per list read."""
+        every rank (``asyncflow/_identity.py``). Hashed once per list read."""
         # an iterable that is not a sequence is read whole once per iteration, not again here
         listed = self._last if self._last is not None else self._listed()
         if self._identity is None or self._identity[0] is not listed:

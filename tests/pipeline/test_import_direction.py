@@ -16,11 +16,13 @@ import pytest
 from tests.structure import all_imports, collect_imports, under
 
 #: What the engine (``asyncflow.pipeline``) may import besides itself: the error tree, the
-#: two helpers it is built on, and the worker processes below it (their public names only:
+#: two helpers it is built on, the one checksum and listing identity (which resume shares with
+#: the cache, ranks and the journal), and the worker processes below it (their public names only:
 #: ``test_only_the_workers_import_their_private_modules``). Features attach through its public
 #: seams instead (``asyncflow/pipeline/EXTENDING.md``); the public face registers them.
 ENGINE_MAY_IMPORT = (
-    "asyncflow._errors", "asyncflow._redact", "asyncflow._scope", "asyncflow.workers",
+    "asyncflow._errors", "asyncflow._redact", "asyncflow._scope", "asyncflow._identity",
+    "asyncflow.workers",
 )
 
 _FEATURES = (

@@ -37,8 +37,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._errors import ConfigError, check_int
-from .._redact import redact
+from ._errors import ConfigError, check_int
+from ._redact import redact
 
 __all__ = ["PARTS", "canonical_json", "describe_difference", "item_token", "listing_identity",
            "sequence_identity", "short_digest", "state_checksum"]
