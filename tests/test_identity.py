@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from asyncflow import ConfigError, Pipeline
+from asyncflow._identity import describe_difference, sequence_identity
 from asyncflow.pipeline import listing_identity
 from asyncflow.pipeline import state_checksum as _checksum
-from asyncflow._identity import describe_difference, sequence_identity
 from asyncflow.pipeline._resume import _sampled
 
 pytestmark = pytest.mark.usefixtures("leak_check")
