@@ -79,12 +79,15 @@ class Handoff(ChannelBase):
         """The next chunk, the end (``[]``, or the error raised), or ``None``: nothing yet
         (lock held). The previous chunk is done with either way."""
         freed = self._lent > 0
-        self._give_back()
+        self._lent = 0  # the reader is back for more: its previous chunk no longer counts
         if self._items:
             taken: list[Any] | None = self._take(self.take_size)
             freed = True
-        elif self._closed or self._aborted:
-            taken = self._end()
+        elif self._closed or self._aborted:  # the end: [], or the error left, once
+            error, self._error = self._error, None
+            if error is not None:
+                raise error
+            taken = []
         else:
             taken = None
         if freed:  # room came back: every waiting writer re-checks

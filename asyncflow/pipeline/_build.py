@@ -167,7 +167,6 @@ def _add_chain(
             node = (SourceNode(ctx, open_source, gate) if merge is None
                     else _merge_node(graph, merge, ctx, run, prefix, gate))
         graph.contexts.append(ctx)
-        graph.inputs.append(graph.outputs[-1] if index else None)  # the previous stage's output
         graph.outputs.append(output)
         graph.nodes.append(node)
     # the chain's entries are the graph's last (a merge's branches come before it)

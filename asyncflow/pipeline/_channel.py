@@ -256,26 +256,15 @@ class ChannelBase(abc.ABC):
             popsize = self._sizes.popleft
             size = sum(popsize() for _ in range(len(taken)))
             self._bytes -= size
-            if self._lend:  # the previous chunk is done with (see _give_back): this one counts
+            if self._lend:  # the previous chunk is done with (the reader is back): this one counts
                 self._lent = size
         return taken
-
-    def _give_back(self) -> None:
-        """The reader is back for more: its previous chunk no longer counts (lock held)."""
-        self._lent = 0
 
     def _take_putters(self) -> list[asyncio.Future[None]]:
         """The writers to wake now that room came back: all of them re-check (lock held)."""
         woken = list(self._putters)
         self._putters.clear()
         return woken
-
-    def _end(self) -> list[Any]:
-        """The end of the stream, for a reader (lock held): ``[]``, or the error left, once."""
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-        return []
 
 
 class Channel(ChannelBase):

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 from ._channel import nbytes_of
-from ._hand import Hand
 
 __all__ = ["TARGET_CHUNK_SECONDS", "Chunking"]
 
@@ -39,17 +38,15 @@ class Chunking:
         max_chunk: The largest chunk.
         max_bytes: The output's byte budget (``None``: none).
         holders: How many chunks the stage may hold at once (their share of the budget).
-        hand: What a sync stage holds (told the measured size per item), or ``None``.
         may_inline: Whether the stage may ever run inline (see the module docstring).
     """
 
-    def __init__(self, max_chunk: int, max_bytes: int | None, holders: int,
-                 hand: Hand | None, *, may_inline: bool) -> None:
+    def __init__(self, max_chunk: int, max_bytes: int | None, holders: int, *,
+                 may_inline: bool) -> None:
         self.max_chunk = max_chunk
         self.max_bytes = max_bytes
         self.size = 1
         self._holders = holders
-        self._hand = hand
         self._per_item: float | None = None
         self._out_size: float | None = None
         # chunks seen cheap on threads so far, -1 once the stage may never run inline (again)
@@ -67,15 +64,15 @@ class Chunking:
         target = max(1, min(self.max_chunk, int(TARGET_CHUNK_SECONDS / max(self._per_item, 1e-8))))
         self.size = min(target, self.size * 2)
 
-    def fit_bytes(self, values: list[Any]) -> None:
-        """Shrink the chunk to the byte budget, given what a chunk put out."""
+    def fit_bytes(self, values: list[Any]) -> float:
+        """Shrink the chunk to the byte budget, given what a chunk put out; return the
+        measured bytes of an output item (a running estimate, for the stage's ``Hand``)."""
         per = nbytes_of(values) / max(1, len(values))
         self._out_size = per if self._out_size is None else 0.7 * self._out_size + 0.3 * per
         if self._out_size > 0 and self.max_bytes is not None:
             share = self.max_bytes / 2 / self._holders
             self.size = max(1, min(self.size, int(share / self._out_size)))
-        if self._hand is not None:
-            self._hand.measured(self._out_size)
+        return self._out_size
 
     def note_cost(self, elapsed: float, count: int, was_inline: bool) -> None:
         """Move the stage onto the loop or back to the threads, as the rule says."""

@@ -104,10 +104,7 @@ class PipelineCore(Generic[T_co]):
         check_int("epoch", epoch, 0)
         check_int("start", start, 0)
         check_source("with_source(source)", source)
-        shared = SharedSource(source)
-        shared.runs = shared.first = epoch
-        shared.resume_offset = start
-        return self._copy(_source=shared, _last=[])
+        return self._copy(_source=SharedSource(source, epoch=epoch, start=start), _last=[])
 
     def with_hook(self, factory: HookFactory) -> Self:
         """A copy with a consumer-side hook, built per run by ``factory(run)``.

@@ -22,8 +22,9 @@ __all__ = ["Graph", "RunResources"]
 
 @dataclass
 class Graph:
-    """One run's stages, branches first: ``nodes[i]`` reads ``inputs[i]`` (``None`` for a
-    source) and writes ``outputs[i]``; ``contexts[i]`` is what it may use. The pipeline's own
+    """One run's stages, branches first, each chain's source first: ``nodes[i]`` writes
+    ``outputs[i]`` and reads ``outputs[i - 1]`` (nothing for a source, whose
+    ``contexts[i].index`` is 0); ``contexts[i]`` is what it may use. The pipeline's own
     stages (``chain``) come last, the last one writing the consumer's hand-off.
 
     A merge replaces a branch's entries when it restarts it (on the run's loop), so the
@@ -32,7 +33,6 @@ class Graph:
 
     contexts: list[NodeContext] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
-    inputs: list[Any] = field(default_factory=list)
     outputs: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     #: What the consumer's thread applies to each item: the run plan's receive hooks, then
@@ -60,10 +60,11 @@ class Graph:
 
     def move(self, start: int, old: Sequence[NodeContext]) -> None:
         """Put the entries from ``start`` on in the place of those of ``old`` (a contiguous
-        run of entries before ``start``)."""
+        run of entries before ``start``; whole chains both, so each stage still follows its
+        input)."""
         lo = next(i for i, ctx in enumerate(self.contexts) if ctx is old[0])
         hi = lo + len(old)
-        for entries in (self.contexts, self.nodes, self.inputs, self.outputs):
+        for entries in (self.contexts, self.nodes, self.outputs):
             new = entries[start:]
             del entries[start:]
             entries[lo:hi] = new  # type: ignore[assignment]

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 
-from ..workers import settle_all
-
 __all__ = ["Hand"]
 
 
@@ -29,14 +27,14 @@ class Hand:
             (one running, the next queued), so that a worker never waits for the parent.
     """
 
-    __slots__ = ("_items", "_max_bytes", "_waiters", "held", "limit")
+    __slots__ = ("_items", "_max_bytes", "_room", "held", "limit")
 
     def __init__(self, capacity: int, max_bytes: int | None, floor: int = 1) -> None:
         self._items = max(1, capacity // 2, floor)
         self._max_bytes = max_bytes
         self.limit = self._items if max_bytes is None else 1
         self.held = 0
-        self._waiters: list[asyncio.Future[None]] = []
+        self._room = asyncio.Event()  # set as items leave or the limit grows
 
     def take_now(self, want: int) -> int:
         """:meth:`take` if there is room now; ``0`` if the hand is full."""
@@ -56,20 +54,15 @@ class Hand:
             Safe: nothing is taken unless the call returns.
         """
         while not (count := self.take_now(want)):
-            fut = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
-            try:
-                await fut
-            finally:
-                if fut in self._waiters:
-                    self._waiters.remove(fut)
+            self._room.clear()
+            await self._room.wait()
         return count
 
     def give(self, count: int) -> None:
         """``count`` items left the stage's hands (their results were put out)."""
         if count:
             self.held -= count
-            self._wake()
+            self._room.set()
 
     def measured(self, size: float) -> None:
         """The results weigh ``size`` bytes each (a running estimate) with a byte budget."""
@@ -80,8 +73,4 @@ class Hand:
         grew = limit > self.limit
         self.limit = limit
         if grew:
-            self._wake()
-
-    def _wake(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        settle_all(waiters)
+            self._room.set()

@@ -76,7 +76,7 @@ class MapNode:
         )
         self.chunking = Chunking(
             max(1, min(_MAX_CHUNK, ctx.counters.capacity // holders)), max_bytes, holders,
-            self._hand, may_inline=worker == "threads" and runs_inline(spec.fn),
+            may_inline=worker == "threads" and runs_inline(spec.fn),
         )
         # state: which inputs each output came from, recorded before it is put out; concurrent
         # workers emit one at a time, so that the records follow the output order
@@ -206,8 +206,8 @@ class MapNode:
         counters.busy += elapsed
         chunking.adapt(elapsed, len(items))
         chunking.note_cost(elapsed, len(items), inline)
-        if chunking.max_bytes is not None:
-            chunking.fit_bytes(items if self.filter else values)  # a filter hands its inputs on
+        if chunking.max_bytes is not None:  # a filter hands its inputs on
+            hand.measured(chunking.fit_bytes(items if self.filter else values))
         if not self._checked:
             self._check_result(values)
         await self._deliver(ticket, (items, values, failures), out)

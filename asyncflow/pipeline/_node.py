@@ -89,8 +89,7 @@ class ItemKeys:
     """A run's source's seed keys (``seeding.KeyedIterator``), shared by the stages in step
     with the source: set by the source node once it has opened its iterator."""
 
-    key: Callable[[int], int] | None = None
-    first: int = 0  # the source position of the iterator's item 0
+    key: Callable[[int], int] | None = None  # of the iterator's item i (at plan.first + i)
 
 
 @dataclass(eq=False, repr=False, kw_only=True)
@@ -151,10 +150,10 @@ class NodeContext:
         (as :meth:`positions` gives them), when the source names them
         (``seeding.KeyedIterator``) and the stage is in step with it; ``None`` otherwise: the
         positions are the keys."""
-        keys = self.item_keys
-        if keys.key is None or not self.in_step:
+        key = self.item_keys.key
+        if key is None or not self.in_step:
             return None
-        start, key = first - keys.first, keys.key
+        start = first - self.lineage.source.plan.first  # the iterator's item 0 is there
         return [key(i) for i in range(start, start + count)]
 
     def run_sync(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:

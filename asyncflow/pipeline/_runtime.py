@@ -283,10 +283,9 @@ class Runtime:
         position = {id(ctx): index for index, ctx in enumerate(graph.contexts)}
         for ctx in contexts:
             index = position[id(ctx)]
+            inp = graph.outputs[index - 1] if ctx.index else None  # the chain's previous stage's
             with use_scope(ctx.scope), use_epoch(ctx.epoch):
-                coro = self._run_node(
-                    ctx, graph.nodes[index], graph.inputs[index], graph.outputs[index]
-                )
+                coro = self._run_node(ctx, graph.nodes[index], inp, graph.outputs[index])
                 try:
                     graph.tasks[ctx] = group.create_task(coro)
                 except BaseException:  # a group shutting down: the coroutine never runs

@@ -43,9 +43,10 @@ def check_source(where: str, source: Any) -> None:
 
 class SharedSource:
     """The user's source plus what all pipelines derived from it share: the epoch count, and
-    whether a one-shot iterator has been used up."""
+    whether a one-shot iterator has been used up. ``epoch``: the first run's number;
+    ``start``: the position in the epoch of the source's first item (``with_source``)."""
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, source: Any, *, epoch: int = 0, start: int = 0) -> None:
         self.source = source
         # A class (``itertools.count``) is a factory even though it defines __iter__.
         self.is_factory = isinstance(source, type) or (callable(source) and not (
@@ -55,9 +56,9 @@ class SharedSource:
             (hasattr(source, "__next__") and iter(source) is source)
             or (hasattr(source, "__anext__"))
         )
-        self.runs = 0
-        self.first = 0  # the first run's epoch number (with_source may start later)
-        self.resume_offset = 0
+        self.runs = epoch
+        self.first = epoch  # the first run's epoch number (with_source may start later)
+        self.resume_offset = start
         self.resume_plan: Any = None  # a SourcePlan from load_state_dict(), for the next run
         self.lock = threading.Lock()
 

@@ -70,7 +70,6 @@ class SourceNode:
     def _keyed(self, it: Any) -> None:
         if isinstance(it, KeyedIterator):
             self.ctx.item_keys.key = it.seed_key
-            self.ctx.item_keys.first = self.ctx.lineage.source.plan.first
 
     async def _run_async(self, source: Any, out: Sender) -> None:
         it = source.__aiter__()
