@@ -35,7 +35,7 @@ from ._jobs import Job, Slot, blame, exit_reason, merge, settle, stop_workers
 from ._pool_reader import PoolReader
 from ._portable import ChunkResult
 from ._worker_options import Processes
-from ._worker_process import STATUS, map_status, send, worker_main
+from ._worker_process import STATUS, map_status, send, serve
 
 __all__ = ["ProcessPool"]
 
@@ -153,7 +153,7 @@ class ProcessPool(PoolReader):
         assert self.boot is not None
         parent, child = multiprocessing.Pipe(duplex=True)
         process = self._context.Process(
-            target=worker_main, args=(child, self.boot.share(self._name), self._status_path, wid),
+            target=serve, args=(child, self.boot.share(self._name), self._status_path, wid),
             name=f"asyncflow-{self.stage}-{wid}", daemon=True,
         )
         with without_main():
