@@ -37,17 +37,15 @@ import struct
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from .._errors import ConfigError
-from ._boot import worker_setup
-from ._worker_options import Processes
 from ._worker_process import serve
 
 __all__ = [
-    "ForkTemplate", "ForkedWorker", "ReaderGate", "fork_refusal", "fork_refused", "fork_template",
+    "ForkRefused", "ForkTemplate", "ForkedWorker", "ReaderGate", "fork_refusal", "fork_refused",
 ]
 
 _INT = struct.Struct("<i")
@@ -107,26 +105,6 @@ def fork_refusal() -> str | None:
     return None
 
 
-def fork_template(fn: Callable[[Any], Any], size: int, spec: Processes, stage: str,
-                  prefix: str, status_path: str) -> ForkTemplate | str:
-    """The template of a pool of ``size`` workers running ``fn`` (``ProcessPool``'s args).
-
-    Returns:
-        The template; or, where the parent cannot be forked now, why (:func:`fork_refusal`'s
-        reason, checked with every :class:`ReaderGate` in hand): the caller raises
-        :func:`fork_refused` or starts its workers another way.
-    """
-    setup = worker_setup(fn, size, spec, stage, prefix)
-
-    def main(conn: Connection, wid: int) -> None:
-        serve(conn, setup, status_path, wid)
-
-    try:
-        return ForkTemplate(main, f"asyncflow-{stage}-fork")
-    except _Refused as exc:
-        return str(exc)
-
-
 def fork_refused(stage: str, reason: str) -> ConfigError:
     """The error for a pool that asked for fork alone, refused for ``reason``."""
     return ConfigError(
@@ -136,8 +114,10 @@ def fork_refused(stage: str, reason: str) -> ConfigError:
     )
 
 
-class _Refused(RuntimeError):
-    pass
+class ForkRefused(RuntimeError):
+    """The parent cannot be forked now; the message is :func:`fork_refusal`'s reason, checked
+    with every :class:`ReaderGate` in hand. The pool raises :func:`fork_refused` or starts its
+    workers another way."""
 
 
 class ForkedWorker:
@@ -187,25 +167,26 @@ class ForkTemplate:
     """A child forked from the parent now, that forks the workers of one pool on request.
 
     Args:
-        main: Run in each worker as ``main(conn, wid)``; it may close over anything of the
-            parent (a Dataset that cannot be pickled, say). The worker exits when it returns.
+        setup: What each worker serves from (``_boot.worker_setup``), as it is: it may hold
+            anything of the parent (a Dataset that cannot be pickled, say).
+        status_path: The pool's status file.
         name: The template's process name.
 
     Raises:
-        _Refused: :func:`fork_refusal` gives a reason.
+        ForkRefused: :func:`fork_refusal` gives a reason.
     """
 
-    def __init__(self, main: Any, name: str) -> None:
+    def __init__(self, setup: dict[str, Any], status_path: str, name: str) -> None:
         self._lock = threading.Lock()
         self._sock, theirs = socket.socketpair()
         self.process = multiprocessing.get_context("fork").Process(
-            target=_template_main, args=(theirs, main), name=name, daemon=True)
+            target=_template_main, args=(theirs, setup, status_path), name=name, daemon=True)
         with _every_gate(), warnings.catch_warnings():
             reason = fork_refusal()  # with the gates in hand: no reader can start a thread
             if reason is not None:
                 self._sock.close()
                 theirs.close()
-                raise _Refused(reason)
+                raise ForkRefused(reason)
             # Python 3.12 counts the OS's threads: C libraries' pools (see the module's
             # docstring), which fork_refusal has just found to be the only others. No other
             # Python thread runs, so nothing else reads or changes the filters meanwhile.
@@ -256,7 +237,7 @@ def _stop(sock: socket.socket, process: Any) -> None:
     process.close()
 
 
-def _template_main(sock: socket.socket, main: Any) -> None:
+def _template_main(sock: socket.socket, setup: dict[str, Any], status_path: str) -> None:
     gc.freeze()  # before anything here can collect: see the module's docstring
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     children: dict[int, tuple[int, int]] = {}  # pidfd: (pid, sentinel's write end)
@@ -285,7 +266,7 @@ def _template_main(sock: socket.socket, main: Any) -> None:
                 for pidfd, (_, other) in children.items():
                     os.close(pidfd)
                     os.close(other)
-                main(Connection(conn_fd), _INT.unpack(data)[0])
+                serve(Connection(conn_fd), setup, status_path, _INT.unpack(data)[0])
                 code = 0
             finally:
                 os._exit(code)

@@ -29,13 +29,13 @@ from typing import Any
 from .._errors import ConfigError, WorkerError
 from .._redact import describe_item
 from . import _segments
-from ._boot import Boot, boot_payload, start_context, without_main
-from ._fork import ForkTemplate, fork_refused, fork_template
+from ._boot import Boot, boot_payload, start_context, without_main, worker_setup
+from ._fork import ForkRefused, ForkTemplate, fork_refused
 from ._jobs import Job, Slot, blame, exit_reason, merge, settle, stop_workers
 from ._pool_reader import PoolReader
 from ._portable import ChunkResult
 from ._worker_options import Processes
-from ._worker_process import STATUS, map_status, send, worker_main
+from ._worker_process import STATUS, map_status, send, serve
 
 __all__ = ["ProcessPool"]
 
@@ -74,14 +74,14 @@ class ProcessPool(PoolReader):
         self.start_note: str | None = None
         refusal = None
         if spec.start_method == "fork":  # its template forks now, before the run's threads
-            made = fork_template(fn, size, spec, stage, self.prefix, self._status_path)
-            if isinstance(made, ForkTemplate):
-                self._template = made
-            elif spec.fallback is None:
-                raise fork_refused(stage, made)
-            else:
-                refusal, self.spec = made, replace(spec, start_method=spec.fallback,
-                                                   fallback=None)
+            setup = worker_setup(fn, size, spec, stage, self.prefix)
+            try:
+                self._template = ForkTemplate(setup, self._status_path, f"asyncflow-{stage}-fork")
+            except ForkRefused as exc:
+                if spec.fallback is None:
+                    raise fork_refused(stage, str(exc)) from None
+                refusal = str(exc)
+                self.spec = replace(spec, start_method=spec.fallback, fallback=None)
             self.start_note = _start_note(spec, refusal)
         self.boot: Boot | None = None
         if self._template is None:
@@ -153,7 +153,7 @@ class ProcessPool(PoolReader):
         assert self.boot is not None
         parent, child = multiprocessing.Pipe(duplex=True)
         process = self._context.Process(
-            target=worker_main, args=(child, self.boot.share(self._name), self._status_path, wid),
+            target=serve, args=(child, self.boot.share(self._name), self._status_path, wid),
             name=f"asyncflow-{self.stage}-{wid}", daemon=True,
         )
         with without_main():

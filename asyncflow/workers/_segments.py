@@ -239,20 +239,8 @@ def map_private(segments: Iterable[tuple[str, int] | bytearray]) -> list[Any]:
     Raises:
         OSError: A segment is missing or has the wrong size.
     """
-    maps: list[Any] = []
-    for segment in segments:
-        if isinstance(segment, bytearray):  # sent in the payload: no room in SHM_DIR
-            maps.append(segment)
-            continue
-        path, size = segment
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            _check_size(fd, path, size)
-            maps.append(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
-                                  prot=mmap.PROT_READ | mmap.PROT_WRITE) if size else bytearray())
-        finally:
-            os.close(fd)
-    return maps
+    return [segment if isinstance(segment, bytearray)  # sent in the payload: no room in SHM_DIR
+            else _map(*segment, received=False) for segment in segments]
 
 
 def _write_segment(path: str, data: memoryview) -> int:
@@ -270,25 +258,30 @@ def _write_segment(path: str, data: memoryview) -> int:
     return len(view)
 
 
-def _check_size(fd: int, path: str, size: int) -> None:
-    held = os.fstat(fd).st_size
-    if held != size:
-        raise OSError(f"shared-memory segment {path} holds {held} bytes, expected {size}")
+def _map(path: str, size: int, *, received: bool) -> Any:
+    """The segment ``path`` of ``size`` bytes, mapped: ``received`` (one reader), its name
+    unlinked at once and its pages shared; else copy-on-write, its name left for the others.
 
-
-def _attach(path: str, size: int) -> Any:
-    fd = os.open(path, os.O_RDWR)
+    Raises:
+        OSError: The segment is missing or has the wrong size.
+    """
+    fd = os.open(path, os.O_RDWR if received else os.O_RDONLY)
     try:
-        os.unlink(path)
+        if received:
+            os.unlink(path)
+        held = os.fstat(fd).st_size
+        if held != size:
+            raise OSError(f"shared-memory segment {path} holds {held} bytes, expected {size}")
         if size == 0:
             return bytearray()
-        _check_size(fd, path, size)
-        # Not populated: as torch's DataLoader maps a received batch, its pages enter this
-        # process's memory as they are read. Populated at once, every batch received ahead
-        # (those waiting for an earlier one, those in the hand-off) counted in this process's
-        # PSS, where torch's, mapped unread or still descriptors, count nowhere: the same
-        # bytes, 1.10x torch's PSS against 0.89x (docs/performance.md).
-        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+        if received:
+            # Not populated: as torch's DataLoader maps a received batch, its pages enter this
+            # process's memory as they are read. Populated at once, every batch received ahead
+            # (those waiting for an earlier one, those in the hand-off) counted in this
+            # process's PSS, where torch's, mapped unread or still descriptors, count nowhere:
+            # the same bytes, 1.10x torch's PSS against 0.89x (docs/performance.md).
+            return mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+        return mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
 
@@ -302,7 +295,7 @@ def loads(payload: bytes, segments: list[tuple[str, int]]) -> Any:
     buffers: list[Any] = []
     try:
         for path, size in segments:
-            buffers.append(_attach(path, size))
+            buffers.append(_map(path, size, received=True))
     except BaseException:
         discard(segments)
         raise

@@ -30,7 +30,7 @@ from ._portable import FAILED, noted, portable
 from ._seeding import item_seed, seed_everything
 from ._worker_options import WorkerInfo, run_worker_setups, set_worker_info
 
-__all__ = ["STATUS", "map_status", "send", "serve", "worker_main"]
+__all__ = ["STATUS", "map_status", "send", "serve"]
 
 #: Per worker: the job id and the index in it of the item being processed (int64 each).
 STATUS = struct.Struct("<qq")
@@ -152,27 +152,27 @@ class _Worker:
         return values, sorted(out, key=lambda pair: pair[0])
 
 
-def worker_main(conn: Connection, boot: bytes, status_path: str, wid: int) -> None:
-    """Boot from ``boot`` (a forkserver's or spawn's worker), then :func:`serve`."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # from the start: the boot may take a while
-    try:
-        core, segments = pickle.loads(boot)
-        # the setup's large buffers (a Dataset's arrays) on pages every worker shares
-        setup = pickle.loads(core, buffers=_segments.map_private(segments))
-        for trigger, provider in setup["lazy"].items():
-            _reducers.register_lazy_reducers(trigger, provider)
-        _reducers.load_reducer_modules(setup["modules"])
-    except BaseException as exc:
-        send(conn, "boot_error", format_exception(exc).encode(), [])
-        return
-    serve(conn, setup, status_path, wid)
+def _unpack(boot: bytes) -> dict[str, Any]:
+    """The setup a forkserver's or spawn's worker boots from (``_boot.Boot``'s payload), with
+    the parent's reducers registered."""
+    core, segments = pickle.loads(boot)
+    # the setup's large buffers (a Dataset's arrays) on pages every worker shares
+    setup: dict[str, Any] = pickle.loads(core, buffers=_segments.map_private(segments))
+    for trigger, provider in setup["lazy"].items():
+        _reducers.register_lazy_reducers(trigger, provider)
+    _reducers.load_reducer_modules(setup["modules"])
+    return setup
 
 
-def serve(conn: Connection, setup: dict[str, Any], status_path: str, wid: int) -> None:
-    """Start as worker ``wid`` of ``setup`` (a forked worker gets it unpickled), then run
-    jobs until told to stop. Never raises: errors go to the parent."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+def serve(conn: Connection, setup: dict[str, Any] | bytes, status_path: str, wid: int) -> None:
+    """Start as worker ``wid`` of ``setup`` (a forked worker gets it as it is; a forkserver's
+    or spawn's worker, as its boot payload), then run jobs until told to stop. Never raises:
+    errors go to the parent."""
+    # Ctrl-C is the parent's to handle; ignored from the start: the boot may take a while
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        if isinstance(setup, bytes):
+            setup = _unpack(setup)
         info = WorkerInfo(id=wid, pid=os.getpid(), **setup["info"])
         set_worker_info(info)
         _reducers.load_lazy()  # the function's own imports (torch for a Dataset) bring these in

@@ -102,13 +102,14 @@ def test_arrays_and_tensors_come_back_correct_writable_and_through_shared_memory
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     attached: list[int] = []
-    real_attach = _segments._attach
+    real_map = _segments._map
 
-    def counting_attach(path: str, size: int) -> Any:
-        attached.append(size)
-        return real_attach(path, size)
+    def counting_map(path: str, size: int, *, received: bool) -> Any:
+        if received:
+            attached.append(size)
+        return real_map(path, size, received=received)
 
-    monkeypatch.setattr(_segments, "_attach", counting_attach)
+    monkeypatch.setattr(_segments, "_map", counting_map)
     out = list(Pipeline(range(6)).map(make_arrays, concurrency=3, workers="processes"))
     assert len(out) == 6
     for x, result in enumerate(out):
