@@ -36,7 +36,8 @@ def choose_workers(
         small: Why threads win below ``min_cores``, with the figures behind it.
         needed: Why only worker processes give the stage's meaning (say, torch's
             ``worker_init_fn``): then any number of cores and workers takes processes,
-            where they are safe.
+            where they are safe (not in a daemonic process, nor without writable shared
+            memory, nor for a function that does not pickle).
 
     Returns:
         ``(Processes or None for threads, the reason)``; the reason is shown in ``stats()``.
@@ -45,11 +46,9 @@ def choose_workers(
 
     cores = usable_cpus()
     why_not: str | None = None
-    if needed is not None:
-        pass
-    elif cores < 2 or workers < 2:
+    if needed is None and (cores < 2 or workers < 2):
         why_not = f"{min(cores, workers)} worker(s) on {cores} usable core(s) gain nothing"
-    elif cores < min_cores:
+    elif needed is None and cores < min_cores:
         why_not = f"{cores} usable cores: {small}"
     elif multiprocessing.current_process().daemon:
         why_not = "this is already a worker process (daemonic processes cannot have children)"
