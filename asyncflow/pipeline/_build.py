@@ -258,7 +258,7 @@ def _merge_node(
         restarts (whose counters count on)."""
         counters = None if old is None else {c.name: c.counters for c in old.contexts}
         new = _add_branch(graph, branch, run, prefixes[i], counters_of=counters,
-                          resume=era.plan, keep=old is None or ledger.keeps)
+                          resume=era.plan, keep=old is None or ctx.lineage.missing is None)
         ledger.install(i, new.contexts[-1])  # its last stage's (nested branches come first)
         return new
 

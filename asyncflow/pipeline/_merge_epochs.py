@@ -103,7 +103,14 @@ class Track:
 
     def advance(self) -> None:
         """A restart: the era after the one being read (the next listed, or a new one) is
-        read now (lock held)."""
+        read now (lock held); replaying, the next era settled in full, or the first
+        listed."""
+        if self.replay:
+            self.passed = 0
+            self.replay[0][1] -= 1
+            if not self.replay[0][1]:
+                del self.replay[0]
+            return
         index = self.eras.index(self.era) + 1
         if index == len(self.eras):
             self.eras.append(Era())

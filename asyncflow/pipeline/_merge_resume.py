@@ -29,7 +29,7 @@ from typing import Any
 
 from .._errors import ConfigError
 from ._ledger import SourceLedger, SourcePlan
-from ._merge_epochs import BranchLineage, Era, Track, add_run, branch_at, count_on, tracks_of
+from ._merge_epochs import Era, Track, add_run, branch_at, count_on, tracks_of
 from ._span import runs
 
 __all__ = ["END", "PASS", "TAKE", "MergeLedger", "branch_at", "tracks_of"]
@@ -60,33 +60,24 @@ class MergeLedger(SourceLedger):
         self.picks: list[tuple[int, Era, int, int]] = []  # (branch, era, item, ordinal) from
         self.first_out = 0  # this output ordinal on
         self._on = False  # until the run's lineage says whether it keeps records
-        self._keeps: bool | None = None
 
     @property
     def on(self) -> bool:
         """Whether records are kept: set by the run's lineage (``Lineage.attach``), turned
-        off when the run stops. Turned off, it turns its branches' records off too (a run
-        that keeps none: a stage after the merge keeps no ledger; a merge within a merge)."""
+        off when the run stops. Turned off, it turns the records of its eras' branches off
+        too (a run that keeps none: a stage after the merge keeps no ledger; a merge within
+        a merge). A branch built later keeps records if the run's lineage does (its
+        ``missing`` is ``None``)."""
         return self._on
 
     @on.setter
     def on(self, value: bool) -> None:
-        if self._keeps is None:
-            self._keeps = value
         if not value:
-            for lineage in self.lineages:
-                lineage.freeze()
+            for track in self.tracks:
+                for era in track.eras:
+                    if era.lineage is not None:
+                        era.lineage.freeze()
         self._on = value
-
-    @property
-    def keeps(self) -> bool:
-        """Whether a branch built now keeps records (the run's state can be taken)."""
-        return self._keeps is True
-
-    @property
-    def lineages(self) -> list[BranchLineage]:
-        """The lineages of the eras still held."""
-        return [e.lineage for t in self.tracks for e in t.eras if e.lineage is not None]
 
     # -- on the run's loop ----------------------------------------------------------------
 
@@ -124,24 +115,6 @@ class MergeLedger(SourceLedger):
             return PASS
         return TAKE
 
-    def replay_empty(self, branch: int) -> bool:
-        """Whether the era settled in full that :data:`END` ended had no items."""
-        return self.tracks[branch].replay[0][0] == 0
-
-    def replayed(self, branch: int, verdict: str) -> None:
-        """The policy's verdict where an era settled in full ran out: it must restart.
-
-        Raises:
-            ConfigError: It did not (the state is from another policy or seed).
-        """
-        if verdict != "restart":
-            self._differs(branch, verdict)
-        track = self.tracks[branch]
-        track.passed = 0
-        track.replay[0][1] -= 1
-        if not track.replay[0][1]:
-            del track.replay[0]
-
     def take(self, branch: int) -> None:
         """The merge took ``branch``'s next item, to put it out (recorded before it is)."""
         era = self.tracks[branch].era
@@ -154,9 +127,13 @@ class MergeLedger(SourceLedger):
             self.grew(1)
 
     def ran_out(self, branch: int) -> bool:
-        """The era ``branch`` reads has run out: its length is known. Returns whether it was
-        empty (no item taken or passed over since the branch (re)started)."""
-        era = self.tracks[branch].era
+        """The era ``branch`` reads has run out (or, replayed, an era settled in full: at
+        :data:`END`): its length is known. Returns whether it was empty (no item taken or
+        passed over since the branch (re)started)."""
+        track = self.tracks[branch]
+        if track.replay:
+            return track.replay[0][0] == 0
+        era = track.era
         with self.lock:
             era.length = era.next
         return era.length == 0
@@ -165,14 +142,15 @@ class MergeLedger(SourceLedger):
         """The policy's verdict on ``branch``, which ran out: a restart begins its next era.
 
         Raises:
-            ConfigError: A resumed run's policy ended a branch that its state says restarted.
+            ConfigError: A resumed run's policy ended a branch that its state says restarted
+                (at an era settled in full, or one listed before the last).
         """
         track = self.tracks[branch]
         with self.lock:
             if verdict == "restart":
                 track.advance()
                 return
-            pending = track.eras[-1] is not track.era  # a resumed state lists eras after it
+            pending = track.replay or track.eras[-1] is not track.era  # eras after it
         if pending:
             self._differs(branch, verdict)
 
