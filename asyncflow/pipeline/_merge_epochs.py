@@ -97,8 +97,10 @@ class Track:
         self.replay = [list(run) for run in self.done]  # done eras a resumed run replays
         self.passed = 0  # items of ``replay[0]``'s era passed over so far
         self.eras = eras if eras is not None else [Era()]
-        #: The era being read. An object, not an index: the consumer's thread folds eras
-        #: away (compacting, lock held) while the run's loop reads it without the lock.
+        #: The era being read (until its branch is built, the one it builds: a resumed era
+        #: has its epoch and ``plan``, where its branch starts; a new one neither). An
+        #: object, not an index: the consumer's thread folds eras away (compacting, lock
+        #: held) while the run's loop reads it without the lock.
         self.era = self.eras[0]
 
     def advance(self) -> None:

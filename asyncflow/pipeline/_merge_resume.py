@@ -81,11 +81,6 @@ class MergeLedger(SourceLedger):
 
     # -- on the run's loop ----------------------------------------------------------------
 
-    def upcoming(self, branch: int) -> Era:
-        """The era ``branch`` builds next: a resumed one has its epoch and ``plan`` (where
-        its branch starts), a new one neither."""
-        return self.tracks[branch].era
-
     def built(self, pipes: Sequence[Any]) -> None:
         """The first eras of the branches (over ``pipes``) are built: a resumed merge's
         inputs count their epochs on from where they were when the state was taken."""
@@ -218,7 +213,7 @@ def _era_state(era: Era) -> dict[str, Any]:
     else:
         positions, extras, _ = era.lineage.snapshot(era.outputs.span())
     state = {"epoch": era.epoch, "positions": positions.to_json(), "nodes": extras,
-             "taken": era.settled.to_json()}
+             "taken": era.settled.span().to_json()}
     if era.sampler is not None:
         state["sampler"] = era.sampler
     return state
