@@ -42,7 +42,7 @@ TAKE, PASS, END = range(3)
 
 class MergeLedger(SourceLedger):
     """The merge node's ledger (its outputs are the run's positions), and per output in
-    flight its branch, era, the era's item number and the branch run's output ordinal.
+    flight its branch's era, the era's item number and the branch run's output ordinal.
 
     Args:
         plan: The run's source plan (a resumed run: the merge outputs settled before).
@@ -57,7 +57,7 @@ class MergeLedger(SourceLedger):
         self.name = name
         self.resumed = tracks is not None
         self.tracks = tracks if tracks is not None else [Track() for _ in range(branches)]
-        self.picks: list[tuple[int, Era, int, int]] = []  # (branch, era, item, ordinal) from
+        self.picks: list[tuple[Era, int, int]] = []  # (era, item, ordinal) of each output from
         self.first_out = 0  # this output ordinal on
         self._on = False  # until the run's lineage says whether it keeps records
 
@@ -118,7 +118,7 @@ class MergeLedger(SourceLedger):
         self.emitted += 1
         if self._on:
             with self.lock:
-                self.picks.append((branch, era, item, ordinal))
+                self.picks.append((era, item, ordinal))
             self.grew(1)
 
     def ran_out(self, branch: int) -> bool:
@@ -165,7 +165,7 @@ class MergeLedger(SourceLedger):
         outputs: dict[Era, list[int]] = {}
         first = self.first_out
         for start, end in ordinals:
-            for _, era, item, ordinal in self.picks[max(start - first, 0):max(end - first, 0)]:
+            for era, item, ordinal in self.picks[max(start - first, 0):max(end - first, 0)]:
                 items.setdefault(era, []).append(item)
                 outputs.setdefault(era, []).append(ordinal)
         for era, got in items.items():
