@@ -141,7 +141,7 @@ class AssembleLedger(Ledger):
                 "this pipeline cannot be resumed: its assemble stage received several rows "
                 "in one message (an ItemGroup); unbatch() them before assemble()"
             )
-        return {"rows": self.positions.to_json()}
+        return {"rows": self.positions.span().to_json()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         positions = Span.from_json(state.get("rows"), "the assemble stage's settled rows")

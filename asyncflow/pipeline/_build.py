@@ -257,18 +257,18 @@ def _merge_node(
         restarts (whose counters count on)."""
         counters = None if old is None else {c.name: c.counters for c in old.contexts}
         new = _add_branch(graph, branch, run, prefixes[i], counters_of=counters,
-                          resume=era.plan, keep=old is None or ledger.keeps)
+                          resume=era.plan, keep=old is None or ctx.lineage.missing is None)
         ledger.install(i, new.contexts[-1])  # its last stage's (nested branches come first)
         return new
 
     branches = []
     for i, pipe in enumerate(merge.inputs):
-        era = ledger.upcoming(i)  # resumed: the branch's epoch again (its order, its seeds)
+        era = ledger.tracks[i].era  # resumed: the branch's epoch again (its order, its seeds)
         branches.append(add(i, era, branch_at(pipe, era)))
     ledger.built(merge.inputs)
 
     async def rebuild(i: int, old: BranchRun) -> BranchRun:
-        era = ledger.upcoming(i)  # resumed: the era its state lists next
+        era = ledger.tracks[i].era  # the era it builds next (resumed: its state lists it)
         branch = await ctx.run_sync(branch_at, merge.inputs[i], era)  # run_plan() may read files
         start = len(graph.contexts)
         new = add(i, era, branch, old)

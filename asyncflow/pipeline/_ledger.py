@@ -35,10 +35,6 @@ __all__ = ["FixedLedger", "Ledger", "MapLedger", "Passthrough", "ShuffleLedger",
            "SourcePlan", "received"]
 
 
-def _ignore(records: int) -> None:
-    return None
-
-
 class Ledger(abc.ABC):
     """The base: one node's translation from settled outputs to settled inputs.
 
@@ -56,7 +52,7 @@ class Ledger(abc.ABC):
 
     def __init__(self) -> None:
         self.lock: Any = threading.RLock()  # replaced by the run's lineage lock
-        self.grew: Callable[[int], None] = _ignore  # the run's compaction trigger
+        self.grew: Callable[[int], None] = lambda records: None  # the run's compaction trigger
 
     @abc.abstractmethod
     def settle(self, outputs: list[tuple[int, int]], mark: int) -> list[tuple[int, int]]:

@@ -113,8 +113,7 @@ class Lineage:
             ledgers, kept = [first], [names[0]]
         elif first is not self.source or not keep:
             self.missing = names[0]
-        names, nodes = names[1:], nodes[1:]
-        for name, node, spec in zip(names, nodes, specs, strict=True):
+        for name, node, spec in zip(names[1:], nodes[1:], specs, strict=True):
             ledger = node_ledger(node, spec.items_per_output)
             if ledger is None:
                 self.missing = self.missing or name

@@ -233,8 +233,7 @@ class MergeNode:
                 branch = self.branches[i]
                 if (what := ledger.pick(i)) != TAKE:
                     if what == END:  # an era settled in full before a resume ran out
-                        empty = ledger.replay_empty(i)
-                        ledger.replayed(i, self._verdict(chooser, i, empty=empty))
+                        ledger.ended(i, self._verdict(chooser, i, empty=ledger.ran_out(i)))
                     continue  # else passed over: settled before a resume
                 if branch.pos >= len(branch.items):
                     await self._flush(pending, out)

@@ -97,13 +97,22 @@ class Track:
         self.replay = [list(run) for run in self.done]  # done eras a resumed run replays
         self.passed = 0  # items of ``replay[0]``'s era passed over so far
         self.eras = eras if eras is not None else [Era()]
-        #: The era being read. An object, not an index: the consumer's thread folds eras
-        #: away (compacting, lock held) while the run's loop reads it without the lock.
+        #: The era being read (until its branch is built, the one it builds: a resumed era
+        #: has its epoch and ``plan``, where its branch starts; a new one neither). An
+        #: object, not an index: the consumer's thread folds eras away (compacting, lock
+        #: held) while the run's loop reads it without the lock.
         self.era = self.eras[0]
 
     def advance(self) -> None:
         """A restart: the era after the one being read (the next listed, or a new one) is
-        read now (lock held)."""
+        read now (lock held); replaying, the next era settled in full, or the first
+        listed."""
+        if self.replay:
+            self.passed = 0
+            self.replay[0][1] -= 1
+            if not self.replay[0][1]:
+                del self.replay[0]
+            return
         index = self.eras.index(self.era) + 1
         if index == len(self.eras):
             self.eras.append(Era())

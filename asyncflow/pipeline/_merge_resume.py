@@ -29,7 +29,7 @@ from typing import Any
 
 from .._errors import ConfigError
 from ._ledger import SourceLedger, SourcePlan
-from ._merge_epochs import BranchLineage, Era, Track, add_run, branch_at, count_on, tracks_of
+from ._merge_epochs import Era, Track, add_run, branch_at, count_on, tracks_of
 from ._span import runs
 
 __all__ = ["END", "PASS", "TAKE", "MergeLedger", "branch_at", "tracks_of"]
@@ -42,7 +42,7 @@ TAKE, PASS, END = range(3)
 
 class MergeLedger(SourceLedger):
     """The merge node's ledger (its outputs are the run's positions), and per output in
-    flight its branch, era, the era's item number and the branch run's output ordinal.
+    flight its branch's era, the era's item number and the branch run's output ordinal.
 
     Args:
         plan: The run's source plan (a resumed run: the merge outputs settled before).
@@ -57,43 +57,29 @@ class MergeLedger(SourceLedger):
         self.name = name
         self.resumed = tracks is not None
         self.tracks = tracks if tracks is not None else [Track() for _ in range(branches)]
-        self.picks: list[tuple[int, Era, int, int]] = []  # (branch, era, item, ordinal) from
+        self.picks: list[tuple[Era, int, int]] = []  # (era, item, ordinal) of each output from
         self.first_out = 0  # this output ordinal on
         self._on = False  # until the run's lineage says whether it keeps records
-        self._keeps: bool | None = None
 
     @property
     def on(self) -> bool:
         """Whether records are kept: set by the run's lineage (``Lineage.attach``), turned
-        off when the run stops. Turned off, it turns its branches' records off too (a run
-        that keeps none: a stage after the merge keeps no ledger; a merge within a merge)."""
+        off when the run stops. Turned off, it turns the records of its eras' branches off
+        too (a run that keeps none: a stage after the merge keeps no ledger; a merge within
+        a merge). A branch built later keeps records if the run's lineage does (its
+        ``missing`` is ``None``)."""
         return self._on
 
     @on.setter
     def on(self, value: bool) -> None:
-        if self._keeps is None:
-            self._keeps = value
         if not value:
-            for lineage in self.lineages:
-                lineage.freeze()
+            for track in self.tracks:
+                for era in track.eras:
+                    if era.lineage is not None:
+                        era.lineage.freeze()
         self._on = value
 
-    @property
-    def keeps(self) -> bool:
-        """Whether a branch built now keeps records (the run's state can be taken)."""
-        return self._keeps is True
-
-    @property
-    def lineages(self) -> list[BranchLineage]:
-        """The lineages of the eras still held."""
-        return [e.lineage for t in self.tracks for e in t.eras if e.lineage is not None]
-
     # -- on the run's loop ----------------------------------------------------------------
-
-    def upcoming(self, branch: int) -> Era:
-        """The era ``branch`` builds next: a resumed one has its epoch and ``plan`` (where
-        its branch starts), a new one neither."""
-        return self.tracks[branch].era
 
     def built(self, pipes: Sequence[Any]) -> None:
         """The first eras of the branches (over ``pipes``) are built: a resumed merge's
@@ -124,24 +110,6 @@ class MergeLedger(SourceLedger):
             return PASS
         return TAKE
 
-    def replay_empty(self, branch: int) -> bool:
-        """Whether the era settled in full that :data:`END` ended had no items."""
-        return self.tracks[branch].replay[0][0] == 0
-
-    def replayed(self, branch: int, verdict: str) -> None:
-        """The policy's verdict where an era settled in full ran out: it must restart.
-
-        Raises:
-            ConfigError: It did not (the state is from another policy or seed).
-        """
-        if verdict != "restart":
-            self._differs(branch, verdict)
-        track = self.tracks[branch]
-        track.passed = 0
-        track.replay[0][1] -= 1
-        if not track.replay[0][1]:
-            del track.replay[0]
-
     def take(self, branch: int) -> None:
         """The merge took ``branch``'s next item, to put it out (recorded before it is)."""
         era = self.tracks[branch].era
@@ -150,13 +118,17 @@ class MergeLedger(SourceLedger):
         self.emitted += 1
         if self._on:
             with self.lock:
-                self.picks.append((branch, era, item, ordinal))
+                self.picks.append((era, item, ordinal))
             self.grew(1)
 
     def ran_out(self, branch: int) -> bool:
-        """The era ``branch`` reads has run out: its length is known. Returns whether it was
-        empty (no item taken or passed over since the branch (re)started)."""
-        era = self.tracks[branch].era
+        """The era ``branch`` reads has run out (or, replayed, an era settled in full: at
+        :data:`END`): its length is known. Returns whether it was empty (no item taken or
+        passed over since the branch (re)started)."""
+        track = self.tracks[branch]
+        if track.replay:
+            return track.replay[0][0] == 0
+        era = track.era
         with self.lock:
             era.length = era.next
         return era.length == 0
@@ -165,14 +137,15 @@ class MergeLedger(SourceLedger):
         """The policy's verdict on ``branch``, which ran out: a restart begins its next era.
 
         Raises:
-            ConfigError: A resumed run's policy ended a branch that its state says restarted.
+            ConfigError: A resumed run's policy ended a branch that its state says restarted
+                (at an era settled in full, or one listed before the last).
         """
         track = self.tracks[branch]
         with self.lock:
             if verdict == "restart":
                 track.advance()
                 return
-            pending = track.eras[-1] is not track.era  # a resumed state lists eras after it
+            pending = track.replay or track.eras[-1] is not track.era  # eras after it
         if pending:
             self._differs(branch, verdict)
 
@@ -192,7 +165,7 @@ class MergeLedger(SourceLedger):
         outputs: dict[Era, list[int]] = {}
         first = self.first_out
         for start, end in ordinals:
-            for _, era, item, ordinal in self.picks[max(start - first, 0):max(end - first, 0)]:
+            for era, item, ordinal in self.picks[max(start - first, 0):max(end - first, 0)]:
                 items.setdefault(era, []).append(item)
                 outputs.setdefault(era, []).append(ordinal)
         for era, got in items.items():
@@ -240,7 +213,7 @@ def _era_state(era: Era) -> dict[str, Any]:
     else:
         positions, extras, _ = era.lineage.snapshot(era.outputs.span())
     state = {"epoch": era.epoch, "positions": positions.to_json(), "nodes": extras,
-             "taken": era.settled.to_json()}
+             "taken": era.settled.span().to_json()}
     if era.sampler is not None:
         state["sampler"] = era.sampler
     return state

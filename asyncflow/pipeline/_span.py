@@ -211,11 +211,6 @@ class GrowingSpan:
         """The set now, as a :class:`Span`."""
         return Span._trusted(self.mark, self.starts, self.ends)
 
-    def to_json(self) -> dict[str, Any]:
-        """As :meth:`Span.to_json`."""
-        pairs = zip(self.starts, self.ends, strict=True)
-        return {"mark": self.mark, "ranges": [[a, b] for a, b in pairs]}
-
 
 def runs(ordinals: list[int]) -> list[tuple[int, int]]:
     """``ordinals`` (any order, sorted here in place) as ``[start, end)`` runs of consecutive
