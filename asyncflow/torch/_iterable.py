@@ -46,35 +46,28 @@ class IterableEpochs:
 
     def __init__(self, loader: Loader, saved: dict[str, Any] | None) -> None:
         self.loader = loader
-        lanes, note = self._plan(loader)
-        resume = _resume_plan(saved, lanes)
-        self.count = lanes
+        probe = LaneFetch(loader.dataset, loader.collate_fn, loader.batch_size, loader.drop_last)
+        spec = worker_spec(loader, TorchWorkerInit(loader.dataset, loader.worker_init_fn))
+        self.processes, note = choose(loader, probe, spec, "fetch")
+        if self.processes is None and loader.num_workers > 1:
+            note = (f"{note or 'threads'}; an IterableDataset on threads is read by one "
+                    "iterator (torch's get_worker_info() is None there, as with num_workers=0)")
+        self.count = loader.num_workers if self.processes is not None else 1  # the lanes
+        resume = _resume_plan(saved, self.count)
         self.yielded = [n for n, _, _ in resume]
         self.ended = [e for _, e, _ in resume]
-        self.next_lane = int(saved.get("next", 0)) % lanes if saved else 0
+        self.next_lane = int(saved.get("next", 0)) % self.count if saved else 0
         self.dataset_states: list[Any] = [s for _, _, s in resume]
         self._resume_epoch = loader._state.next_epoch if saved else None
         self.fetches: list[LaneFetch] = []
         self._notes = fetch_notes(note)
-        self.templates = [self._template(lane, resume[lane]) for lane in range(lanes)]
+        self.templates = [self._template(lane, resume[lane]) for lane in range(self.count)]
         loader._thread_fetches = list(self.fetches) if self.processes is None else []
         loader._kept_alive = self.processes is not None and self.processes.persistent \
             and not loader.persistent_workers
         self.lanes: EpochLanes | None = None  # the current epoch's
         self.run: Run | None = None  # the current epoch's
         self._iterator: weakref.ref[LanesIterator] | None = None  # the current epoch's
-
-    def _plan(self, loader: Loader) -> tuple[int, str | None]:
-        probe = LaneFetch(loader.dataset, loader.collate_fn, loader.batch_size, loader.drop_last)
-        spec = worker_spec(loader, TorchWorkerInit(loader.dataset, loader.worker_init_fn))
-        self.processes, note = choose(loader, probe, spec, "fetch")
-        if self.processes is None:
-            if loader.num_workers > 1:
-                note = (f"{note or 'threads'}; an IterableDataset on threads is read by one "
-                        "iterator (torch's get_worker_info() is None there, as with "
-                        "num_workers=0)")
-            return 1, note
-        return loader.num_workers, note
 
     def _template(self, lane: int, resume: tuple[int, bool, Any]) -> Pipeline:
         """Lane ``lane``'s pipeline: its fetch, on its own worker process (or on threads)."""
@@ -301,11 +294,15 @@ class LanesIterator(EpochIterator):
         raise StopAsyncIteration
 
     def _finish(self) -> None:
-        """The epoch's run ended: its last turns read, its failure budget checked."""
+        """The epoch's run ended: its last turns read, its failure budget checked (a fraction
+        of failed batches over it, or every batch failed, fails the epoch:
+        :meth:`FailureBudget.check_end`)."""
         self._check_superseded()
         self._done = True
         self._read_log(to_batch=False)
-        self._end_budget()
+        if self._budget is not None and self._current():
+            self._budget.check_end(sum(self.lanes.failures), sum(self.lanes.received),
+                                   self.stats().failures)
 
     def _reraise(self, exc: Exception) -> None:
         """Raise as torch does when the run failed; where several workers failed it (each
@@ -336,23 +333,13 @@ class LanesIterator(EpochIterator):
             ) from batch.error
         budget.log_skip(batch.where, batch.error)
         if self._current():
-            self._count(item)
+            self._state.delivered += 1  # a lane's position is its own, not the epoch's
         return True
-
-    def _end_budget(self) -> None:
-        """At the epoch's end: a fraction of failed batches over the budget, or every batch
-        failed, fails the epoch (:meth:`FailureBudget.check_end`)."""
-        if self._budget is not None and self._current():
-            self._budget.check_end(sum(self.lanes.failures), sum(self.lanes.received),
-                                   self.stats().failures)
-
-    def _count(self, item: Positioned) -> None:
-        self._state.delivered += 1
 
     def _delivered(self, item: Positioned) -> Any:
         batch = item.batch
         if self._current():
-            self._count(item)
+            self._state.delivered += 1  # a lane's position is its own, not the epoch's
         if isinstance(batch, Failed):
             batch.raise_it()
         self._yielded += 1

@@ -18,7 +18,7 @@ from typing import Any
 
 from .._errors import ConfigError, FailureRecord, LoaderTimeout, PipelineError, check_int
 from .._redact import redact
-from ..pipeline import Pipeline, PipelineStats, Run, StageStats
+from ..pipeline import Pipeline, PipelineStats, Run
 from ._fetch import Failed, Positioned
 
 __all__ = ["EpochIterator", "EpochLanes", "LoaderState"]
@@ -108,13 +108,6 @@ class LoaderState:
 MAX_RECORDS = 10_000  # failed batches kept per lane, as a stage keeps its records
 
 
-def _with_failed(stage: StageStats, count: int, records: list[FailureRecord]) -> StageStats:
-    """``stage`` with ``count`` more failures, raised at the consumer (``records``: theirs,
-    the first :data:`MAX_RECORDS`), which its run did not see."""
-    return replace(stage, failures=stage.failures + count,
-                   failed_items=stage.failed_items + tuple(records))
-
-
 class EpochLanes:
     """One epoch's lanes as the consumer sees them: each lane's ``fetch`` stage (``None`` for
     a lane that had ended before the epoch resumed: no branch), and the batches and failed
@@ -148,12 +141,14 @@ class EpochLanes:
                     stage, batch.item, type(error).__name__, redact(str(error))))
 
     def stats(self) -> PipelineStats:
-        """The run's statistics, each lane's ``fetch`` counting its failed batches, and a note
-        for each lane that had ended before the epoch resumed."""
+        """The run's statistics, each lane's ``fetch`` counting its failed batches (raised at
+        the consumer, which the run did not see; the first :data:`MAX_RECORDS` recorded), and
+        a note for each lane that had ended before the epoch resumed."""
         stats = self.of.stats() if self.of is not None else PipelineStats()
         lanes = {stage: lane for lane, stage in enumerate(self.fetches) if stage}
         stages = tuple(
-            _with_failed(s, self.failures[lane], self.failed[lane])
+            replace(s, failures=s.failures + self.failures[lane],
+                    failed_items=s.failed_items + tuple(self.failed[lane]))
             if (lane := lanes.get(s.name)) is not None else s
             for s in stats.stages)
         notes = [f"worker {lane}'s iterator had ended before this epoch resumed: no run"
@@ -246,9 +241,6 @@ class EpochIterator:
     def _timed_out(self) -> LoaderTimeout:
         return LoaderTimeout(f"DataLoader timed out after {self._timeout} seconds")
 
-    def _count(self, item: Positioned) -> None:
-        self._state.count(item.position, self._ordered)
-
     # -- delivering ------------------------------------------------------------------------
 
     def _current(self) -> bool:
@@ -256,7 +248,7 @@ class EpochIterator:
 
     def _delivered(self, item: Positioned) -> Any:
         if self._current():
-            self._count(item)
+            self._state.count(item.position, self._ordered)
             if item.snapshot is not None:
                 self._state.dataset_states[item.snapshot.wid] = item.snapshot.state
         batch = item.batch
