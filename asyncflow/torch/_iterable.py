@@ -301,7 +301,7 @@ class LanesIterator(EpochIterator):
         self._done = True
         self._read_log(to_batch=False)
         if self._budget is not None and self._current():
-            self._budget.check_end(sum(self.lanes.failures), sum(self.lanes.received),
+            self._budget.check_end(sum(self.lanes.failures), self.lanes.received,
                                    self.stats().failures)
 
     def _reraise(self, exc: Exception) -> None:
@@ -324,7 +324,7 @@ class LanesIterator(EpochIterator):
         budget, batch = self._budget, item.batch
         if budget is None or not isinstance(batch, Failed):
             return False
-        failed, seen = sum(self.lanes.failures), sum(self.lanes.received)
+        failed, seen = sum(self.lanes.failures), self.lanes.received
         if not budget.allows(failed, seen):
             raise FailureBudgetExceeded(
                 f"stage 'fetch': {failed} of {seen} batches failed, over "

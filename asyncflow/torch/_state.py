@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
@@ -110,8 +112,8 @@ MAX_RECORDS = 10_000  # failed batches kept per lane, as a stage keeps its recor
 
 class EpochLanes:
     """One epoch's lanes as the consumer sees them: each lane's ``fetch`` stage (``None`` for
-    a lane that had ended before the epoch resumed: no branch), and the batches and failed
-    batches the consumer received from each.
+    a lane that had ended before the epoch resumed: no branch), the failed batches the
+    consumer received from each, and how many batches it received in all.
 
     Args:
         of: What the epoch's statistics come from: its run (``None`` when every lane had ended
@@ -125,13 +127,13 @@ class EpochLanes:
     def __init__(self, of: Run | Pipeline | None, fetches: list[str | None]) -> None:
         self.of = of
         self.fetches = fetches
-        self.received = [0] * len(fetches)
+        self.received = 0  # batches (failed ones too) from every lane
         self.failed: list[list[FailureRecord]] = [[] for _ in fetches]
         self.failures = [0] * len(fetches)
 
     def received_batch(self, lane: int, batch: object) -> None:
         """The consumer received a batch (or a failed batch) from ``lane``."""
-        self.received[lane] += 1
+        self.received += 1
         if isinstance(batch, Failed):
             self.failures[lane] += 1
             if len(self.failed[lane]) < MAX_RECORDS:
@@ -156,8 +158,11 @@ class EpochLanes:
         return replace(stats, stages=stages, notes=(*stats.notes, *notes))
 
 
-class EpochIterator:
-    """The iterator of one epoch: ``for`` and ``async for``, ``close()`` / ``aclose()``.
+class EpochIterator(Iterator[Any], AsyncIterator[Any], AbstractContextManager["EpochIterator"],
+                    AbstractAsyncContextManager["EpochIterator"]):
+    """The iterator of one epoch: ``for`` and ``async for``, ``close()`` / ``aclose()``; its
+    own iterator and context manager, sync and async (``__iter__``, ``__enter__`` and their
+    async twins return it, from those bases).
 
     A batch whose fetch failed raises its own exception where the batch would have come,
     and the next call goes on with the next batch, as with torch's loader. Breaking out of
@@ -272,9 +277,6 @@ class EpochIterator:
         if self._current():
             self._state.in_epoch = False
 
-    def __iter__(self) -> EpochIterator:
-        return self
-
     def __next__(self) -> Any:
         try:
             item = self._pull()
@@ -284,9 +286,6 @@ class EpochIterator:
         except Exception as exc:
             self._reraise(exc)
         return self._delivered(item)
-
-    def __aiter__(self) -> EpochIterator:
-        return self
 
     async def __anext__(self) -> Any:
         try:
@@ -308,14 +307,8 @@ class EpochIterator:
         if self._run is not None:
             await self._run.aclose()
 
-    def __enter__(self) -> EpochIterator:
-        return self
-
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    async def __aenter__(self) -> EpochIterator:
-        return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
