@@ -81,11 +81,10 @@ class LoaderState:
         self.next_epoch = epoch
 
     def as_dict(self) -> dict[str, Any]:
-        if self.in_epoch:
-            state: dict[str, Any] = {"epoch": self.epoch, "batches": self.delivered}
-            ahead = self.ahead
-        else:
-            state, ahead = {"epoch": self.next_epoch, "batches": self._skip}, self._skip_ahead
+        # within an epoch, where it stands; between epochs, where the next one starts
+        epoch, batches, ahead = (self.epoch, self.delivered, self.ahead) if self.in_epoch \
+            else (self.next_epoch, self._skip, self._skip_ahead)
+        state: dict[str, Any] = {"epoch": epoch, "batches": batches}
         if ahead:
             state["delivered_ahead"] = sorted(ahead)  # out of order: also delivered
         return state
