@@ -71,11 +71,6 @@ class EvenSteps(Generic[T]):
         """How the last epoch ended (empty before the first has)."""
         return self._stats
 
-    def _device(self) -> torch.device:
-        if dist.get_backend(self.group) == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-
     def __iter__(self) -> Iterator[T]:
         """One epoch: yield while every rank has a batch.
 
@@ -90,7 +85,8 @@ class EvenSteps(Generic[T]):
             ``batches`` but tells no other rank: leave an epoch early on every rank alike,
             or not at all.
         """
-        device = self._device()
+        nccl = dist.get_backend(self.group) == "nccl"  # its collectives take GPU tensors
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         flag = torch.zeros(1, dtype=torch.int64, device=device)
         it = iter(self.batches)
         steps, leftover, error = 0, 0, None

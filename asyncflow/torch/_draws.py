@@ -25,12 +25,7 @@ if TYPE_CHECKING:
     from ._facade import Loader
     from ._state import LoaderState
 
-__all__ = ["TorchDraws", "torch_workers", "worker_seed"]
-
-
-def torch_workers(loader: Loader) -> int:
-    """``num_workers`` as torch's loader has it: as given, ``0`` when not given."""
-    return int(loader.__dict__.get("_workers_asked") or 0)
+__all__ = ["TorchDraws", "worker_seed"]
 
 
 def worker_seed(generator: torch.Generator | None) -> int:
@@ -41,10 +36,16 @@ def worker_seed(generator: torch.Generator | None) -> int:
     reproducible under ``torch.manual_seed``, as torch's base seed is (two loaders made
     with nothing drawn between them share it; each item's seed also has its position).
     """
-    if generator is not None:
-        return generator.initial_seed()
+    return generator.initial_seed() if generator is not None else _peek_global(0)
+
+
+def _peek_global(skip: int) -> int:
+    """The int64 torch's global generator would give after ``skip`` draws (a copy of its
+    state draws them: the global generator does not move)."""
     peek = torch.Generator()
     peek.set_state(torch.get_rng_state())
+    for _ in range(skip):
+        torch.empty((), dtype=torch.int64).random_(generator=peek)
     return int(torch.empty((), dtype=torch.int64).random_(generator=peek).item())
 
 
@@ -70,7 +71,7 @@ class TorchDraws:
         """As torch's iterator does first: draw the base seed (unless torch would reuse
         the iterator of persistent workers), then note where the order's generators stand."""
         loader = self.loader
-        reused = bool(loader.persistent_workers) and torch_workers(loader) > 0 and self._iterated
+        reused = self._reuses_iterator()
         skip, self._iterated, self._drawn_already = self._drawn_already, True, False
         self.loaded_between = None
         if not (reused or skip):
@@ -83,13 +84,14 @@ class TorchDraws:
     def peek_sampler_seed(self) -> int:
         """The seed the next epoch's shuffle would draw from torch's global generator, were
         nothing else to draw first: after the base seed, unless that is not drawn."""
-        peek = torch.Generator()
-        peek.set_state(torch.get_rng_state())
-        loader = self.loader
-        if loader.generator is None and not (
-                loader.persistent_workers and torch_workers(loader) > 0 and self._iterated):
-            torch.empty((), dtype=torch.int64).random_(generator=peek)
-        return int(torch.empty((), dtype=torch.int64).random_(generator=peek).item())
+        return _peek_global(int(self.loader.generator is None and not self._reuses_iterator()))
+
+    def _reuses_iterator(self) -> bool:
+        """Whether torch would reuse its iterator at the next epoch (persistent workers, after
+        the first), so that it draws no base seed. torch's ``num_workers`` is as given: ``0``
+        when not given."""
+        workers = self.loader.__dict__.get("_workers_asked")
+        return bool(self.loader.persistent_workers and workers and self._iterated)
 
     def sampler_generator(self) -> torch.Generator | None:
         """The generator a user's torch sampler draws from, if it has one of its own."""

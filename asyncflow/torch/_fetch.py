@@ -18,8 +18,8 @@ from ..pipeline import WorkerInfo, worker_info
 from ._collate import collate_in_segments
 
 __all__ = [
-    "Failed", "Fetch", "Indexed", "Positioned", "Snapshot", "TorchWorkerInit", "init_failure",
-    "is_stateful", "pin",
+    "Failed", "Fetch", "Indexed", "Positioned", "Snapshot", "TorchWorkerInit",
+    "is_stateful", "pin", "raise_init_failure",
 ]
 
 
@@ -58,9 +58,10 @@ class Positioned(NamedTuple):
 _init_failures: list[BaseException] = []
 
 
-def init_failure() -> BaseException | None:
-    """The worker_init_fn exception of this worker not yet reported, if any (taken)."""
-    return _init_failures.pop() if _init_failures else None
+def raise_init_failure() -> None:
+    """Raise the worker_init_fn exception of this worker not yet reported, if any (once)."""
+    if _init_failures:
+        raise _init_failures.pop()
 
 
 def is_stateful(obj: Any) -> bool:
@@ -145,8 +146,7 @@ class Fetch:
 
     def _load(self, position: int, indices: Any) -> Any:
         try:
-            if (failure := init_failure()) is not None:
-                raise failure
+            raise_init_failure()
             # torch's own fetch: __getitems__ where the dataset has it, else __getitem__
             fetcher = MapFetcher(self.dataset, self.auto, self.collate, False)
             out = fetcher.fetch(indices)  # type: ignore[no-untyped-call]

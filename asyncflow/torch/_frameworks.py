@@ -37,8 +37,4 @@ def record_for_rebuild(loader: Any, arguments: dict[str, Any]) -> Callable[[], N
     object.__setattr__(loader, "__pl_saved_default_kwargs", {})
     object.__setattr__(loader, "__dataset", arguments["dataset"])
     object.__setattr__(loader, "__pl_inside_init", True)
-
-    def finish() -> None:
-        object.__setattr__(loader, "__pl_inside_init", False)
-
-    return finish
+    return lambda: object.__setattr__(loader, "__pl_inside_init", False)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,7 @@ from ..pipeline import FailureBudget, Merge, Pipeline, Run
 from ._fetch import Failed, Positioned, TorchWorkerInit
 from ._lane import LaneEnd, LaneFetch, LaneTurns
 from ._layout import choose, deliver, epoch_length, fetch_notes, pinning, worker_spec
-from ._state import EpochIterator, EpochLanes, LoaderState
+from ._state import EpochIterator, EpochLanes
 
 if TYPE_CHECKING:
     from ._facade import Loader
@@ -46,35 +46,27 @@ class IterableEpochs:
 
     def __init__(self, loader: Loader, saved: dict[str, Any] | None) -> None:
         self.loader = loader
-        lanes, note = self._plan(loader)
-        resume = _resume_plan(saved, lanes)
-        self.count = lanes
+        probe = LaneFetch(loader.dataset, loader.collate_fn, loader.batch_size, loader.drop_last)
+        spec = worker_spec(loader, TorchWorkerInit(loader.dataset, loader.worker_init_fn))
+        self.processes, note = choose(loader, probe, spec, "fetch")
+        if self.processes is None and loader.num_workers > 1:
+            note = (f"{note or 'threads'}; an IterableDataset on threads is read by one "
+                    "iterator (torch's get_worker_info() is None there, as with num_workers=0)")
+        self.count = loader.num_workers if self.processes is not None else 1  # the lanes
+        resume = _resume_plan(saved, self.count)
         self.yielded = [n for n, _, _ in resume]
         self.ended = [e for _, e, _ in resume]
-        self.next_lane = int(saved.get("next", 0)) % lanes if saved else 0
+        self.next_lane = int(saved.get("next", 0)) % self.count if saved else 0
         self.dataset_states: list[Any] = [s for _, _, s in resume]
         self._resume_epoch = loader._state.next_epoch if saved else None
         self.fetches: list[LaneFetch] = []
         self._notes = fetch_notes(note)
-        self.templates = [self._template(lane, resume[lane]) for lane in range(lanes)]
+        self.templates = [self._template(lane, resume[lane]) for lane in range(self.count)]
         loader._thread_fetches = list(self.fetches) if self.processes is None else []
         loader._kept_alive = self.processes is not None and self.processes.persistent \
             and not loader.persistent_workers
-        self.lanes: EpochLanes | None = None  # the current epoch's
         self.run: Run | None = None  # the current epoch's
         self._iterator: weakref.ref[LanesIterator] | None = None  # the current epoch's
-
-    def _plan(self, loader: Loader) -> tuple[int, str | None]:
-        probe = LaneFetch(loader.dataset, loader.collate_fn, loader.batch_size, loader.drop_last)
-        spec = worker_spec(loader, TorchWorkerInit(loader.dataset, loader.worker_init_fn))
-        self.processes, note = choose(loader, probe, spec, "fetch")
-        if self.processes is None:
-            if loader.num_workers > 1:
-                note = (f"{note or 'threads'}; an IterableDataset on threads is read by one "
-                        "iterator (torch's get_worker_info() is None there, as with "
-                        "num_workers=0)")
-            return 1, note
-        return loader.num_workers, note
 
     def _template(self, lane: int, resume: tuple[int, bool, Any]) -> Pipeline:
         """Lane ``lane``'s pipeline: its fetch, on its own worker process (or on threads)."""
@@ -107,9 +99,10 @@ class IterableEpochs:
         turns = LaneTurns(live, self.next_lane)
         if not live:
             return None, turns
-        inputs = [self.templates[lane].with_source(_tasks(epoch, self.yielded[lane]),
-                                                   epoch=epoch, start=self.yielded[lane])
-                  for lane in live]
+        # a lane's tasks: (epoch, position), from the batches it delivered before on
+        inputs = [self.templates[lane].with_source(
+            zip(itertools.repeat(epoch), itertools.count(self.yielded[lane])),
+            epoch=epoch, start=self.yielded[lane]) for lane in live]
         pipe = Pipeline(Merge(inputs, turns, name="workers", on_end=turns.end),
                         name="DataLoader", notes=self._notes)
         return deliver(pipe, self.loader, self.processes).open(), turns
@@ -133,28 +126,20 @@ class IterableEpochs:
         self.run, turns = self._epoch_run(epoch)
         fetches = [None if self.ended[lane] else f"{self._label(lane)}/fetch"
                    for lane in range(self.count)]
-        self.lanes = EpochLanes(self.run, fetches)
-        iterator = LanesIterator(self, turns, self.loader._state, epoch_length(self.loader),
-                                 self.loader.timeout)
+        iterator = LanesIterator(self, turns, EpochLanes(self.run, fetches))
         self._iterator = weakref.ref(iterator)
         return iterator
 
     def state_dict(self, in_epoch: bool) -> dict[str, Any]:
         """Each lane's progress and saved states; between epochs, only the datasets' states
         (the next epoch starts new iterators)."""
+        lanes: Iterable[tuple[int, bool, Any]] = zip(
+            self.yielded, self.ended, self.dataset_states, strict=True)
         if not in_epoch:
-            return {"lanes": [
-                {"yielded": 0, "ended": False,
-                 "state": {"dataset": s.get("dataset"), "iterator": None} if s else None}
-                for s in self.dataset_states
-            ], "next": 0}
-        return {
-            "lanes": [
-                {"yielded": n, "ended": e, "state": s}
-                for n, e, s in zip(self.yielded, self.ended, self.dataset_states, strict=True)
-            ],
-            "next": self.next_lane,
-        }
+            lanes = ((0, False, {"dataset": s.get("dataset"), "iterator": None} if s else None)
+                     for _, _, s in lanes)
+        return {"lanes": [{"yielded": n, "ended": e, "state": s} for n, e, s in lanes],
+                "next": self.next_lane if in_epoch else 0}
 
     def close_runs(self) -> None:
         """Stop the current epoch's run; its iterator, if its consumer had not seen the
@@ -185,10 +170,6 @@ def _warn_past_len(loader: Loader, yielded: int) -> None:
     warnings.warn(message, stacklevel=4)
 
 
-def _tasks(epoch: int, start: int) -> Iterator[tuple[int, int]]:
-    return ((epoch, position) for position in itertools.count(start))
-
-
 def _resume_plan(saved: dict[str, Any] | None, lanes: int) -> list[tuple[int, bool, Any]]:
     """Per lane: (batches delivered, ended, dataset state) from a saved state."""
     if not saved:
@@ -211,11 +192,10 @@ class LanesIterator(EpochIterator):
     merge's log (:attr:`LaneTurns.log`) says which lane each came from and where lanes
     ended."""
 
-    def __init__(self, epochs: IterableEpochs, turns: LaneTurns, state: LoaderState,
-                 length: int, timeout: float) -> None:
-        assert epochs.lanes is not None
-        # this epoch's own: a later epoch opens others
-        super().__init__(epochs.run, epochs.lanes, state, length, timeout)
+    def __init__(self, epochs: IterableEpochs, turns: LaneTurns, lanes: EpochLanes) -> None:
+        loader = epochs.loader
+        # the epoch's run (a later epoch opens another), timed out as torch's
+        super().__init__(epochs.run, lanes, loader._state, epoch_length(loader), loader.timeout)
         self._epochs = epochs
         self._log = turns.log
         self._yielded = 0
@@ -223,7 +203,7 @@ class LanesIterator(EpochIterator):
         self._superseded = False
         # max_failures, counted here over every lane's batches (failed batches travel as
         # batches, to be raised at the consumer as torch's)
-        limit = epochs.loader.max_failures
+        limit = loader.max_failures
         self._budget = FailureBudget(limit, "fetch") if limit else None
 
     def _read_log(self, *, to_batch: bool) -> int:
@@ -301,11 +281,15 @@ class LanesIterator(EpochIterator):
         raise StopAsyncIteration
 
     def _finish(self) -> None:
-        """The epoch's run ended: its last turns read, its failure budget checked."""
+        """The epoch's run ended: its last turns read, its failure budget checked (a fraction
+        of failed batches over it, or every batch failed, fails the epoch:
+        :meth:`FailureBudget.check_end`)."""
         self._check_superseded()
         self._done = True
         self._read_log(to_batch=False)
-        self._end_budget()
+        if self._budget is not None and self._current():
+            self._budget.check_end(sum(self.lanes.failures), self.lanes.received,
+                                   self.stats().failures)
 
     def _reraise(self, exc: Exception) -> None:
         """Raise as torch does when the run failed; where several workers failed it (each
@@ -327,7 +311,7 @@ class LanesIterator(EpochIterator):
         budget, batch = self._budget, item.batch
         if budget is None or not isinstance(batch, Failed):
             return False
-        failed, seen = sum(self.lanes.failures), sum(self.lanes.received)
+        failed, seen = sum(self.lanes.failures), self.lanes.received
         if not budget.allows(failed, seen):
             raise FailureBudgetExceeded(
                 f"stage 'fetch': {failed} of {seen} batches failed, over "
@@ -336,23 +320,13 @@ class LanesIterator(EpochIterator):
             ) from batch.error
         budget.log_skip(batch.where, batch.error)
         if self._current():
-            self._count(item)
+            self._state.delivered += 1  # a lane's position is its own, not the epoch's
         return True
-
-    def _end_budget(self) -> None:
-        """At the epoch's end: a fraction of failed batches over the budget, or every batch
-        failed, fails the epoch (:meth:`FailureBudget.check_end`)."""
-        if self._budget is not None and self._current():
-            self._budget.check_end(sum(self.lanes.failures), sum(self.lanes.received),
-                                   self.stats().failures)
-
-    def _count(self, item: Positioned) -> None:
-        self._state.delivered += 1
 
     def _delivered(self, item: Positioned) -> Any:
         batch = item.batch
         if self._current():
-            self._count(item)
+            self._state.delivered += 1  # a lane's position is its own, not the epoch's
         if isinstance(batch, Failed):
             batch.raise_it()
         self._yielded += 1

@@ -12,7 +12,7 @@ from torch.utils.data import get_worker_info
 from torch.utils.data._utils.fetch import _IterableDatasetFetcher as IterableFetcher
 
 from ..pipeline import END_OF_STREAM, BranchEnd, EndOfStream
-from ._fetch import Failed, Positioned, Snapshot, init_failure, is_stateful, pin
+from ._fetch import Failed, Positioned, Snapshot, is_stateful, pin, raise_init_failure
 
 __all__ = ["LaneEnd", "LaneFetch", "LaneTurns"]
 
@@ -56,8 +56,7 @@ class LaneFetch:
         if self._ended or self._fetcher.ended:
             return END_OF_STREAM
         try:
-            if (failure := init_failure()) is not None:
-                raise failure
+            raise_init_failure()
             batch = self._next_batch()
         except StopIteration:
             self._ended = True  # with the states of the exhausted iterator, for the next epoch

@@ -28,7 +28,6 @@ __all__ = [
     "epoch_pipeline",
     "fetch_notes",
     "index_batches",
-    "needs_processes",
     "pinning",
     "restore_dataset_states",
     "restored",
@@ -94,19 +93,6 @@ def default_workers(loader: Loader) -> int:
     return usable_cpus()
 
 
-def needs_processes(loader: Loader) -> str | None:
-    """Why only worker processes give torch's meaning to this loader (one with workers), if
-    they do.
-
-    Threads cannot: torch's ``get_worker_info()`` is one global, ``None`` in this process,
-    so ``worker_init_fn`` would have no worker to run in, and a dataset that asks which
-    worker it is (an ``IterableDataset`` taking its share, say) would read everything.
-    """
-    if loader.worker_init_fn is not None:
-        return "worker_init_fn runs in each worker process, as torch's"
-    return _by_worker(loader)
-
-
 def _by_worker(loader: Loader) -> str | None:
     """Why what the loader delivers depends on the workers' identities, if it does: an
     iterable dataset read by several workers, or a dataset that asks which worker it is in."""
@@ -137,7 +123,12 @@ def choose(loader: Loader, fn: Any, spec: Processes, stage: str
         return None, None  # num_workers=0: load in this process, as torch does
     if loader.workers == "processes":
         return spec, None
-    needed = needs_processes(loader)
+    # Why only worker processes give torch's meaning to this loader, if they do. Threads
+    # cannot: torch's get_worker_info() is one global, None in this process, so a
+    # worker_init_fn would have no worker to run in, and a dataset that asks which worker it
+    # is (an IterableDataset taking its share, say) would read everything.
+    needed = ("worker_init_fn runs in each worker process, as torch's"
+              if loader.worker_init_fn is not None else _by_worker(loader))
     chosen, note = choose_workers(
         fn, loader.num_workers, stage=stage, min_cores=PROCESS_CORES, small=_SMALL,
         needed=needed,
@@ -150,7 +141,7 @@ def choose(loader: Loader, fn: Any, spec: Processes, stage: str
         except ConfigError as exc:
             chosen, note = None, f"threads (workers='auto'): {exc}"
     if chosen is None:
-        if _by_worker(loader) is not None:  # then needs_processes said why
+        if _by_worker(loader) is not None:  # then needed says why
             raise ConfigError(
                 f"{needed}, but worker processes cannot run it ({note}); on threads this "
                 "loader would not deliver the items torch's does. Make the dataset picklable, "

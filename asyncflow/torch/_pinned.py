@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -48,7 +49,7 @@ def _count_held(delta: int) -> None:
         _held_bytes += delta
 
 
-class PinnedPool:
+class PinnedPool(AbstractContextManager["PinnedPool"]):
     """At most ``max_buffers`` pinned byte buffers, reused across batches.
 
     Thread-safe: stage threads may acquire and release concurrently.
@@ -61,7 +62,7 @@ class PinnedPool:
             default; the tests pass ordinary memory.
 
     Memory: at most ``max_buffers`` times the largest batch (rounded up) is held, until
-    :meth:`close`.
+    :meth:`close` (or the end of a ``with`` block).
     """
 
     def __init__(
@@ -131,9 +132,6 @@ class PinnedPool:
         buffers = getattr(self, "_buffers", None)
         if buffers is not None and not buffers.closed:
             _count_held(-sum(len(b) for b in buffers.held()))
-
-    def __enter__(self) -> PinnedPool:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
 from .._errors import ConfigError, FailureRecord, LoaderTimeout, PipelineError, check_int
 from .._redact import redact
-from ..pipeline import Pipeline, PipelineStats, Run, StageStats
+from ..pipeline import Pipeline, PipelineStats, Run
 from ._fetch import Failed, Positioned
 
 __all__ = ["EpochIterator", "EpochLanes", "LoaderState"]
@@ -79,11 +81,10 @@ class LoaderState:
         self.next_epoch = epoch
 
     def as_dict(self) -> dict[str, Any]:
-        if self.in_epoch:
-            state: dict[str, Any] = {"epoch": self.epoch, "batches": self.delivered}
-            ahead = self.ahead
-        else:
-            state, ahead = {"epoch": self.next_epoch, "batches": self._skip}, self._skip_ahead
+        # within an epoch, where it stands; between epochs, where the next one starts
+        epoch, batches, ahead = (self.epoch, self.delivered, self.ahead) if self.in_epoch \
+            else (self.next_epoch, self._skip, self._skip_ahead)
+        state: dict[str, Any] = {"epoch": epoch, "batches": batches}
         if ahead:
             state["delivered_ahead"] = sorted(ahead)  # out of order: also delivered
         return state
@@ -108,17 +109,10 @@ class LoaderState:
 MAX_RECORDS = 10_000  # failed batches kept per lane, as a stage keeps its records
 
 
-def _with_failed(stage: StageStats, count: int, records: list[FailureRecord]) -> StageStats:
-    """``stage`` with ``count`` more failures, raised at the consumer (``records``: theirs,
-    the first :data:`MAX_RECORDS`), which its run did not see."""
-    return replace(stage, failures=stage.failures + count,
-                   failed_items=stage.failed_items + tuple(records))
-
-
 class EpochLanes:
     """One epoch's lanes as the consumer sees them: each lane's ``fetch`` stage (``None`` for
-    a lane that had ended before the epoch resumed: no branch), and the batches and failed
-    batches the consumer received from each.
+    a lane that had ended before the epoch resumed: no branch), the failed batches the
+    consumer received from each, and how many batches it received in all.
 
     Args:
         of: What the epoch's statistics come from: its run (``None`` when every lane had ended
@@ -132,13 +126,13 @@ class EpochLanes:
     def __init__(self, of: Run | Pipeline | None, fetches: list[str | None]) -> None:
         self.of = of
         self.fetches = fetches
-        self.received = [0] * len(fetches)
+        self.received = 0  # batches (failed ones too) from every lane
         self.failed: list[list[FailureRecord]] = [[] for _ in fetches]
         self.failures = [0] * len(fetches)
 
     def received_batch(self, lane: int, batch: object) -> None:
         """The consumer received a batch (or a failed batch) from ``lane``."""
-        self.received[lane] += 1
+        self.received += 1
         if isinstance(batch, Failed):
             self.failures[lane] += 1
             if len(self.failed[lane]) < MAX_RECORDS:
@@ -148,12 +142,14 @@ class EpochLanes:
                     stage, batch.item, type(error).__name__, redact(str(error))))
 
     def stats(self) -> PipelineStats:
-        """The run's statistics, each lane's ``fetch`` counting its failed batches, and a note
-        for each lane that had ended before the epoch resumed."""
+        """The run's statistics, each lane's ``fetch`` counting its failed batches (raised at
+        the consumer, which the run did not see; the first :data:`MAX_RECORDS` recorded), and
+        a note for each lane that had ended before the epoch resumed."""
         stats = self.of.stats() if self.of is not None else PipelineStats()
         lanes = {stage: lane for lane, stage in enumerate(self.fetches) if stage}
         stages = tuple(
-            _with_failed(s, self.failures[lane], self.failed[lane])
+            replace(s, failures=s.failures + self.failures[lane],
+                    failed_items=s.failed_items + tuple(self.failed[lane]))
             if (lane := lanes.get(s.name)) is not None else s
             for s in stats.stages)
         notes = [f"worker {lane}'s iterator had ended before this epoch resumed: no run"
@@ -161,8 +157,11 @@ class EpochLanes:
         return replace(stats, stages=stages, notes=(*stats.notes, *notes))
 
 
-class EpochIterator:
-    """The iterator of one epoch: ``for`` and ``async for``, ``close()`` / ``aclose()``.
+class EpochIterator(Iterator[Any], AsyncIterator[Any], AbstractContextManager["EpochIterator"],
+                    AbstractAsyncContextManager["EpochIterator"]):
+    """The iterator of one epoch: ``for`` and ``async for``, ``close()`` / ``aclose()``; its
+    own iterator and context manager, sync and async (``__iter__``, ``__enter__`` and their
+    async twins return it, from those bases).
 
     A batch whose fetch failed raises its own exception where the batch would have come,
     and the next call goes on with the next batch, as with torch's loader. Breaking out of
@@ -246,9 +245,6 @@ class EpochIterator:
     def _timed_out(self) -> LoaderTimeout:
         return LoaderTimeout(f"DataLoader timed out after {self._timeout} seconds")
 
-    def _count(self, item: Positioned) -> None:
-        self._state.count(item.position, self._ordered)
-
     # -- delivering ------------------------------------------------------------------------
 
     def _current(self) -> bool:
@@ -256,7 +252,7 @@ class EpochIterator:
 
     def _delivered(self, item: Positioned) -> Any:
         if self._current():
-            self._count(item)
+            self._state.count(item.position, self._ordered)
             if item.snapshot is not None:
                 self._state.dataset_states[item.snapshot.wid] = item.snapshot.state
         batch = item.batch
@@ -280,9 +276,6 @@ class EpochIterator:
         if self._current():
             self._state.in_epoch = False
 
-    def __iter__(self) -> EpochIterator:
-        return self
-
     def __next__(self) -> Any:
         try:
             item = self._pull()
@@ -292,9 +285,6 @@ class EpochIterator:
         except Exception as exc:
             self._reraise(exc)
         return self._delivered(item)
-
-    def __aiter__(self) -> EpochIterator:
-        return self
 
     async def __anext__(self) -> Any:
         try:
@@ -316,14 +306,8 @@ class EpochIterator:
         if self._run is not None:
             await self._run.aclose()
 
-    def __enter__(self) -> EpochIterator:
-        return self
-
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    async def __aenter__(self) -> EpochIterator:
-        return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
