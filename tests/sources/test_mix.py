@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +50,15 @@ def test_stop_cycle_restarts_until_every_source_ran_out() -> None:
     b = [i for t, i in items if t == "b"]
     assert a == list(range(40))  # the mix ended when a ran out, the last to do so
     assert len(b) > 3 and b[:6] == [0, 1, 2, 0, 1, 2]
+
+
+def test_stop_cycle_ends_with_a_source_of_weight_zero() -> None:
+    # A source of weight 0 is never read, so it never runs out: "cycle" never ended.
+    mixed = mix([tagged("a", 3), tagged("b", 2), tagged("c", 5)], [1, 0, 1], stop="cycle")
+    items = list(itertools.islice(mixed, 1000))
+    assert len(items) < 1000 and not any(tag == "b" for tag, _ in items)
+    for tag, n in (("a", 3), ("c", 5)):
+        assert {i for t, i in items if t == tag} == set(range(n))
 
 
 async def test_stop_never_runs_until_the_consumer_stops(async_leak_check: None) -> None:
