@@ -159,6 +159,12 @@ def test_weights_are_checked_as_a_weighted_samplers_are(weights: Any) -> None:
         mix([Pipeline([1]), Pipeline([2])], weights)
 
 
+def test_weights_whose_sum_overflows_still_mix() -> None:
+    # The probabilities were all 0: the mix ended at once, an empty epoch with no error.
+    items = list(mix([tagged("a", 20), tagged("b", 20)], [1e308, 1e308], stop="all"))
+    assert len(items) == 40
+
+
 @pytest.mark.parametrize("weights", [[-1.0, 1.0], [0.0, 0.0], [float("inf"), 1.0]])
 def test_bad_weight_values_name_the_mix(weights: list[float]) -> None:
     with pytest.raises(ConfigError, match=r"^mix: weights must be finite"):
