@@ -160,10 +160,14 @@ def _local_listing(path: str) -> list[tuple[str, int]] | None:
         if Path(path).suffix.lower() in MANIFEST_SUFFIXES:
             return None
         return [(path, os.stat(path).st_size)]
-    parent = os.path.dirname(path) or "."
-    if not os.path.isdir(parent):
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent or "."):
         raise SourceNotFound(f"{path}: no such file or folder")
-    return [(p, size) for p, size in _walk(parent) if p.startswith(path)]
+    if parent:
+        return [(p, size) for p, size in _walk(parent) if p.startswith(path)]
+    # A prefix in the working folder: its files' paths as given, without "./".
+    here = len(os.path.join(os.curdir, ""))
+    return [(p[here:], size) for p, size in _walk(os.curdir) if p[here:].startswith(path)]
 
 
 class FileTransport:

@@ -47,7 +47,7 @@ class Inflater:
         """Up to ``limit`` (> 0) inflated bytes; ``b""`` when more input is needed. Always
         bounded: a few compressed bytes may inflate a thousandfold."""
         while self._tail or self._full:
-            if not self.cut and not self._start():
+            if (not self.cut or self._inflater is None) and not self._start():
                 return b""
             try:
                 out: bytes = self._inflater.decompress(self._tail, limit)
@@ -74,8 +74,11 @@ class Inflater:
             wbits = 31
         elif self._inflater is not None:
             raise SourceError(f"{self._what}: data after the end of the {self.coding} stream")
+        elif len(data) < 2:
+            self.cut = True  # begun: its second byte tells a zlib wrapper from raw deflate
+            return False
         else:
-            wrapped = len(data) > 1 and data[0] & 0x0F == 8 and int.from_bytes(data[:2]) % 31 == 0
+            wrapped = data[0] & 0x0F == 8 and int.from_bytes(data[:2]) % 31 == 0
             wbits = 15 if wrapped else -15
         self._inflater = zlib.decompressobj(wbits=wbits)
         self.cut = True

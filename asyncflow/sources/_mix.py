@@ -66,7 +66,8 @@ class _Picks:
         self.active = weights
         self.rng = rng
         self.stop = stop
-        self.ran_out = [False] * len(weights)
+        # A source of weight 0 is never read, so never runs out: for "cycle" it has ended.
+        self.ran_out = [bool(w == 0) for w in weights]
         self.cdf: np.ndarray | None = None
         self.draws = np.empty(0)
         self.next = 0

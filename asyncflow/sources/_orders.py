@@ -89,8 +89,10 @@ def probabilities(weights: Any, who: str = "") -> npt.NDArray[np.float64]:
             f"{who}weights should be a 1d sequence but given weights have shape "
             f"{tuple(w.shape)}"
         )
-    if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+    if not np.all(np.isfinite(w)) or np.any(w < 0) or not np.any(w > 0):
         raise ConfigError(f"{who}weights must be finite, >= 0, and not all zero")
+    if w.max() > np.finfo(np.float64).max / len(w):  # their sum would overflow to inf
+        w = w / w.max()
     p: npt.NDArray[np.float64] = w / w.sum()
     return p
 

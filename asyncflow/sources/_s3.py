@@ -223,8 +223,13 @@ async def list_page(
         page = await client.list_objects_v2(**kwargs)
     except _SDK_ERRORS as exc:
         raise _translate(exc, what, retry) from None
-    token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
-    return list(page.get("Contents", [])), token
+    if not page.get("IsTruncated"):
+        return list(page.get("Contents", [])), None
+    following = page.get("NextContinuationToken")
+    if not following or following == token:  # the rest would be lost, or this page again
+        raise SourceError(f"{what}: the store said the listing goes on, but gave no new "
+                          "continuation token; refusing to list only part of it")
+    return list(page.get("Contents", [])), following
 
 
 class S3Transport:

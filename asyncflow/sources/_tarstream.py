@@ -74,7 +74,7 @@ def parse_pax(data: bytes, fail: Callable[[str, int], SourceError]) -> dict[str,
     records: dict[str, str] = {}
     pos = 0
     while pos < len(data):
-        if not data[pos:].strip(b"\x00"):
+        if data[pos] == 0 and not data[pos:].strip(b"\x00"):
             break  # NUL fill after the last record, as some writers leave
         match = _PAX_LENGTH.match(data, pos)
         if match is None:

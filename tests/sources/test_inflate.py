@@ -39,6 +39,17 @@ def test_deflate_wrapped_or_raw(wbits: int) -> None:
         inflate_all(inflater, b"more")
 
 
+@pytest.mark.parametrize("wbits", [15, -15])
+def test_deflate_whose_first_chunk_is_one_byte(wbits: int) -> None:
+    # The first two bytes tell zlib-wrapped from raw deflate: a body that arrived one byte
+    # first was taken for raw, and a valid zlib stream was refused as corrupt.
+    packer = zlib.compressobj(wbits=wbits)
+    data = packer.compress(RAW) + packer.flush()
+    inflater = Inflater("GET http://h/a", "deflate")
+    assert inflate_all(inflater, data[:1]) == b"" and inflater.cut
+    assert inflate_all(inflater, data[1:]) == RAW and not inflater.cut
+
+
 def test_input_that_stops_inside_a_stream_is_cut() -> None:
     data = gzip.compress(RAW)
     inflater = Inflater("s.tar.gz")

@@ -49,6 +49,15 @@ async def test_a_path_prefix_lists_like_an_s3_prefix(tree: pathlib.Path) -> None
     assert await collect(sources.list_objects(tree / "zzz", allow_empty=True)) == []
 
 
+async def test_a_prefix_in_the_working_folder(
+    tree: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A prefix with no folder part was matched against "./cat_1.jpg": nothing was listed.
+    monkeypatch.chdir(tree)
+    assert await collect(sources.list_objects("cat_")) == ["cat_1.jpg", "cat_2.jpg"]
+    assert await collect(sources.list_objects("a", detail=True)) == [ObjectInfo("a.jpg", 5)]
+
+
 async def test_missing_folder(tmp_path: pathlib.Path) -> None:
     with pytest.raises(SourceNotFound):
         await collect(sources.list_objects(tmp_path / "nope" / "deeper"))

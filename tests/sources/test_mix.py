@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +50,15 @@ def test_stop_cycle_restarts_until_every_source_ran_out() -> None:
     b = [i for t, i in items if t == "b"]
     assert a == list(range(40))  # the mix ended when a ran out, the last to do so
     assert len(b) > 3 and b[:6] == [0, 1, 2, 0, 1, 2]
+
+
+def test_stop_cycle_ends_with_a_source_of_weight_zero() -> None:
+    # A source of weight 0 is never read, so it never runs out: "cycle" never ended.
+    mixed = mix([tagged("a", 3), tagged("b", 2), tagged("c", 5)], [1, 0, 1], stop="cycle")
+    items = list(itertools.islice(mixed, 1000))
+    assert len(items) < 1000 and not any(tag == "b" for tag, _ in items)
+    for tag, n in (("a", 3), ("c", 5)):
+        assert {i for t, i in items if t == tag} == set(range(n))
 
 
 async def test_stop_never_runs_until_the_consumer_stops(async_leak_check: None) -> None:
@@ -147,6 +157,12 @@ def test_weights_are_checked_as_a_weighted_samplers_are(weights: Any) -> None:
     # One check of weights (``_orders.probabilities``): text was a bare numpy ValueError.
     with pytest.raises(ConfigError, match=r"^mix: weights"):
         mix([Pipeline([1]), Pipeline([2])], weights)
+
+
+def test_weights_whose_sum_overflows_still_mix() -> None:
+    # The probabilities were all 0: the mix ended at once, an empty epoch with no error.
+    items = list(mix([tagged("a", 20), tagged("b", 20)], [1e308, 1e308], stop="all"))
+    assert len(items) == 40
 
 
 @pytest.mark.parametrize("weights", [[-1.0, 1.0], [0.0, 0.0], [float("inf"), 1.0]])

@@ -136,6 +136,29 @@ async def test_a_prefix_that_lists_nothing_is_an_error(s3: Any, bucket: str) -> 
     assert len([u async for u in sources.list_objects(f"s3://{bucket}/train/")]) == 2
 
 
+class _Pages:
+    """A store's ListObjectsV2 that says each page is truncated, with ``token`` as the next."""
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token
+
+    async def list_objects_v2(self, **kwargs: Any) -> dict[str, Any]:
+        page = {"Contents": [{"Key": "a/0.bin", "Size": 1}], "IsTruncated": True}
+        return page if self.token is None else {**page, "NextContinuationToken": self.token}
+
+
+@pytest.mark.parametrize(("token", "given"), [(None, None), ("t1", "t1")])
+async def test_a_truncated_page_without_a_new_token_is_an_error(
+    token: str | None, given: str | None
+) -> None:
+    # No token: the listing ended quietly after its first page (the rest lost, uncounted);
+    # the same token again: the same page was listed forever.
+    with pytest.raises(SourceError, match=r"LIST s3://b/a/: .* no new continuation token"):
+        await _s3.list_page(_Pages(token), "b", "a/", given, what="LIST s3://b/a/", retry=FAST)
+    assert await _s3.list_page(_Pages("t2"), "b", "a/", "t1", what="x", retry=FAST) == (
+        [{"Key": "a/0.bin", "Size": 1}], "t2")
+
+
 async def test_listing_a_missing_bucket(aws_env: S3Server) -> None:
     with pytest.raises(SourceNotFound, match="NoSuchBucket"):
         async for _ in sources.list_objects("s3://no-such-bucket-here/"):

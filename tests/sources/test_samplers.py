@@ -110,6 +110,14 @@ def test_weighted_rejects_bad_weights(weights: object) -> None:
         WeightedRandomSampler(weights, num_samples=1)
 
 
+def test_weighted_takes_weights_whose_sum_overflows() -> None:
+    # Each weight is finite, their sum is not: the probabilities were all 0, and drawing
+    # failed with NumPy's bare "Probabilities do not sum to 1" (after an overflow warning).
+    huge = sys.float_info.max
+    drawn = list(WeightedRandomSampler([huge, 0.0, huge], num_samples=400, seed=0))
+    assert set(drawn) == {0, 2} and 150 < drawn.count(0) < 250
+
+
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_distributed_matches_torch_without_shuffle(drop_last: bool) -> None:
     from torch.utils.data import DistributedSampler as TorchDistributedSampler
