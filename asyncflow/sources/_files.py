@@ -137,9 +137,16 @@ async def stream_file(path: str) -> AsyncGenerator[bytes, None]:
         raise os_error(exc, path) from exc
 
 
+def _unreadable(exc: OSError) -> None:
+    """A folder the walk cannot read is an error naming it, not a listing short of its files
+    (one that vanished meanwhile holds nothing)."""
+    if not isinstance(exc, FileNotFoundError):
+        raise os_error(exc, str(exc.filename)) from exc
+
+
 def _walk(root: str) -> list[tuple[str, int]]:
     found: list[tuple[str, int]] = []
-    for folder, _dirs, files in os.walk(root):
+    for folder, _dirs, files in os.walk(root, onerror=_unreadable):
         for name in files:
             path = os.path.join(folder, name)
             try:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
+import re
+from typing import Any
 
 import pytest
 
@@ -61,6 +64,22 @@ async def test_a_prefix_in_the_working_folder(
 async def test_missing_folder(tmp_path: pathlib.Path) -> None:
     with pytest.raises(SourceNotFound):
         await collect(sources.list_objects(tmp_path / "nope" / "deeper"))
+
+
+async def test_an_unreadable_subfolder_is_an_error_naming_it(
+    tree: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Not chmod: the tests may run as root, who reads any folder.
+    scandir = os.scandir
+
+    def refusing(path: Any = ".") -> Any:
+        if os.fspath(path) == str(tree / "c"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    with pytest.raises(SourcePermissionError, match=f"^{re.escape(str(tree / 'c'))}: permission"):
+        await collect(sources.list_objects(tree))
 
 
 async def test_a_single_file_lists_itself(tree: pathlib.Path) -> None:
