@@ -219,7 +219,7 @@ def fault_app(
         if rng.startswith("bytes=") and not q.get("norange") and fresh:
             start = int(rng[6:].split("-")[0] or 0)
             if start >= len(body):
-                return web.Response(status=416)
+                return web.Response(status=416, headers={"Content-Range": f"bytes */{len(body)}"})
             status = 206
             end, total = len(body) - 1, len(body)
             headers["Content-Range"] = q.get("crange", "bytes {start}-{end}/{total}").format(
@@ -230,9 +230,15 @@ def fault_app(
         resp = web.StreamResponse(status=status, headers=headers)
         if "clen" in q:
             resp.headers["Content-Length"] = q["clen"]
+        elif "chunked" in q:
+            resp.enable_chunked_encoding()
         else:
             resp.content_length = len(body)
         await resp.prepare(request)
+        if n <= int(q.get("dropend", 0)):  # every byte sent, then the connection lost
+            await resp.write(body)
+            await asyncio.sleep(0.01)
+            return await dropped(request)
         if truncate == -1 or n <= truncate:
             await resp.write(body[: len(body) // 2])
             await asyncio.sleep(0.01)

@@ -29,6 +29,7 @@ from ._tries import Changed
 __all__ = ["Resume", "stream"]
 
 _CONTENT_RANGE = re.compile(r"bytes ([0-9]{1,20})-([0-9]{1,20})/([0-9]{1,20})")
+_UNSATISFIED = re.compile(r"bytes \*/([0-9]{1,20})")
 
 
 class Resume:
@@ -101,6 +102,17 @@ def _range_answer(
     return end - start + 1
 
 
+def _ends_at(resp: aiohttp.ClientResponse, offset: int, resume: Resume, what: object) -> None:
+    """A 416 to ``Range: bytes=<offset>-`` (with ``If-Range``: the same object): nothing is
+    left when the object ends exactly at ``offset`` (a body without Content-Length whose
+    connection broke after its last byte); any other 416 is an error naming the object."""
+    raw = resp.headers.get("Content-Range", "")
+    match = _UNSATISFIED.fullmatch(raw.strip())
+    if match is None or int(match.group(1)) != offset or resume.total not in (None, offset):
+        raise SourceError(f"{what}: HTTP 416 with Content-Range {raw[:60]!r} to a request for "
+                          f"bytes={offset}-")
+
+
 class _Replay:
     """An answer read again from byte 0: its first ``offset`` bytes, those already delivered,
     are skipped; where nothing else proves it the same object (no validator), their digest
@@ -158,6 +170,9 @@ async def stream(
     headers = {"Range": f"bytes={offset}-", "If-Range": validator} if validator else None
     resp = await get(session, url, what=what, retry=retry, timeout=timeout, headers=headers)
     try:
+        if resp.status == 416:
+            _ends_at(resp, offset, resume, what)
+            return
         expected = content_length(resp, what)
         replay = None
         if resp.status == 206:

@@ -133,7 +133,8 @@ async def get(
     timeout: Timeout,
     headers: Mapping[str, str] | None = None,
 ) -> aiohttp.ClientResponse:
-    """The final response to GET ``url`` after redirects, its status already checked.
+    """The final response to GET ``url`` after redirects, its status already checked (a 416
+    to a request with ``headers``, a ``Range``, is the caller's to read).
 
     The caller must ``release()`` it. A plain coroutine rather than a context manager: it
     runs once per object read, where every layer costs.
@@ -156,7 +157,8 @@ async def get(
                 target = _next_hop(target, resp, scheme, what)
                 resp.release()
                 continue
-            _check_status(resp, what, retry)
+            if resp.status != 416 or headers is None:  # a 416 to a Range: where it ends
+                _check_status(resp, what, retry)
         except BaseException:
             resp.release()
             raise

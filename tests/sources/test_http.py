@@ -10,6 +10,7 @@ import tarfile
 import time
 import traceback
 import urllib.parse
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -338,6 +339,29 @@ async def test_a_broken_read_resumes_with_if_range(http_server: FaultServer, uni
     assert first == {}
     offset = int(second["Range"].removeprefix("bytes=").removesuffix("-"))
     assert 0 < offset < BIG and second["If-Range"].startswith('"')
+
+
+async def test_a_chunked_body_broken_after_its_last_byte_is_whole(
+    http_server: FaultServer, unique: str
+) -> None:
+    # No Content-Length: the client cannot know the body ended; the resumed range starts at
+    # the object's end, and the server's 416 (bytes */size) says nothing is left.
+    url, v1, _ = two_versions(http_server, unique)
+    url += "?chunked=1&dropend=1"
+    assert await asyncflow.read_bytes(url, retry=FAST) == v1
+    first, second = http_server.requests(url)
+    assert first == {} and second["Range"] == f"bytes={BIG}-"
+
+
+@pytest.mark.parametrize("raw", ["", "bytes */5", "bytes 0-9/10", "bytes */"])
+def test_a_416_that_does_not_end_the_object_where_the_read_stands_is_an_error(raw: str) -> None:
+    from asyncflow.sources._http_ranges import Resume, _ends_at
+
+    resp: Any = SimpleNamespace(headers={"Content-Range": raw} if raw else {})
+    with pytest.raises(SourceError, match=r"^obj: HTTP 416 with Content-Range .* bytes=10-$"):
+        _ends_at(resp, 10, Resume(), "obj")
+    whole: Any = SimpleNamespace(headers={"Content-Range": "bytes */10"})
+    _ends_at(whole, 10, Resume(), "obj")  # nothing left: no error
 
 
 @pytest.mark.parametrize("validator", ["strong", "date", "weak", "newdate", "none"])
