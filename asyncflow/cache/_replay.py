@@ -221,7 +221,7 @@ def replay(
 def _samples(reader: Reader, order: np.ndarray | None,
              build: Callable[[list[np.ndarray]], Any], checks: Checks) -> Iterator[Any]:
     def sample(i: Any) -> Any:
-        parts = [a[i] for a in reader.arrays]
+        parts = [a[i, ...] for a in reader.arrays]  # [i, ...]: a field of shape () too
         return build([np.array(p) for p in parts] if reader.copy else parts)
 
     rows: Sequence[int] | np.ndarray = range(reader.count) if order is None else order
