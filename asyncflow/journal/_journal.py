@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,7 @@ class _Hook:
         self.seen = [len(records) for records in run.failure_records()]
         self.pending: list[list[Any]] = []  # failures not yet placed in an output
         self.top = -1  # the highest position of the outputs so far
-        self.source = journal.pipe.source
+        self.source = _positional(journal.pipe.source)
         self.step = self._resumed_steps(lineage.resumed)
         # Closed by close(), or when the hook is collected (a run abandoned unclosed).
         self.fd = journal._open()
@@ -176,6 +177,11 @@ class _Hook:
     def close(self) -> None:
         self.lineage.hold(1 << 62)  # effectively off: compaction follows the consumer again
         self._close()
+
+
+def _positional(source: Any) -> Any:
+    """``source`` as its items by position: a mapping's are its keys (what it yields)."""
+    return list(source) if isinstance(source, Mapping) else source
 
 
 def _length(source: Any) -> int:
@@ -290,7 +296,7 @@ def rebuild(pipe: Any, record: JournalRecord) -> Any:
                 f"a {stage['kind']} stage"
             raise ConfigError(f"cannot rebuild: stage {stage['name']!r} is {why}, so an output "
                               "depends on more than its own items (or on their timing)")
-    source = pipe.source
+    source = _positional(pipe.source)
     if not hasattr(source, "__getitem__") or not hasattr(source, "__len__"):
         raise ConfigError(f"cannot rebuild: the source ({type(source).__name__}) is not a "
                           "sequence to take the recorded positions from")

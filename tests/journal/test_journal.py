@@ -125,6 +125,27 @@ def test_a_late_failure_is_placed_in_its_output_and_a_filtered_item_is_not(
     assert all(af.rebuild(pipe, r) == batch for r, batch in zip(records, delivered, strict=True))
 
 
+def fails_at_c(key: str) -> str:
+    if key == "c":
+        raise ValueError("bad c")
+    return key.upper()
+
+
+def test_a_mapping_source_is_journaled_by_its_keys(tmp_path: Path) -> None:
+    # A dict source yields its keys; the journal took the item at position p as source[p]:
+    # the first failure within the budget ended the loop with a bare KeyError: 2, and
+    # rebuild() failed so too.
+    source = {key: None for key in "abcdefgh"}
+    pipe = Pipeline(source).map(fails_at_c, max_failures=1).batch(2)
+    delivered = list(pipe.journal(tmp_path))
+    assert delivered == [["A", "B"], ["D", "E"], ["F", "G"], ["H"]]
+    record = af.explain(tmp_path, epoch=0, step=1)
+    assert record.positions == (3, 4)
+    assert [(f.position, f.item) for f in record.failed] == [(2, "'c'")]
+    assert [af.rebuild(pipe, af.explain(tmp_path, epoch=0, step=s))
+            for s in range(4)] == delivered
+
+
 # -- a journal torn by a crash (issue 25, point 15) ------------------------------------------
 
 
