@@ -123,12 +123,17 @@ class _Hook:
         if not file.exists():
             return 0
         steps = set()
-        for _, _, line in lines(file):
+        for number, _, line in lines(file):
             if not isinstance(line, dict) or line.get("epoch") != self.epoch \
                     or not isinstance(line.get("positions"), list):
                 continue
-            if all(p < plan.base or p in plan.skip for p in line["positions"]):
-                steps.add(line["step"])
+            try:
+                if all(p < plan.base or p in plan.skip for p in line["positions"]):
+                    steps.add(line["step"])
+            except (KeyError, TypeError) as exc:  # an edited line (a cut one is None)
+                raise ConfigError(f"{file}:{number}: the record of an output of epoch "
+                                  f"{self.epoch} is damaged ({exc!r}), so the steps this "
+                                  "resumed run counts on from are unknown") from None
         return len(steps)
 
     def __call__(self, item: Any) -> Any:

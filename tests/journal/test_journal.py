@@ -80,6 +80,23 @@ def test_a_journal_across_a_resume(tmp_path: Path) -> None:
         assert af.rebuild(build(40), record) == batch
 
 
+def test_a_damaged_record_of_the_resumed_epoch_is_named(tmp_path: Path) -> None:
+    # A resumed run counts its steps on from the records whose positions the state settled;
+    # a record with a position that is not a number failed it with a bare TypeError.
+    pipe = build(40).journal(tmp_path)
+    with pipe.open() as run:
+        [next(run) for _ in range(3)]
+        state = json.loads(json.dumps(pipe.state_dict()))
+    file = tmp_path / "rank-00000.jsonl"
+    lines = file.read_text().splitlines(keepends=True)
+    lines[2] = lines[2].replace('"positions":[', '"positions":["x",', 1)
+    file.write_text("".join(lines))
+    resumed = build(40).journal(tmp_path)
+    resumed.load_state_dict(state)
+    with pytest.raises(ConfigError, match=r"rank-00000\.jsonl:3: the record .* damaged"):
+        list(resumed)
+
+
 @pytest.mark.parametrize(("stage", "name"), [
     (lambda p: p.shuffle(buffer_size=4, seed=1), "shuffle"),
     (lambda p: p.map(int, ordered=False, concurrency=2, name="loose"), "loose"),
