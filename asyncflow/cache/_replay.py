@@ -1,6 +1,7 @@
 """Replay a cache: items rebuilt from the mapped fields, in order or shuffled by index.
 
-A cache of batches is batched again to the upstream batch size; the last batch is short
+A cache of batches is batched again to the upstream batch size (its largest batch's: a
+shorter one lost failed rows, or ends the pass); without failed rows, the last batch is short
 exactly when upstream's was (a cache written from ``drop_last=True`` batches holds a whole
 number of batches). In order, each batch is a slice of the mapping, handed out without a copy;
 shuffled, each batch is gathered from its rows into a buffer, one copy (buffers are reused
