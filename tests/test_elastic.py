@@ -124,6 +124,19 @@ def test_drop_counts_the_tail_it_left_out_as_settled() -> None:
     assert [list(s) for s in resumed] == [[3], [4], [5], [6]]
 
 
+def test_a_negative_seed_resumes() -> None:
+    # Split takes any int seed (epoch_rng draws from it), but the states' seed was checked
+    # as >= 0: a job run with seed=-3 saved states that no resume would read.
+    items = list(range(10))
+    options = {"shuffle": True, "seed": -3}
+    shares = _shares(2, items, None, **options)
+    order = [list(share) for share in shares]
+    states = [_state(share, [0, 1]) for share in shares]
+    done = {order[r][j] for r in range(2) for j in (0, 1)}
+    resumed = [x for share in _shares(3, items, states, **options) for x in share]
+    assert sorted(set(resumed)) == sorted(set(items) - done)
+
+
 def test_a_resumed_share_is_plain_from_the_next_epoch() -> None:
     items = list(range(6))
     shares = _shares(2, items, None, shuffle=True, seed=3)

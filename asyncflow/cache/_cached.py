@@ -116,10 +116,9 @@ class CachedPipeline(Pipeline[T_co]):
             return super().shuffle(buffer_size=1024 if buffer_size is None else buffer_size,
                                    seed=seed, name=name)
         new = type(self)(self._cache_source.shuffled(seed), upstream=self._upstream)
-        new._check_reuse = self._check_reuse
-        for hook in self.hooks:
-            new = new.with_hook(hook)
-        return new
+        # this pipeline's options (with_options()), hooks and one-shot upstream check
+        return new._copy(_options=self._options, _hooks=self.hooks,
+                         _check_reuse=self._check_reuse)
 
     def describe(self) -> list[dict[str, Any]]:
         source = self._cache_source

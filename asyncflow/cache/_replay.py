@@ -1,6 +1,7 @@
 """Replay a cache: items rebuilt from the mapped fields, in order or shuffled by index.
 
-A cache of batches is batched again to the upstream batch size; the last batch is short
+A cache of batches is batched again to the upstream batch size (its largest batch's: a
+shorter one lost failed rows, or ends the pass); without failed rows, the last batch is short
 exactly when upstream's was (a cache written from ``drop_last=True`` batches holds a whole
 number of batches). In order, each batch is a slice of the mapping, handed out without a copy;
 shuffled, each batch is gathered from its rows into a buffer, one copy (buffers are reused
@@ -221,7 +222,7 @@ def replay(
 def _samples(reader: Reader, order: np.ndarray | None,
              build: Callable[[list[np.ndarray]], Any], checks: Checks) -> Iterator[Any]:
     def sample(i: Any) -> Any:
-        parts = [a[i] for a in reader.arrays]
+        parts = [a[i, ...] for a in reader.arrays]  # [i, ...]: a field of shape () too
         return build([np.array(p) for p in parts] if reader.copy else parts)
 
     rows: Sequence[int] | np.ndarray = range(reader.count) if order is None else order

@@ -120,6 +120,9 @@ def _describe_leaf(name: str, value: Any, *, batched: bool) -> Field:
             ".cache()" + (" (in a batch, every field must be an array with a batch dimension)"
                           if batched else "")
         )
+    if np.dtype(value.dtype if kind in ("ndarray", "scalar") else dtype).names is not None:
+        raise ConfigError(f"{name} has dtype {dtype}, a structured one; the cache stores "
+                          "plain dtypes only: store each of its fields as an array of its own")
     if np.dtype(dtype).hasobject:
         raise ConfigError(f"{name} has dtype {dtype}; the cache stores numeric arrays only")
     if batched:

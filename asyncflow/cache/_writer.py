@@ -96,8 +96,8 @@ class Writer:
                 exc.add_note(f"while writing the cache {self.path} (nothing of it is kept)")
                 raise
             n += rows
-        if self.batch_size is None and self.layout != "samples":
-            self.batch_size = n
+        if self.layout != "samples":  # the largest: a shorter batch lost failed rows, or ends
+            self.batch_size = max(self.batch_size or 0, n)
         self.count += n
         self.items += 1
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,7 @@ class _Hook:
         self.seen = [len(records) for records in run.failure_records()]
         self.pending: list[list[Any]] = []  # failures not yet placed in an output
         self.top = -1  # the highest position of the outputs so far
-        self.source = journal.pipe.source
+        self.source = _positional(journal.pipe.source)
         self.step = self._resumed_steps(lineage.resumed)
         # Closed by close(), or when the hook is collected (a run abandoned unclosed).
         self.fd = journal._open()
@@ -122,12 +123,17 @@ class _Hook:
         if not file.exists():
             return 0
         steps = set()
-        for _, _, line in lines(file):
+        for number, _, line in lines(file):
             if not isinstance(line, dict) or line.get("epoch") != self.epoch \
                     or not isinstance(line.get("positions"), list):
                 continue
-            if all(p < plan.base or p in plan.skip for p in line["positions"]):
-                steps.add(line["step"])
+            try:
+                if all(p < plan.base or p in plan.skip for p in line["positions"]):
+                    steps.add(line["step"])
+            except (KeyError, TypeError) as exc:  # an edited line (a cut one is None)
+                raise ConfigError(f"{file}:{number}: the record of an output of epoch "
+                                  f"{self.epoch} is damaged ({exc!r}), so the steps this "
+                                  "resumed run counts on from are unknown") from None
         return len(steps)
 
     def __call__(self, item: Any) -> Any:
@@ -176,6 +182,11 @@ class _Hook:
     def close(self) -> None:
         self.lineage.hold(1 << 62)  # effectively off: compaction follows the consumer again
         self._close()
+
+
+def _positional(source: Any) -> Any:
+    """``source`` as its items by position: a mapping's are its keys (what it yields)."""
+    return list(source) if isinstance(source, Mapping) else source
 
 
 def _length(source: Any) -> int:
@@ -290,7 +301,7 @@ def rebuild(pipe: Any, record: JournalRecord) -> Any:
                 f"a {stage['kind']} stage"
             raise ConfigError(f"cannot rebuild: stage {stage['name']!r} is {why}, so an output "
                               "depends on more than its own items (or on their timing)")
-    source = pipe.source
+    source = _positional(pipe.source)
     if not hasattr(source, "__getitem__") or not hasattr(source, "__len__"):
         raise ConfigError(f"cannot rebuild: the source ({type(source).__name__}) is not a "
                           "sequence to take the recorded positions from")

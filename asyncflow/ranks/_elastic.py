@@ -135,7 +135,7 @@ def _split_of(index: int, state: Any) -> dict[str, Any]:
     if missing:
         raise ConfigError(f"state {index}'s split lacks {sorted(missing)}")
     for key in ("index", "count", "n", "epoch", "seed", "rank", "world_size"):
-        check_int(f"state {index}'s split: {key}", split[key], 0)
+        check_int(f"state {index}'s split: {key}", split[key], None if key == "seed" else 0)
     if split["count"] < 1 or split["index"] >= split["count"]:
         raise ConfigError(f"state {index}'s split: part {split['index']} of {split['count']}")
     if split["remainder"] not in ("pad", "drop"):

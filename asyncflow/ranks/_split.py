@@ -274,7 +274,8 @@ class Share(Generic[T]):
         self._settled = settled
         self._settled_epoch = epoch
         self._history = list(history)
-        self._last: Sequence[T] | None = None
+        self._last: Sequence[T] | None = None  # the list the latest iteration dealt
+        self._ahead: list[T] | None = None  # the list read for the next one, before it
         self._done: int | None = None
         self._identity: tuple[Sequence[T], dict[str, Any]] | None = None
 
@@ -283,7 +284,18 @@ class Share(Generic[T]):
         self.epoch = check_int("epoch", epoch, 0)
 
     def _listed(self) -> Sequence[T]:
-        return self.items if isinstance(self.items, Sequence) else list(self.items)
+        """The whole list for the next iteration: ``items`` when it is a sequence, else
+        ``items`` read whole, once per iteration (a read before it, by ``len()`` or a resume
+        state's check, is the list it deals)."""
+        if isinstance(self.items, Sequence):
+            return self.items
+        if self._ahead is None:
+            self._ahead = list(self.items)
+        return self._ahead
+
+    def _current(self) -> Sequence[T]:
+        """The list the latest iteration dealt (else the next one's): it is not read again."""
+        return self._last if self._last is not None else self._listed()
 
     def _resumed(self) -> Span | None:
         return self._settled if self.epoch == self._settled_epoch else None
@@ -294,11 +306,12 @@ class Share(Generic[T]):
 
     def __iter__(self) -> Dealt[T]:
         listed = self._last = self._listed()
+        self._ahead = None
         return Dealt(listed, self._positions(self.split.part(), len(listed)))
 
     def __len__(self) -> int:
         settled = self._resumed()
-        n = len(self._listed())
+        n = len(self._current())
         if settled is None:
             return self.split.part().size(n)
         if self._done is None:  # settled is fixed: counted once (state_dict() asks len())
@@ -308,8 +321,7 @@ class Share(Generic[T]):
     def listing_identity(self) -> dict[str, Any]:
         """What a resume state must find again: every item of the whole list, the same on
         every rank (``asyncflow/_identity.py``). Hashed once per list read."""
-        # an iterable that is not a sequence is read whole once per iteration, not again here
-        listed = self._last if self._last is not None else self._listed()
+        listed = self._current()
         if self._identity is None or self._identity[0] is not listed:
             self._identity = (listed, sequence_identity(listed))
         return self._identity[1]
@@ -317,7 +329,7 @@ class Share(Generic[T]):
     def split_state(self) -> dict[str, Any]:
         """This share's part, as a pipeline's state records it (``state["split"]``): what
         :meth:`Split.resume` needs to map the pipeline's settled positions to the list's."""
-        listed = self._last if self._last is not None else self._listed()
+        listed = self._current()
         part, settled = self.split.part(), self._resumed()
         return {
             "index": part.index, "count": part.count, "rank": part.rank,

@@ -216,6 +216,23 @@ def test_stages_after_the_cache_and_their_shuffle(tmp_path: Path) -> None:
     assert sorted(flat(shuffled)) == list(range(12))
 
 
+def test_a_shuffled_replay_keeps_the_options_and_hooks_of_the_cached_pipeline(
+    tmp_path: Path
+) -> None:
+    # shuffle() built a new CachedPipeline from upstream's options: what with_options() had
+    # set on the cached pipeline (its name, stop_timeout, failure budget...) was dropped.
+    seen: list[int] = []
+
+    def hook(run: Any) -> Any:
+        return lambda batch: seen.append(len(batch[1])) or batch
+
+    pipe = images().cache(tmp_path / "c").with_options(name="train", stop_timeout=7.0)
+    shuffled = pipe.with_hook(hook).shuffle(seed=1)
+    assert shuffled.options == pipe.options and shuffled.options.name == "train"
+    assert sorted(flat(shuffled)) == list(range(10)) and seen == [4, 4, 2]
+    assert sorted(flat(shuffled)) == list(range(10))  # a replay, of the same options
+
+
 def test_describe_and_info(tmp_path: Path) -> None:
     pipe = images().cache(tmp_path / "c").shuffle(seed=1)
     head = pipe.describe()[0]

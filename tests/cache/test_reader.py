@@ -211,6 +211,27 @@ def test_write_accepts_non_contiguous_and_gpu_free_inputs(tmp_path: Path) -> Non
     assert torch.equal(next(replay(reader))[0], base.transpose(1, 2))
 
 
+@pytest.mark.parametrize(("sizes", "replayed"), [
+    ((3, 4, 4, 2), [4, 4, 4, 1]), ((4, 3, 4), [4, 4, 3]), ((0, 3, 3), [3, 3]),
+])
+@pytest.mark.parametrize("layout", ["batches", "lists"])
+def test_batches_come_back_at_the_largest_upstream_size(
+    tmp_path: Path, layout: str, sizes: tuple[int, ...], replayed: list[int]
+) -> None:
+    # A batch that lost failed rows (assemble under a failure budget, as image.folder with a
+    # corrupt file) is short mid-stream. The first batch's size was taken for the replay's:
+    # one failure in the first batch made every replayed batch short, an empty first batch
+    # made the whole cache one batch.
+    def item(size: int) -> Any:
+        ids = torch.arange(size)
+        return (ids,) if layout == "batches" else [(i,) for i in ids]
+
+    write(tmp_path / "c", [item(size) for size in sizes], layout=layout)
+    reader = Reader.open(tmp_path / "c")
+    assert reader.batch_size == max(sizes)
+    assert [len(b[0]) if layout == "batches" else len(b) for b in replay(reader)] == replayed
+
+
 def test_a_failed_write_says_which_cache_and_leaves_nothing(tmp_path: Path) -> None:
     class Full:
         def write(self, data: object) -> int:

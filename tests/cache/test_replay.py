@@ -63,6 +63,29 @@ def test_samples_keep_their_python_and_numpy_types(tmp_path: Path) -> None:
         assert isinstance(item["x"], np.ndarray) and item["x"].tolist() == [i] * 3
 
 
+def test_zero_dim_arrays_and_tensors_come_back_as_such(tmp_path: Path) -> None:
+    # A label as torch.tensor(3), a loss weight as np.array(0.5), a np.str_ tag: one row of a
+    # field of shape () is still an array (indexing [i] alone gave a numpy scalar, which
+    # torch.from_numpy refused and scalar leaves could not index).
+    items = [{"t": torch.tensor(i), "a": np.array(i / 2), "s": np.str_(f"n{i}")}
+             for i in range(5)]
+    write(tmp_path / "c", items, layout="samples")
+    reader = Reader.open(tmp_path / "c")
+    for order in (None, permutation(5, 1)):
+        out = list(replay(reader, order))
+        ids = range(5) if order is None else order.tolist()
+        for i, item in zip(ids, out, strict=True):
+            assert isinstance(item["t"], torch.Tensor) and item["t"].shape == ()
+            assert item["t"].item() == i
+            assert isinstance(item["a"], np.ndarray) and item["a"].shape == ()
+            assert item["a"] == i / 2
+            assert isinstance(item["s"], np.str_) and item["s"] == f"n{i}"
+    lists = [[(torch.tensor(i), np.array(i))] for i in range(3)]
+    write(tmp_path / "l", lists, layout="lists")
+    assert [[(t.shape, a.shape) for t, a in b] for b in replay(Reader.open(tmp_path / "l"))] \
+        == [[((), ())]] * 3
+
+
 def test_lists_of_samples_come_back_as_lists(tmp_path: Path) -> None:
     items = [[(np.full(2, i), i) for i in range(s, min(s + 3, 7))] for s in range(0, 7, 3)]
     write(tmp_path / "c", items, layout="lists")

@@ -63,6 +63,18 @@ def test_bfloat16_and_object_arrays_are_refused() -> None:
         Schema.of(np.array([None, 1], dtype=object), batched=False)
 
 
+def test_structured_arrays_are_refused_naming_the_field() -> None:
+    # str() of a record dtype is not a name numpy reads back: the filling epoch failed with a
+    # bare TypeError ('data type ... not understood') that named no field
+    record = np.zeros(2, dtype=[("a", "<i4"), ("b", "<f8")])
+    with pytest.raises(ConfigError, match=r"item\['x'\] has dtype .*structured"):
+        Schema.of({"x": record, "y": 1}, batched=False)
+    with pytest.raises(ConfigError, match=r"item has dtype .*structured"):
+        Schema.of(record[None], batched=True)
+    with pytest.raises(ConfigError, match=r"item\[0\] has dtype .*structured"):
+        Schema.of((record[0],), batched=False)  # one record: a numpy scalar
+
+
 def test_variable_shape_names_the_field_and_suggests_a_resize() -> None:
     schema = Schema.of({"image": np.zeros((3, 224, 224), np.uint8), "label": 1}, batched=False)
     with pytest.raises(ConfigError) as err:

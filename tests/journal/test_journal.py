@@ -80,6 +80,23 @@ def test_a_journal_across_a_resume(tmp_path: Path) -> None:
         assert af.rebuild(build(40), record) == batch
 
 
+def test_a_damaged_record_of_the_resumed_epoch_is_named(tmp_path: Path) -> None:
+    # A resumed run counts its steps on from the records whose positions the state settled;
+    # a record with a position that is not a number failed it with a bare TypeError.
+    pipe = build(40).journal(tmp_path)
+    with pipe.open() as run:
+        [next(run) for _ in range(3)]
+        state = json.loads(json.dumps(pipe.state_dict()))
+    file = tmp_path / "rank-00000.jsonl"
+    lines = file.read_text().splitlines(keepends=True)
+    lines[2] = lines[2].replace('"positions":[', '"positions":["x",', 1)
+    file.write_text("".join(lines))
+    resumed = build(40).journal(tmp_path)
+    resumed.load_state_dict(state)
+    with pytest.raises(ConfigError, match=r"rank-00000\.jsonl:3: the record .* damaged"):
+        list(resumed)
+
+
 @pytest.mark.parametrize(("stage", "name"), [
     (lambda p: p.shuffle(buffer_size=4, seed=1), "shuffle"),
     (lambda p: p.map(int, ordered=False, concurrency=2, name="loose"), "loose"),
@@ -123,6 +140,27 @@ def test_a_late_failure_is_placed_in_its_output_and_a_filtered_item_is_not(
     step = failed[0][0]
     assert max(delivered[step - 1]) < 150 < max(delivered[step])
     assert all(af.rebuild(pipe, r) == batch for r, batch in zip(records, delivered, strict=True))
+
+
+def fails_at_c(key: str) -> str:
+    if key == "c":
+        raise ValueError("bad c")
+    return key.upper()
+
+
+def test_a_mapping_source_is_journaled_by_its_keys(tmp_path: Path) -> None:
+    # A dict source yields its keys; the journal took the item at position p as source[p]:
+    # the first failure within the budget ended the loop with a bare KeyError: 2, and
+    # rebuild() failed so too.
+    source = {key: None for key in "abcdefgh"}
+    pipe = Pipeline(source).map(fails_at_c, max_failures=1).batch(2)
+    delivered = list(pipe.journal(tmp_path))
+    assert delivered == [["A", "B"], ["D", "E"], ["F", "G"], ["H"]]
+    record = af.explain(tmp_path, epoch=0, step=1)
+    assert record.positions == (3, 4)
+    assert [(f.position, f.item) for f in record.failed] == [(2, "'c'")]
+    assert [af.rebuild(pipe, af.explain(tmp_path, epoch=0, step=s))
+            for s in range(4)] == delivered
 
 
 # -- a journal torn by a crash (issue 25, point 15) ------------------------------------------

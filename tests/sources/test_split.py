@@ -174,6 +174,34 @@ def test_a_share_feeds_a_pipeline_every_epoch() -> None:
     assert list(pipe) == [10, 40, 70, 0]
 
 
+class _Listing:
+    """An iterable that is not a sequence (a directory walk, say), counting its reads."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.reads = n, 0
+
+    def __iter__(self) -> Iterator[int]:
+        self.reads += 1
+        return iter(range(self.n))
+
+
+def test_a_listing_that_is_not_a_sequence_is_read_once_per_iteration() -> None:
+    # len() read the listing again (each state_dict() asks it), and a one-shot generator's
+    # second read is empty: a state saved mid-run said 0 items, which no resume matched.
+    listing = _Listing(20)
+    share = Split(rank=0, world_size=2)(listing)
+    assert len(share) == 10 and list(share) == list(range(0, 20, 2)) and listing.reads == 1
+    assert len(share) == 10 and listing.reads == 1  # the listing the iteration dealt
+    pipe = Pipeline(Split(rank=0, world_size=2)(x for x in range(20)))
+    with pipe.open() as run:
+        head = [next(run) for _ in range(3)]
+        state = pipe.state_dict()
+    assert state["pipeline"]["source"]["len"] == 10 and state["split"]["n"] == 20
+    resumed = Pipeline(Split(rank=0, world_size=2)(x for x in range(20)))
+    resumed.load_state_dict(state)  # its checks read the listing the run then deals
+    assert head + list(resumed) == list(range(0, 20, 2))
+
+
 async def test_an_async_listing_is_read_whole_then_shared(
     tmp_path: pathlib.Path, warm_executor: None, async_leak_check: None
 ) -> None:
