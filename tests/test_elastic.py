@@ -20,7 +20,7 @@ from asyncflow import ConfigError, Pipeline, Split
 from asyncflow.pipeline import state_checksum as _checksum
 from asyncflow.pipeline._span import Span
 from asyncflow.ranks import Share
-from asyncflow.ranks._elastic import remaining, settled_of
+from asyncflow.ranks._elastic import remaining, settled_of, untouched_state
 
 
 @pytest.fixture(autouse=True)
@@ -209,11 +209,24 @@ def _two_ranks(**options: Any) -> list[dict[str, Any]]:
          "epoch differs"),
         (lambda s: _valid([s[0], {**s[1], "positions": {"mark": 9, "ranges": []}}]),
          "positions up to 9"),
+        (lambda s: _valid([s[0], {**s[1], "split": {**s[1]["split"], "world_size": 0}}]),
+         "state 1's split: rank 1 of world size 0, 2 parts"),
+        (lambda s: _valid([s[0], {**s[1], "split": {**s[1]["split"], "world_size": 3}}]),
+         "state 1's split: rank 1 of world size 3, 2 parts"),
+        (lambda s: _valid([s[0], {**s[1], "split": {**s[1]["split"], "rank": 2}}]),
+         "state 1's split: rank 2 of world size 2, 2 parts"),
     ],
 )
 def test_bad_states_say_what_is_wrong(edit: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Split(rank=0, world_size=3).resume(list(range(9)), edit(_two_ranks()))
+
+
+def test_an_untouched_part_of_a_forged_world_size_is_refused() -> None:
+    state = _two_ranks()[1]
+    forged = _valid([{**state, "split": {**state["split"], "world_size": 0}}])[0]
+    with pytest.raises(ConfigError, match="world size 0"):
+        untouched_state(forged, 0)
 
 
 def test_the_list_and_the_split_must_be_the_states() -> None:

@@ -138,6 +138,11 @@ def _split_of(index: int, state: Any) -> dict[str, Any]:
         check_int(f"state {index}'s split: {key}", split[key], None if key == "seed" else 0)
     if split["count"] < 1 or split["index"] >= split["count"]:
         raise ConfigError(f"state {index}'s split: part {split['index']} of {split['count']}")
+    if split["world_size"] < 1 or split["count"] % split["world_size"] or (
+        split["rank"] >= split["world_size"]
+    ):  # count is world_size * workers a rank
+        raise ConfigError(f"state {index}'s split: rank {split['rank']} of world size "
+                          f"{split['world_size']}, {split['count']} parts")
     if split["remainder"] not in ("pad", "drop"):
         raise ConfigError(f"state {index}'s split: remainder {split['remainder']!r}")
     return dict(split)
