@@ -219,10 +219,8 @@ def _tables(manifest: dict[str, Any], fields: tuple[Field, ...]) -> list[int]:
 def _read_table(file: Path, field: Field, count: int, crc: int) -> np.ndarray:
     per = block_rows(field.sample_bytes)
     blocks = -(-count // per) if per else 0
-    try:
-        data = file.read_bytes()
-    except FileNotFoundError:
-        raise CacheInvalid(f"{file.name} is missing") from None
+    with _open_field(file) as fh:
+        data = fh.read()
     if len(data) != 4 * blocks:
         raise CacheInvalid(f"{file.name} holds {len(data)} bytes, expected {4 * blocks}")
     if zlib.crc32(data) != crc:
@@ -281,6 +279,8 @@ def _open_field(file: Path) -> Any:
         return open(file, "rb")
     except FileNotFoundError:
         raise CacheInvalid(f"{file.name} is missing") from None
+    except IsADirectoryError:
+        raise CacheInvalid(f"{file.name} is a folder, not the cache's file") from None
 
 
 def map_shared(reader: Reader) -> tuple[np.ndarray, ...]:

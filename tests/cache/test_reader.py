@@ -123,6 +123,8 @@ def test_truncated_file_is_refused_with_its_name(tmp_path: Path) -> None:
          r"field1\.npy: its \.npy header differs from the manifest's field item\[1\] at byte 40"),
         (lambda p: (p / "field1.crc32").unlink(), r"field1\.crc32 is missing"),
         (lambda p: _append(p / "field0.crc32"), r"field0\.crc32 holds 5 bytes, expected 4"),
+        (lambda p: _folder_for(p / "field1.npy"), r"field1\.npy is a folder, not the cache's"),
+        (lambda p: _folder_for(p / "field0.crc32"), r"field0\.crc32 is a folder, not the"),
     ],
 )
 def test_damaged_caches_are_refused(tmp_path: Path, damage: Any, message: str) -> None:
@@ -145,6 +147,11 @@ def test_the_manifest_is_signed_by_the_checksum_of_a_resume_state(tmp_path: Path
     (tmp_path / "c" / "manifest.json").write_text(json.dumps(older))
     with pytest.raises(CacheInvalid, match="it has format version 2, this asyncflow writes 3"):
         Reader.open(tmp_path / "c")
+
+
+def _folder_for(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
 
 
 def _append(path: Path) -> None:
