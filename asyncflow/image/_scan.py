@@ -50,8 +50,9 @@ def scan(
 
 def _walk(folder: Path, label: int, exts: tuple[str, ...],
           samples: list[tuple[str, int]]) -> int:
-    """Append the images under ``folder`` (sorted, links followed) to ``samples``; how many."""
-    found = 0
+    """Append the images under ``folder`` (links followed) to ``samples``, in torchvision's
+    order (``sorted(os.walk(...))``: by folder path, then by name); how many."""
+    walked = []
     seen: set[tuple[int, int]] = set()  # (device, inode) of each folder walked
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
         # Links are followed (as torchvision does), but each folder is walked once: a
@@ -61,9 +62,10 @@ def _walk(folder: Path, label: int, exts: tuple[str, ...],
             dirnames.clear()
             continue
         seen.add((here.st_dev, here.st_ino))
-        dirnames.sort()
-        for fname in sorted(filenames):
-            if fname.lower().endswith(exts):
-                samples.append((os.path.join(dirpath, fname), label))
-                found += 1
-    return found
+        dirnames.sort()  # which path reaches a folder linked twice: the first in sorted order
+        walked.append((dirpath, filenames))
+    before = len(samples)
+    for dirpath, filenames in sorted(walked):
+        samples.extend((os.path.join(dirpath, fname), label) for fname in sorted(filenames)
+                       if fname.lower().endswith(exts))
+    return len(samples) - before

@@ -263,6 +263,21 @@ def test_a_directory_link_loop_is_walked_once(tmp_path: Path) -> None:
     assert relative == [("cat/000.jpg", 0), ("cat/up/dog/000.jpg", 0), ("dog/000.jpg", 1)]
 
 
+def test_nested_folders_are_listed_in_torchvisions_order(tmp_path: Path) -> None:
+    # torchvision lists ``sorted(os.walk(class_dir))``: by folder path, so "b-c" and "b.d"
+    # ('-' and '.' sort before '/') come before "b"'s own sub-folder "b/x".
+    root = tmp_path / "train"
+    for sub in ("c/b", "c/b/x", "c/b-c", "c/b.d", "c/b.d/y"):
+        (root / sub).mkdir(parents=True)
+        (root / sub / "i.jpg").write_bytes(jpeg(8, 8))
+    _, samples = scan(root)
+    walked = [(p, 0) for d, _, names in sorted(os.walk(root / "c")) for p in
+              (os.path.join(d, n) for n in sorted(names))]
+    assert samples == walked
+    assert [os.path.relpath(p, root) for p, _ in samples] == [
+        "c/b/i.jpg", "c/b-c/i.jpg", "c/b.d/i.jpg", "c/b.d/y/i.jpg", "c/b/x/i.jpg"]
+
+
 def test_a_linked_folder_outside_the_tree_is_followed(tmp_path: Path) -> None:
     root = tmp_path / "train"
     write_tree(root, {"cat": 2})
