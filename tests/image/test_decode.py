@@ -195,6 +195,21 @@ def test_palette_with_transparency_is_composited() -> None:
     assert (arr[:, 4:] == (255, 255, 255)).all()
 
 
+@pytest.mark.parametrize(("mode", "key"), [("L", 10), ("RGB", (10, 20, 30)), ("1", 0)])
+def test_a_transparent_colour_key_is_composited(mode: str, key: int | tuple[int, ...]) -> None:
+    # A grey, RGB or 1-bit PNG's tRNS chunk names one colour as transparent, as a palette
+    # PNG's names entries: its pixels are composited onto the background alike.
+    im = Image.new(mode, (8, 8), key)
+    im.paste(Image.new(mode, (4, 8), 255 if mode != "RGB" else (0, 0, 255)), (0, 0))
+    data = encode(im, "PNG", transparency=key)
+    arr = image.decode(data)
+    assert (arr[:, 4:] == (255, 255, 255)).all()  # the transparent colour: the background
+    assert (arr[:, :4] == np.asarray(im.convert("RGB"))[:, :4]).all()  # opaque: unchanged
+    assert (image.decode(data, background=(7, 8, 9))[:, 4:] == (7, 8, 9)).all()
+    dropped = image.decode(data, background=None)  # as PIL's convert("RGB")
+    np.testing.assert_array_equal(dropped, np.asarray(im.convert("RGB")))
+
+
 def test_alpha_is_composited_on_white_or_dropped() -> None:
     rgba = np.zeros((10, 10, 4), np.uint8)
     rgba[..., 0] = 200
