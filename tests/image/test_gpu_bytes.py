@@ -74,6 +74,25 @@ def test_bytes_over_http_name_their_url_when_they_fail(gpu: dict[str, Any]) -> N
         assert re.search(r"bad\.jpg", str(info.value.exceptions[0]))
 
 
+def test_a_failing_presigned_url_is_named_without_its_secrets(gpu: dict[str, Any]) -> None:
+    from asyncflow._blob import Blob
+
+    url = "https://user:pw@host/bad.jpg?X-Amz-Signature=SECRET1&X-Amz-Credential=SECRET2"
+    items = [Blob(ITEMS[0], "https://host/a.jpg"), Blob(b"not a picture", url)]
+    for where in (gpu, {"device": "cpu", "decode": "cpu"}):  # the readers, then the CPU path
+        pipe = image.decode_batches(Pipeline(items), batch_size=2, size=32, max_failures=1,
+                                    **where)
+        assert [len(y) for _, y in pipe] == [1]
+        (failure,) = pipe.stats().failures
+        assert "bad.jpg" in failure.message and "SECRET" not in repr(failure)
+        assert "pw" not in failure.message
+        with pytest.raises(PipelineError) as info:
+            list(image.decode_batches(Pipeline(items), batch_size=2, size=32, **where))
+        error = info.value.exceptions[0]
+        assert "bad.jpg" in str(error) and "SECRET" not in f"{error} {error.__notes__}"
+        assert ":pw@" not in str(error)
+
+
 def test_without_a_gpu_the_cpu_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
     pipe = image.decode_batches(Pipeline(ITEMS), batch_size=4, size=40, device="cpu",
                                 normalize=False)
