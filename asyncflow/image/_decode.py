@@ -29,7 +29,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from .._blob import Blob, check_max_bytes, describe_size, read_regular
-from .._errors import ConfigError, DecodeError
+from .._errors import ConfigError, DecodeError, check_int
 from .._redact import redact_url
 from ..pipeline.seeding import item_random
 from . import _jpeg, _png, _turbo
@@ -130,6 +130,7 @@ def decode(
         ConfigError: An argument is invalid.
     """
     dims = None if size is None else target_size(size)
+    check_int("resize", resize, allow_none=True)
     if layout not in ("hwc", "chw"):
         raise ConfigError(f"layout must be 'hwc' or 'chw', got {layout!r}")
     if train:
@@ -184,6 +185,7 @@ def augmentation(
         ConfigError: An argument is invalid (``train`` without a ``seed``).
     """
     dims = target_size(size)
+    check_int("resize", resize, allow_none=True)
     if train:
         _check_train(dims, scale, ratio)
         if seed is None:

@@ -38,7 +38,7 @@ from typing import Any, cast
 import torch
 
 from .._blob import check_max_bytes
-from .._errors import check_bool, check_budget
+from .._errors import check_bool, check_budget, check_int
 from ..pipeline import ItemGroup, Pipeline, Processes, feature, label_stage
 from ..pipeline.seeding import fresh_seed
 from ..ranks import Part, Split
@@ -266,6 +266,7 @@ def folder(
         ConfigError: An argument is invalid, or the tree holds no class or an empty class.
     """
     out_h, out_w = target_size(size)
+    check_int("resize", resize, allow_none=True)  # else every image would fail on it
     threads = check_arguments(batch_size, mean, std, decode_concurrency)
     check_max_bytes(max_bytes)
     check_budget("max_failures", max_failures)  # before the tree is scanned

@@ -487,6 +487,18 @@ def test_bad_arguments() -> None:
         image.decode(jpeg(20, 20), normalize=True, std=(0.1, 0.0, 0.2))
 
 
+@pytest.mark.parametrize("resize", [0, -5, True, 2.5, "256"])
+def test_resize_must_be_an_int_of_at_least_one(resize: object) -> None:
+    # Not a picture's fault: a ConfigError naming the argument, never a DecodeError (which
+    # image.folder would count against max_failures, once per image).
+    data = jpeg(64, 48)
+    with pytest.raises(ConfigError, match="resize"):
+        image.decode(data, size=16, resize=resize)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="resize"):
+        image.augmentation(data, size=16, resize=resize)  # type: ignore[arg-type]
+    assert image.decode(data, size=16, resize=None).shape == (16, 16, 3)
+
+
 # -- only regular files, at most max_bytes (issue 25.6); bytes that name their URL (25.11) --
 
 

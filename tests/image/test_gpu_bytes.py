@@ -99,6 +99,8 @@ def test_without_a_gpu_the_cpu_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
     got = [x for x, _ in pipe]
     assert torch.equal(torch.cat(got), torch.from_numpy(_cpu_rows(ITEMS, size=40)))
     assert any("decode='auto'" in n for n in pipe.stats().notes)
+    with pytest.raises(ConfigError, match="resize"):  # not a failure of every image
+        image.decode_batches(Pipeline(ITEMS), batch_size=4, size=40, resize=0)
     with pytest.raises(ConfigError, match="decode='cuda' needs device"):
         image.decode_batches(Pipeline(ITEMS), batch_size=4, size=40, device="cpu",
                              decode="cuda")
