@@ -131,6 +131,7 @@ def decode(
     """
     dims = None if size is None else target_size(size)
     check_int("resize", resize, allow_none=True)
+    check_int("max_pixels", max_pixels)
     if layout not in ("hwc", "chw"):
         raise ConfigError(f"layout must be 'hwc' or 'chw', got {layout!r}")
     if train:
@@ -186,6 +187,7 @@ def augmentation(
     """
     dims = target_size(size)
     check_int("resize", resize, allow_none=True)
+    check_int("max_pixels", max_pixels)
     if train:
         _check_train(dims, scale, ratio)
         if seed is None:

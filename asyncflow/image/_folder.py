@@ -266,7 +266,8 @@ def folder(
         ConfigError: An argument is invalid, or the tree holds no class or an empty class.
     """
     out_h, out_w = target_size(size)
-    check_int("resize", resize, allow_none=True)  # else every image would fail on it
+    check_int("resize", resize, allow_none=True)  # else every image would fail on them
+    check_int("max_pixels", max_pixels)
     threads = check_arguments(batch_size, mean, std, decode_concurrency)
     check_max_bytes(max_bytes)
     check_budget("max_failures", max_failures)  # before the tree is scanned

@@ -125,6 +125,7 @@ def decode_batches(
     out_h, out_w = target_size(size)
     check_int("batch_size", batch_size)
     check_int("resize", resize, allow_none=True)
+    check_int("max_pixels", max_pixels)
     dev, decoder, note = decode_path(decode, device)
     if dev is None:
         dev = feature("resolve_device")("cpu" if device is None else device)

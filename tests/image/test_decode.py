@@ -499,6 +499,16 @@ def test_resize_must_be_an_int_of_at_least_one(resize: object) -> None:
     assert image.decode(data, size=16, resize=None).shape == (16, 16, 3)
 
 
+@pytest.mark.parametrize("max_pixels", [0, -1, None, "1e8", 1.5])
+def test_max_pixels_must_be_an_int_of_at_least_one(max_pixels: object) -> None:
+    data = jpeg(8, 8)  # 64 pixels: each value above used to fail it as a DecodeError
+    with pytest.raises(ConfigError, match="max_pixels"):
+        image.decode(data, max_pixels=max_pixels)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="max_pixels"):
+        image.augmentation(data, size=4, max_pixels=max_pixels)  # type: ignore[arg-type]
+    assert image.decode(data, max_pixels=64).shape == (8, 8, 3)
+
+
 # -- only regular files, at most max_bytes (issue 25.6); bytes that name their URL (25.11) --
 
 

@@ -101,6 +101,8 @@ def test_without_a_gpu_the_cpu_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert any("decode='auto'" in n for n in pipe.stats().notes)
     with pytest.raises(ConfigError, match="resize"):  # not a failure of every image
         image.decode_batches(Pipeline(ITEMS), batch_size=4, size=40, resize=0)
+    with pytest.raises(ConfigError, match="max_pixels"):
+        image.decode_batches(Pipeline(ITEMS), batch_size=4, size=40, max_pixels=None)
     with pytest.raises(ConfigError, match="decode='cuda' needs device"):
         image.decode_batches(Pipeline(ITEMS), batch_size=4, size=40, device="cpu",
                              decode="cuda")
