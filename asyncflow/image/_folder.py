@@ -248,7 +248,7 @@ def folder(
         max_bytes: Refuse image files larger than this (default 256 MiB; ``None``: no
             limit); only regular files are read (not a FIFO or a link to ``/dev/zero``). Both
             are failures of the image, counted against ``max_failures``.
-        extensions: File name endings that count as images.
+        extensions: File name endings that count as images (case-insensitive; a str: one).
         split: Read only this rank's share of the tree (an :class:`~asyncflow.Split`,
             resolved by this call: initialize ``torch.distributed`` first). Every rank draws
             the same order for each epoch (``seed`` then defaults to 0, not a random seed)

@@ -15,9 +15,10 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 
 
 def scan(
-    root: str | os.PathLike[str], extensions: Sequence[str] = IMG_EXTENSIONS
+    root: str | os.PathLike[str], extensions: str | Sequence[str] = IMG_EXTENSIONS
 ) -> tuple[list[str], list[tuple[str, int]]]:
-    """Classes (sorted sub-folder names) and ``(path, class index)`` samples, as torchvision.
+    """Classes (sorted sub-folder names) and ``(path, class index)`` samples, as torchvision:
+    files whose names end with one of ``extensions`` (a str: one), compared case-insensitively.
 
     Raises:
         SourceNotFound: ``root`` does not exist.
@@ -33,7 +34,8 @@ def scan(
     classes = sorted(entry.name for entry in os.scandir(base) if entry.is_dir())
     if not classes:
         raise ConfigError(f"{os.fspath(root)}: no class folders (expected root/<class>/<image>)")
-    exts = tuple(e.lower() for e in extensions)
+    # One extension may be a str, as torchvision takes it (not a sequence of its characters).
+    exts = tuple(e.lower() for e in ((extensions,) if isinstance(extensions, str) else extensions))
     samples: list[tuple[str, int]] = []
     empty = []
     for idx, name in enumerate(classes):

@@ -203,6 +203,17 @@ def test_other_extensions_are_ignored(tree: Path) -> None:
     assert not any(p.endswith(".txt") for p, _ in pipe.samples)
 
 
+def test_one_extension_may_be_a_string_as_in_torchvision(tmp_path: Path) -> None:
+    # torchvision's has_file_allowed_extension takes a str as one extension; a str taken
+    # as a sequence would be its characters, and ".jpg" would list every name ending in g.
+    for name in ("a.jpg", "b.JPG", "c.png", "d.svg", "e.jpeg"):
+        (tmp_path / "cat" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "cat" / name).write_bytes(jpeg(8, 8))
+    for extensions in (".jpg", ".JPG", (".jpg",)):
+        _, samples = scan(tmp_path, extensions)
+        assert [os.path.basename(p) for p, _ in samples] == ["a.jpg", "b.JPG"]
+
+
 def test_train_crops_are_those_of_decode_with_seed_epoch_and_index(tree: Path) -> None:
     pipe = image.folder(tree, batch_size=4, size=24, train=True, seed=5, normalize=False)
     xs, _ = _collect(pipe)
