@@ -499,6 +499,19 @@ def test_resize_must_be_an_int_of_at_least_one(resize: object) -> None:
     assert image.decode(data, size=16, resize=None).shape == (16, 16, 3)
 
 
+@pytest.mark.parametrize("background", ["red", (1, 2), (300, 0, 0), (-1, 0, 0), (0.5, 0, 0),
+                                        (1, 2, 3, 4), (True, 0, 0)])
+def test_background_must_be_three_levels_of_0_to_255(background: object) -> None:
+    # (300, 0, 0) used to wrap to (44, 0, 0), and (-1, 0, 0) to (255, 0, 0); the others were
+    # a DecodeError blaming the picture, and only for pictures with an alpha channel.
+    data = encode(Image.new("RGBA", (4, 4), (9, 9, 9, 0)), "PNG")
+    for src in (data, jpeg(8, 8)):
+        with pytest.raises(ConfigError, match="background"):
+            image.decode(src, background=background)  # type: ignore[arg-type]
+    assert (image.decode(data, background=(0, 128, 255)) == (0, 128, 255)).all()
+    assert (image.decode(data, background=np.array([0, 128, 255])) == (0, 128, 255)).all()
+
+
 @pytest.mark.parametrize("max_pixels", [0, -1, None, "1e8", 1.5])
 def test_max_pixels_must_be_an_int_of_at_least_one(max_pixels: object) -> None:
     data = jpeg(8, 8)  # 64 pixels: each value above used to fail it as a DecodeError
