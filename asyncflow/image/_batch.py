@@ -102,8 +102,9 @@ def normalize(
         The normalized tensor (``out`` when given).
 
     Raises:
-        ConfigError: ``batch`` is not uint8 with 3 channels in dimension -3, or ``mean`` /
-            ``std`` do not have one value per channel.
+        ConfigError: ``batch`` is not uint8 with 3 channels in dimension -3, ``mean`` /
+            ``std`` do not have one value per channel, ``dtype`` or ``out`` is not a
+            floating type, or ``out`` is not of the batch's shape.
     """
     import torch
 
@@ -115,6 +116,12 @@ def normalize(
     if len(std) != len(mean) or any(s <= 0 for s in std):
         raise ConfigError(f"std must hold {len(mean)} positive values, got {tuple(std)}")
     dtype = dtype or (out.dtype if out is not None else torch.float32)
+    if not dtype.is_floating_point or (out is not None and not out.dtype.is_floating_point):
+        raise ConfigError(f"normalize makes a floating dtype, got dtype={dtype}"
+                          f"{'' if out is None else f', out of {out.dtype}'}")
+    if out is not None and out.shape != batch.shape:
+        raise ConfigError(f"out's shape {tuple(out.shape)} is not the batch's "
+                          f"{tuple(batch.shape)}")
     scale, offset = _affine(tuple(mean), tuple(std), dtype, batch.device)
     if out is None:
         result = batch.to(dtype)

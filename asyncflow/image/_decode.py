@@ -29,7 +29,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from .._blob import Blob, check_max_bytes, describe_size, read_regular
-from .._errors import ConfigError, DecodeError
+from .._errors import ConfigError, DecodeError, check_int
 from .._redact import redact_url
 from ..pipeline.seeding import item_random
 from . import _jpeg, _png, _turbo
@@ -106,8 +106,8 @@ def decode(
         mean, std: Per-channel statistics on a 0-1 scale for ``normalize`` (ImageNet's).
         max_pixels: Refuse pictures larger than this (decompression bombs), from the header
             alone, before any pixel is decoded.
-        background: Colour that transparent pixels are composited onto; ``None`` drops the
-            alpha channel as ``PIL.Image.convert("RGB")`` does.
+        background: Colour (3 ints, 0-255) that transparent pixels are composited onto;
+            ``None`` drops the alpha channel as ``PIL.Image.convert("RGB")`` does.
         name: How errors name the image when ``src`` is bytes (a path names itself, and so
             do the bytes ``read_bytes`` returns: they carry their URL).
         max_bytes: Refuse encoded data larger than this (default :data:`DEFAULT_MAX_BYTES`,
@@ -130,6 +130,12 @@ def decode(
         ConfigError: An argument is invalid.
     """
     dims = None if size is None else target_size(size)
+    check_int("resize", resize, allow_none=True)
+    check_int("max_pixels", max_pixels)
+    if background is not None and (len(background) != 3 or not all(
+            isinstance(c, int | np.integer) and not isinstance(c, bool) and 0 <= c <= 255
+            for c in background)):
+        raise ConfigError(f"background must be None or 3 ints from 0 to 255, got {background!r}")
     if layout not in ("hwc", "chw"):
         raise ConfigError(f"layout must be 'hwc' or 'chw', got {layout!r}")
     if train:
@@ -184,6 +190,8 @@ def augmentation(
         ConfigError: An argument is invalid (``train`` without a ``seed``).
     """
     dims = target_size(size)
+    check_int("resize", resize, allow_none=True)
+    check_int("max_pixels", max_pixels)
     if train:
         _check_train(dims, scale, ratio)
         if seed is None:

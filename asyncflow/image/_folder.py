@@ -30,6 +30,7 @@ lags holds no more slabs than that. On 2 cores: 0.45-0.49x torch DataLoader's.
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
@@ -38,7 +39,7 @@ from typing import Any, cast
 import torch
 
 from .._blob import check_max_bytes
-from .._errors import check_bool, check_budget
+from .._errors import ConfigTypeError, check_bool, check_budget, check_int
 from ..pipeline import ItemGroup, Pipeline, Processes, feature, label_stage
 from ..pipeline.seeding import fresh_seed
 from ..ranks import Part, Split
@@ -213,7 +214,8 @@ def folder(
             with a ``device``, on that device after its uint8 copy.
         mean, std: Per-channel statistics on a 0-1 scale (default: ImageNet's).
         shuffle: Reshuffle every epoch (default: ``train``).
-        seed: Fixes the shuffle and the training crops (default: a random seed, drawn once).
+        seed: Fixes the shuffle and the training crops (an int; default: a random seed,
+            drawn once).
         drop_last: Drop a last batch smaller than ``batch_size``.
         max_failures: Images that may fail to decode (an int, or a fraction) before the run
             fails; they are skipped, counted and listed in ``pipe.stats().failures`` (under
@@ -248,7 +250,7 @@ def folder(
         max_bytes: Refuse image files larger than this (default 256 MiB; ``None``: no
             limit); only regular files are read (not a FIFO or a link to ``/dev/zero``). Both
             are failures of the image, counted against ``max_failures``.
-        extensions: File name endings that count as images.
+        extensions: File name endings that count as images (case-insensitive; a str: one).
         split: Read only this rank's share of the tree (an :class:`~asyncflow.Split`,
             resolved by this call: initialize ``torch.distributed`` first). Every rank draws
             the same order for each epoch (``seed`` then defaults to 0, not a random seed)
@@ -266,10 +268,17 @@ def folder(
         ConfigError: An argument is invalid, or the tree holds no class or an empty class.
     """
     out_h, out_w = target_size(size)
+    check_int("resize", resize, allow_none=True)  # else every image would fail on them
+    check_int("max_pixels", max_pixels)
     threads = check_arguments(batch_size, mean, std, decode_concurrency)
     check_max_bytes(max_bytes)
     check_budget("max_failures", max_failures)  # before the tree is scanned
     check_bool("shuffle", shuffle, allow_none=True)
+    if seed is not None:  # an int, or a NumPy one: not 1.5 (truncated) nor "abc"
+        try:
+            seed = operator.index(seed)
+        except TypeError:
+            raise ConfigTypeError(f"seed must be an int or None, got {seed!r:.80}") from None
     gpu_device, gpu_decoder, decode_note = decode_path(decode, device)
     if gpu_device is not None:
         threads = decode_concurrency or min(threads, GPU_READ_THREADS)

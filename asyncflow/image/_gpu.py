@@ -141,7 +141,8 @@ class GpuDecodeNode:
         self.decoder = decoder
         self.size = tuple(options["size"])
         self.normalize = bool(options["normalize"])
-        self.options = {k: options[k] for k in ("size", "train", "resize", "max_pixels")}
+        self.options = {k: options[k]
+                        for k in ("size", "train", "resize", "max_pixels", "max_bytes")}
         self.seed = seed
         # normalize()'s scale and offset (bit for bit the kernel's), read-only
         self.scale, self.offset = _affine(tuple(options["mean"]), tuple(options["std"]),

@@ -47,11 +47,11 @@ class _PlanItem:
 
     def __call__(self, item: Any) -> tuple[Any, int]:
         data, label = item if isinstance(item, tuple) else (item, -1)
-        name = getattr(data, "url", None)
-        key = zlib.crc32(str(name).encode()) if name is not None else zlib.crc32(bytes(data))
+        url = getattr(data, "url", None)
+        key = zlib.crc32(str(url).encode()) if url is not None else zlib.crc32(bytes(data))
         seed = self.seed if self.seed is not None else random.getrandbits(63)
-        payload = plan(data, seed=seed, epoch=0, index=key, gpu=self.gpu, name=name,
-                       **self.options)
+        # Errors name a Blob by its URL redacted (the kernel's reader), never by ``url``.
+        payload = plan(data, seed=seed, epoch=0, index=key, gpu=self.gpu, **self.options)
         return payload, int(label)
 
 
@@ -124,6 +124,8 @@ def decode_batches(
     """
     out_h, out_w = target_size(size)
     check_int("batch_size", batch_size)
+    check_int("resize", resize, allow_none=True)
+    check_int("max_pixels", max_pixels)
     dev, decoder, note = decode_path(decode, device)
     if dev is None:
         dev = feature("resolve_device")("cpu" if device is None else device)

@@ -25,6 +25,8 @@ Affine = tuple[np.ndarray, np.ndarray]
 # Modes that PIL resizes directly (RGBA with premultiplied alpha, so no dark fringes).
 _RESIZABLE = frozenset({"RGB", "RGBA", "L", "CMYK", "YCbCr", "RGBX"})
 _ALPHA_TO_RGBA = frozenset({"LA", "La", "PA", "RGBa"})
+#: Modes whose transparency is a colour (or palette entries) named in ``info["transparency"]``.
+_KEYED = frozenset({"1", "L", "RGB", "P"})
 
 
 @functools.lru_cache(maxsize=32)
@@ -46,11 +48,13 @@ def affine(mean: tuple[float, ...], std: tuple[float, ...]) -> Affine:
 def before_resize(im: Image.Image) -> Image.Image:
     """``im`` in a mode that PIL resizes well and that :func:`write_rgb` understands."""
     mode = im.mode
+    if mode in _KEYED and "transparency" in im.info:  # a colour key (PNG's tRNS): an alpha
+        return im.convert("RGBA")
     if mode in _RESIZABLE:
         return im
     if mode == "P":
         palette = im.palette
-        has_alpha = "transparency" in im.info or (palette is not None and palette.mode == "RGBA")
+        has_alpha = palette is not None and palette.mode == "RGBA"
         return im.convert("RGBA" if has_alpha else "RGB")
     if mode in _ALPHA_TO_RGBA:
         return im.convert("RGBA")

@@ -15,9 +15,10 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 
 
 def scan(
-    root: str | os.PathLike[str], extensions: Sequence[str] = IMG_EXTENSIONS
+    root: str | os.PathLike[str], extensions: str | Sequence[str] = IMG_EXTENSIONS
 ) -> tuple[list[str], list[tuple[str, int]]]:
-    """Classes (sorted sub-folder names) and ``(path, class index)`` samples, as torchvision.
+    """Classes (sorted sub-folder names) and ``(path, class index)`` samples, as torchvision:
+    files whose names end with one of ``extensions`` (a str: one), compared case-insensitively.
 
     Raises:
         SourceNotFound: ``root`` does not exist.
@@ -33,7 +34,8 @@ def scan(
     classes = sorted(entry.name for entry in os.scandir(base) if entry.is_dir())
     if not classes:
         raise ConfigError(f"{os.fspath(root)}: no class folders (expected root/<class>/<image>)")
-    exts = tuple(e.lower() for e in extensions)
+    # One extension may be a str, as torchvision takes it (not a sequence of its characters).
+    exts = tuple(e.lower() for e in ((extensions,) if isinstance(extensions, str) else extensions))
     samples: list[tuple[str, int]] = []
     empty = []
     for idx, name in enumerate(classes):
@@ -50,8 +52,9 @@ def scan(
 
 def _walk(folder: Path, label: int, exts: tuple[str, ...],
           samples: list[tuple[str, int]]) -> int:
-    """Append the images under ``folder`` (sorted, links followed) to ``samples``; how many."""
-    found = 0
+    """Append the images under ``folder`` (links followed) to ``samples``, in torchvision's
+    order (``sorted(os.walk(...))``: by folder path, then by name); how many."""
+    walked = []
     seen: set[tuple[int, int]] = set()  # (device, inode) of each folder walked
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
         # Links are followed (as torchvision does), but each folder is walked once: a
@@ -61,9 +64,10 @@ def _walk(folder: Path, label: int, exts: tuple[str, ...],
             dirnames.clear()
             continue
         seen.add((here.st_dev, here.st_ino))
-        dirnames.sort()
-        for fname in sorted(filenames):
-            if fname.lower().endswith(exts):
-                samples.append((os.path.join(dirpath, fname), label))
-                found += 1
-    return found
+        dirnames.sort()  # which path reaches a folder linked twice: the first in sorted order
+        walked.append((dirpath, filenames))
+    before = len(samples)
+    for dirpath, filenames in sorted(walked):
+        samples.extend((os.path.join(dirpath, fname), label) for fname in sorted(filenames)
+                       if fname.lower().endswith(exts))
+    return len(samples) - before

@@ -81,6 +81,19 @@ def test_normalize_matches_decode_normalize() -> None:
     torch.testing.assert_close(image.normalize(u8), torch.from_numpy(f32), atol=1e-5, rtol=0)
 
 
+def test_normalize_refuses_an_integer_result_or_an_out_of_another_shape() -> None:
+    # Each used to return plausible-looking data: 254s for uint8, four copies of one image.
+    batch = torch.full((1, 3, 2, 2), 128, dtype=torch.uint8)
+    for dtype in (torch.uint8, torch.int32):
+        with pytest.raises(ConfigError, match="floating"):
+            image.normalize(batch, dtype=dtype)
+        with pytest.raises(ConfigError, match="floating"):
+            image.normalize(batch, out=torch.zeros((1, 3, 2, 2), dtype=dtype))
+    with pytest.raises(ConfigError, match="shape"):
+        image.normalize(batch, out=torch.zeros((4, 3, 2, 2)))
+    assert image.normalize(batch, out=torch.zeros((1, 3, 2, 2))).shape == (1, 3, 2, 2)
+
+
 def test_normalize_refuses_non_uint8_or_wrong_channels() -> None:
     with pytest.raises(ConfigError):
         image.normalize(torch.zeros((1, 3, 2, 2)))

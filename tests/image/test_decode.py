@@ -195,6 +195,21 @@ def test_palette_with_transparency_is_composited() -> None:
     assert (arr[:, 4:] == (255, 255, 255)).all()
 
 
+@pytest.mark.parametrize(("mode", "key"), [("L", 10), ("RGB", (10, 20, 30)), ("1", 0)])
+def test_a_transparent_colour_key_is_composited(mode: str, key: int | tuple[int, ...]) -> None:
+    # A grey, RGB or 1-bit PNG's tRNS chunk names one colour as transparent, as a palette
+    # PNG's names entries: its pixels are composited onto the background alike.
+    im = Image.new(mode, (8, 8), key)
+    im.paste(Image.new(mode, (4, 8), 255 if mode != "RGB" else (0, 0, 255)), (0, 0))
+    data = encode(im, "PNG", transparency=key)
+    arr = image.decode(data)
+    assert (arr[:, 4:] == (255, 255, 255)).all()  # the transparent colour: the background
+    assert (arr[:, :4] == np.asarray(im.convert("RGB"))[:, :4]).all()  # opaque: unchanged
+    assert (image.decode(data, background=(7, 8, 9))[:, 4:] == (7, 8, 9)).all()
+    dropped = image.decode(data, background=None)  # as PIL's convert("RGB")
+    np.testing.assert_array_equal(dropped, np.asarray(im.convert("RGB")))
+
+
 def test_alpha_is_composited_on_white_or_dropped() -> None:
     rgba = np.zeros((10, 10, 4), np.uint8)
     rgba[..., 0] = 200
@@ -470,6 +485,41 @@ def test_bad_arguments() -> None:
         image.decode(12345)  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         image.decode(jpeg(20, 20), normalize=True, std=(0.1, 0.0, 0.2))
+
+
+@pytest.mark.parametrize("resize", [0, -5, True, 2.5, "256"])
+def test_resize_must_be_an_int_of_at_least_one(resize: object) -> None:
+    # Not a picture's fault: a ConfigError naming the argument, never a DecodeError (which
+    # image.folder would count against max_failures, once per image).
+    data = jpeg(64, 48)
+    with pytest.raises(ConfigError, match="resize"):
+        image.decode(data, size=16, resize=resize)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="resize"):
+        image.augmentation(data, size=16, resize=resize)  # type: ignore[arg-type]
+    assert image.decode(data, size=16, resize=None).shape == (16, 16, 3)
+
+
+@pytest.mark.parametrize("background", ["red", (1, 2), (300, 0, 0), (-1, 0, 0), (0.5, 0, 0),
+                                        (1, 2, 3, 4), (True, 0, 0)])
+def test_background_must_be_three_levels_of_0_to_255(background: object) -> None:
+    # (300, 0, 0) used to wrap to (44, 0, 0), and (-1, 0, 0) to (255, 0, 0); the others were
+    # a DecodeError blaming the picture, and only for pictures with an alpha channel.
+    data = encode(Image.new("RGBA", (4, 4), (9, 9, 9, 0)), "PNG")
+    for src in (data, jpeg(8, 8)):
+        with pytest.raises(ConfigError, match="background"):
+            image.decode(src, background=background)  # type: ignore[arg-type]
+    assert (image.decode(data, background=(0, 128, 255)) == (0, 128, 255)).all()
+    assert (image.decode(data, background=np.array([0, 128, 255])) == (0, 128, 255)).all()
+
+
+@pytest.mark.parametrize("max_pixels", [0, -1, None, "1e8", 1.5])
+def test_max_pixels_must_be_an_int_of_at_least_one(max_pixels: object) -> None:
+    data = jpeg(8, 8)  # 64 pixels: each value above used to fail it as a DecodeError
+    with pytest.raises(ConfigError, match="max_pixels"):
+        image.decode(data, max_pixels=max_pixels)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="max_pixels"):
+        image.augmentation(data, size=4, max_pixels=max_pixels)  # type: ignore[arg-type]
+    assert image.decode(data, max_pixels=64).shape == (8, 8, 3)
 
 
 # -- only regular files, at most max_bytes (issue 25.6); bytes that name their URL (25.11) --

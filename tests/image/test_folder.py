@@ -190,7 +190,8 @@ def test_bad_trees_and_arguments(tmp_path: Path, tree: Path) -> None:
     (tree / "empty_class").rmdir()
     for bad in ({"batch_size": 0}, {"size": -1}, {"decode_concurrency": 0},
                 {"mean": (0.5, 0.5)}, {"std": (1.0, 1.0, 0.0)}, {"max_bytes": -1},
-                {"max_bytes": "1MB"}):
+                {"max_bytes": "1MB"}, {"resize": 0}, {"resize": "256"},
+                {"max_pixels": None}, {"max_pixels": 0}, {"seed": "abc"}, {"seed": 1.5}):
         kwargs = {"batch_size": 2, "size": 16, **bad}
         with pytest.raises(ConfigError):
             image.folder(tree, **kwargs)  # type: ignore[arg-type]
@@ -200,6 +201,17 @@ def test_other_extensions_are_ignored(tree: Path) -> None:
     (tree / "cat" / "readme.txt").write_text("hello")
     pipe = image.folder(tree, batch_size=4, size=16)
     assert not any(p.endswith(".txt") for p, _ in pipe.samples)
+
+
+def test_one_extension_may_be_a_string_as_in_torchvision(tmp_path: Path) -> None:
+    # torchvision's has_file_allowed_extension takes a str as one extension; a str taken
+    # as a sequence would be its characters, and ".jpg" would list every name ending in g.
+    for name in ("a.jpg", "b.JPG", "c.png", "d.svg", "e.jpeg"):
+        (tmp_path / "cat" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "cat" / name).write_bytes(jpeg(8, 8))
+    for extensions in (".jpg", ".JPG", (".jpg",)):
+        _, samples = scan(tmp_path, extensions)
+        assert [os.path.basename(p) for p, _ in samples] == ["a.jpg", "b.JPG"]
 
 
 def test_train_crops_are_those_of_decode_with_seed_epoch_and_index(tree: Path) -> None:
@@ -261,6 +273,21 @@ def test_a_directory_link_loop_is_walked_once(tmp_path: Path) -> None:
     relative = sorted((os.path.relpath(p, root), label) for p, label in samples)
     # each folder once per class: cat's walk reaches dog's folder once, through 'up'
     assert relative == [("cat/000.jpg", 0), ("cat/up/dog/000.jpg", 0), ("dog/000.jpg", 1)]
+
+
+def test_nested_folders_are_listed_in_torchvisions_order(tmp_path: Path) -> None:
+    # torchvision lists ``sorted(os.walk(class_dir))``: by folder path, so "b-c" and "b.d"
+    # ('-' and '.' sort before '/') come before "b"'s own sub-folder "b/x".
+    root = tmp_path / "train"
+    for sub in ("c/b", "c/b/x", "c/b-c", "c/b.d", "c/b.d/y"):
+        (root / sub).mkdir(parents=True)
+        (root / sub / "i.jpg").write_bytes(jpeg(8, 8))
+    _, samples = scan(root)
+    walked = [(p, 0) for d, _, names in sorted(os.walk(root / "c")) for p in
+              (os.path.join(d, n) for n in sorted(names))]
+    assert samples == walked
+    assert [os.path.relpath(p, root) for p, _ in samples] == [
+        "c/b/i.jpg", "c/b-c/i.jpg", "c/b.d/i.jpg", "c/b.d/y/i.jpg", "c/b/x/i.jpg"]
 
 
 def test_a_linked_folder_outside_the_tree_is_followed(tmp_path: Path) -> None:

@@ -74,12 +74,35 @@ def test_bytes_over_http_name_their_url_when_they_fail(gpu: dict[str, Any]) -> N
         assert re.search(r"bad\.jpg", str(info.value.exceptions[0]))
 
 
+def test_a_failing_presigned_url_is_named_without_its_secrets(gpu: dict[str, Any]) -> None:
+    from asyncflow._blob import Blob
+
+    url = "https://user:pw@host/bad.jpg?X-Amz-Signature=SECRET1&X-Amz-Credential=SECRET2"
+    items = [Blob(ITEMS[0], "https://host/a.jpg"), Blob(b"not a picture", url)]
+    for where in (gpu, {"device": "cpu", "decode": "cpu"}):  # the readers, then the CPU path
+        pipe = image.decode_batches(Pipeline(items), batch_size=2, size=32, max_failures=1,
+                                    **where)
+        assert [len(y) for _, y in pipe] == [1]
+        (failure,) = pipe.stats().failures
+        assert "bad.jpg" in failure.message and "SECRET" not in repr(failure)
+        assert "pw" not in failure.message
+        with pytest.raises(PipelineError) as info:
+            list(image.decode_batches(Pipeline(items), batch_size=2, size=32, **where))
+        error = info.value.exceptions[0]
+        assert "bad.jpg" in str(error) and "SECRET" not in f"{error} {error.__notes__}"
+        assert ":pw@" not in str(error)
+
+
 def test_without_a_gpu_the_cpu_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
     pipe = image.decode_batches(Pipeline(ITEMS), batch_size=4, size=40, device="cpu",
                                 normalize=False)
     got = [x for x, _ in pipe]
     assert torch.equal(torch.cat(got), torch.from_numpy(_cpu_rows(ITEMS, size=40)))
     assert any("decode='auto'" in n for n in pipe.stats().notes)
+    with pytest.raises(ConfigError, match="resize"):  # not a failure of every image
+        image.decode_batches(Pipeline(ITEMS), batch_size=4, size=40, resize=0)
+    with pytest.raises(ConfigError, match="max_pixels"):
+        image.decode_batches(Pipeline(ITEMS), batch_size=4, size=40, max_pixels=None)
     with pytest.raises(ConfigError, match="decode='cuda' needs device"):
         image.decode_batches(Pipeline(ITEMS), batch_size=4, size=40, device="cpu",
                              decode="cuda")

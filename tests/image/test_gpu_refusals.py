@@ -146,3 +146,26 @@ def test_gray_jpegs_go_to_the_cpu_kernel_where_the_decoder_refuses_them(
         _same_as_cpu(tmp_path, batch_size=4, size=32, train=True, seed=2, normalize=False)
     assert stand_in.calls == 2  # the two batches' colour JPEGs, one call each
     assert not [r for r in caplog.records if "refused" in r.getMessage()]
+
+
+def test_a_refused_picture_is_decoded_on_the_cpu_under_the_run_s_max_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CPU kernel's fallback in the GPU stage used the kernel's default max_bytes (256 MiB)
+    # whatever the run's: with max_bytes=None, a larger JPEG the GPU refused then failed.
+    from asyncflow.image import _gpu
+
+    P.write_tree(tmp_path, {"a": 2})
+    _use(monkeypatch, StandIn(refuse=b""))  # refuses every picture
+    limits = []
+    real = _gpu.decode
+
+    def decode(*args: Any, **kw: Any) -> Any:
+        limits.append(kw.get("max_bytes", "the kernel's default"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(_gpu, "decode", decode)
+    for max_bytes in (None, 10**9):
+        limits.clear()
+        got = _batches(image.folder(tmp_path, batch_size=2, size=16, decode="cuda",
+                                    max_bytes=max_bytes, workers="threads"))
+        assert [len(y) for _, y in got] == [2] and limits == [max_bytes] * 2
