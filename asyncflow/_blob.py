@@ -20,7 +20,8 @@ from typing import Any
 from ._errors import SourceError, SourceNotFound, SourcePermissionError, check_int
 from ._redact import redact_url
 
-__all__ = ["Blob", "check_max_bytes", "describe_size", "os_error", "over_max_bytes", "read_regular"]
+__all__ = ["Blob", "check_max_bytes", "describe_size", "os_error", "over_max_bytes", "read_regular",
+           "unreadable_folder"]
 
 _CHUNK = 1 << 20
 _KINDS = (
@@ -109,6 +110,14 @@ def os_error(exc: OSError, label: str) -> SourceError:
     if isinstance(exc, PermissionError):
         return SourcePermissionError(f"{label}: permission denied")
     return SourceError(f"{label}: {exc.strerror or exc}")
+
+
+def unreadable_folder(exc: OSError) -> None:
+    """``os.walk``'s ``onerror``: a folder the walk cannot read (permission, I/O) is an error
+    naming it, never a listing silently short of its files; one that vanished meanwhile holds
+    nothing."""
+    if not isinstance(exc, FileNotFoundError):
+        raise os_error(exc, str(exc.filename)) from exc
 
 
 def _check_regular(mode: int, label: str) -> None:

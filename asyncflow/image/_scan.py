@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from .._blob import unreadable_folder
 from .._errors import ConfigError, SourceNotFound
 
 __all__ = ["IMG_EXTENSIONS", "scan"]
@@ -24,6 +25,8 @@ def scan(
         SourceNotFound: ``root`` does not exist.
         ConfigError: ``root`` is a file, has no class folder, or a class folder has no image
             file.
+        SourceError: A folder under a class cannot be read (``SourcePermissionError`` where
+            permission is denied): named, never skipped.
     """
     base = Path(root)
     if not base.is_dir():
@@ -56,10 +59,14 @@ def _walk(folder: Path, label: int, exts: tuple[str, ...],
     order (``sorted(os.walk(...))``: by folder path, then by name); how many."""
     walked = []
     seen: set[tuple[int, int]] = set()  # (device, inode) of each folder walked
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True,
+                                                onerror=unreadable_folder):
         # Links are followed (as torchvision does), but each folder is walked once: a
         # link back up the tree would otherwise loop until the path is too long.
-        here = os.stat(dirpath)
+        try:
+            here = os.stat(dirpath)
+        except FileNotFoundError:  # vanished since it was listed: it holds nothing
+            continue
         if (here.st_dev, here.st_ino) in seen:
             dirnames.clear()
             continue

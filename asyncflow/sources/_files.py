@@ -24,7 +24,7 @@ from urllib.parse import unquote, urlsplit
 
 import aiofiles.threadpool
 
-from .._blob import os_error, read_regular
+from .._blob import os_error, read_regular, unreadable_folder
 from .._errors import SourceError, SourceNotFound
 from .._redact import redact_url
 from ..pipeline import run_thread
@@ -137,16 +137,9 @@ async def stream_file(path: str) -> AsyncGenerator[bytes, None]:
         raise os_error(exc, path) from exc
 
 
-def _unreadable(exc: OSError) -> None:
-    """A folder the walk cannot read is an error naming it, not a listing short of its files
-    (one that vanished meanwhile holds nothing)."""
-    if not isinstance(exc, FileNotFoundError):
-        raise os_error(exc, str(exc.filename)) from exc
-
-
 def _walk(root: str) -> list[tuple[str, int]]:
     found: list[tuple[str, int]] = []
-    for folder, _dirs, files in os.walk(root, onerror=_unreadable):
+    for folder, _dirs, files in os.walk(root, onerror=unreadable_folder):
         for name in files:
             path = os.path.join(folder, name)
             try:

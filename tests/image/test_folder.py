@@ -7,12 +7,21 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from asyncflow import ConfigError, DecodeError, Pipeline, PipelineError, SourceNotFound, image
+from asyncflow import (
+    ConfigError,
+    DecodeError,
+    Pipeline,
+    PipelineError,
+    SourceNotFound,
+    SourcePermissionError,
+    image,
+)
 from asyncflow.image._folder import scan
 from asyncflow.pipeline import AssembleSpec
 
@@ -288,6 +297,26 @@ def test_nested_folders_are_listed_in_torchvisions_order(tmp_path: Path) -> None
     assert samples == walked
     assert [os.path.relpath(p, root) for p, _ in samples] == [
         "c/b/i.jpg", "c/b-c/i.jpg", "c/b.d/i.jpg", "c/b.d/y/i.jpg", "c/b/x/i.jpg"]
+
+
+def test_an_unreadable_folder_under_a_class_is_an_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Not chmod: the tests may run as root, who reads any folder. torchvision's walk skips
+    # such a folder; a listing silently short of its pictures is what we refuse.
+    root = tmp_path / "train"
+    write_tree(root, {"cat": 2, "dog": 2})
+    (root / "dog" / "more").mkdir()
+    scandir = os.scandir
+
+    def refusing(path: Any = ".") -> Any:
+        if os.fspath(path) == str(root / "dog" / "more"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    with pytest.raises(SourcePermissionError, match=f"^{re.escape(str(root / 'dog' / 'more'))}: "):
+        scan(root)
 
 
 def test_a_linked_folder_outside_the_tree_is_followed(tmp_path: Path) -> None:
