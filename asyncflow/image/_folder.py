@@ -274,6 +274,8 @@ def folder(
     check_max_bytes(max_bytes)
     check_budget("max_failures", max_failures)  # before the tree is scanned
     check_bool("shuffle", shuffle, allow_none=True)
+    check_bool("train", train)  # "no" would train
+    check_bool("normalize", normalize)
     if seed is not None:  # an int, or a NumPy one: not 1.5 (truncated) nor "abc"
         try:
             seed = operator.index(seed)

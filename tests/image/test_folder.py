@@ -200,7 +200,8 @@ def test_bad_trees_and_arguments(tmp_path: Path, tree: Path) -> None:
     for bad in ({"batch_size": 0}, {"size": -1}, {"decode_concurrency": 0},
                 {"mean": (0.5, 0.5)}, {"std": (1.0, 1.0, 0.0)}, {"max_bytes": -1},
                 {"max_bytes": "1MB"}, {"resize": 0}, {"resize": "256"},
-                {"max_pixels": None}, {"max_pixels": 0}, {"seed": "abc"}, {"seed": 1.5}):
+                {"max_pixels": None}, {"max_pixels": 0}, {"seed": "abc"}, {"seed": 1.5},
+                {"train": "no"}, {"normalize": 0}):
         kwargs = {"batch_size": 2, "size": 16, **bad}
         with pytest.raises(ConfigError):
             image.folder(tree, **kwargs)  # type: ignore[arg-type]
