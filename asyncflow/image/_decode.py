@@ -214,10 +214,11 @@ def _check_train(
 ) -> None:
     if dims is None:
         raise ConfigError("train=True needs a size to crop to")
-    if not (0 < scale[0] <= scale[1] <= 1):
-        raise ConfigError(f"scale must satisfy 0 < low <= high <= 1, got {scale!r}")
-    if not (0 < ratio[0] <= ratio[1]):
-        raise ConfigError(f"ratio must satisfy 0 < low <= high, got {ratio!r}")
+    for name, pair, top in (("scale", scale, 1.0), ("ratio", ratio, float("inf"))):
+        if not (isinstance(pair, Sequence) and len(pair) == 2 and all(  # not 0.5, nor NaN
+                isinstance(v, int | float) for v in pair) and 0 < pair[0] <= pair[1] <= top):
+            raise ConfigError(f"{name} must satisfy 0 < low <= high"
+                              f"{' <= 1' if top == 1 else ''}, got {pair!r:.80}")
 
 
 def _read(

@@ -6,6 +6,7 @@ import io
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -351,6 +352,13 @@ def test_train_needs_a_size_and_sane_ranges() -> None:
         image.decode(jpeg(20, 20), size=8, train=True, scale=(0.5, 0.2))
     with pytest.raises(ConfigError, match="ratio"):
         image.decode(jpeg(20, 20), size=8, train=True, ratio=(0.0, 1.0))
+
+
+@pytest.mark.parametrize("bad", [0.5, (0.5,), (0.1, "a"), (float("nan"), 1.0), "ab"])
+@pytest.mark.parametrize("name", ["scale", "ratio"])
+def test_a_scale_or_ratio_that_is_not_a_pair_of_numbers_is_named(name: str, bad: Any) -> None:
+    with pytest.raises(ConfigError, match=f"^{name} must satisfy 0 < low <= high"):
+        image.decode(jpeg(20, 20), size=8, train=True, **{name: bad})
 
 
 # -- bad input --------------------------------------------------------------------------
