@@ -6,6 +6,7 @@ Stopping, worker deaths and persistent workers are in ``test_processes_lifecycle
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import operator
 import os
@@ -151,6 +152,29 @@ def test_large_inputs_go_to_the_workers_through_shared_memory(
     out = list(Pipeline(arrays).map(total, concurrency=2, workers="processes"))
     assert out == [float(i * BIG[0] * BIG[1]) for i in range(8)]
     assert len(written) == 8  # one per input array, in this process
+    assert _my_segments() == []
+
+
+def _no_room(path: str, data: memoryview) -> int:
+    raise OSError(errno.ENOSPC, "No space left on device", path)
+
+
+def fill_shared_memory(info: WorkerInfo) -> None:
+    _segments._write_segment = _no_room  # as a container's full 64 MB /dev/shm answers
+
+
+def test_large_arrays_go_through_the_pipe_when_shared_memory_is_full(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Was: each input chunk failed with a bare OSError naming no item, and each worker died
+    # writing its result, its replacement took the chunk and died too, forever (a hang).
+    monkeypatch.setattr(_segments, "_write_segment", _no_room)
+    arrays = [np.full(BIG, i, dtype=np.float32) for i in range(4)]
+    pipe = Pipeline(arrays).map(operator.neg, concurrency=2,
+                                workers=Processes(init=fill_shared_memory))
+    out = list(pipe)
+    assert [float(a[0, 0]) for a in out] == [-float(i) for i in range(4)]
+    assert all(a.shape == BIG for a in out)
     assert _my_segments() == []
 
 
