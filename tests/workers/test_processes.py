@@ -414,6 +414,40 @@ def test_failures_count_against_the_budget_and_the_rest_arrive(concurrency: int)
     assert kinds == ["NeedsTwoArguments", "ValueError", "WorkerError"]
 
 
+def _rebuild(x: int) -> int:
+    if worker_info() is None:  # in the parent: a class its workers have and it has not, say
+        raise ValueError(f"cannot rebuild {x}")
+    return x
+
+
+class RebuiltOnlyInWorkers:
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        return _rebuild, (self.x,)
+
+
+def unloadable_at_5(x: int) -> object:
+    return RebuiltOnlyInWorkers(x) if x == 5 else x
+
+
+def test_results_the_parent_cannot_unpickle_fail_their_items_within_the_budget() -> None:
+    # Was: a bare ValueError from deep in the pool's reader, naming no item, that ended the
+    # run whatever its budget.
+    pipe = Pipeline(range(10), buffer=1, max_failures=9).map(
+        unloadable_at_5, workers=Processes(), concurrency=1
+    )
+    out = list(pipe)
+    assert 5 not in out and set(out) < set(range(10))
+    [stage] = [s for s in pipe.stats().stages if s.name == "unloadable_at_5"]
+    assert stage.failures == 10 - len(out)
+    records = {r.item: r for r in stage.failed_items}
+    assert "5" in records and {r.error_type for r in records.values()} == {"WorkerError"}
+    assert "cannot rebuild 5" in records["5"].message
+    assert "could not be unpickled" in records["5"].message
+
+
 # -- 7. seeding and worker_info ---------------------------------------------------------------
 
 
