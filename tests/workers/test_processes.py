@@ -294,6 +294,20 @@ def test_unpicklable_init_is_a_config_error_at_map_time() -> None:
     assert "workers='threads'" in message
 
 
+def fetch_with(url: str, lock: Any, x: int) -> int:
+    return x
+
+
+def test_an_unpicklable_function_is_named_without_its_secrets() -> None:
+    url = "https://user:hunter2@host/a.jpg?X-Amz-Signature=deadbeef00"
+    fn = partial(fetch_with, url, threading.Lock())
+    with pytest.raises(ConfigError) as info:
+        Pipeline(range(3)).map(fn, workers="processes")
+    message = str(info.value)
+    assert "functools.partial" in message and "workers='threads'" in message
+    assert "hunter2" not in message and "deadbeef00" not in message
+
+
 # -- 5. exceptions and unpicklable results ---------------------------------------------------
 
 
