@@ -42,7 +42,6 @@ MASK = "***"
 
 # A URL ends before trailing punctuation: "GET https://h/x?a=1: 503" keeps its colon.
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,:;)\]]")
-_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@'\"]+@")
 _AWS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA|AGPA|ANPA|AIPA)[A-Z0-9]{12,}\b")
 _BASE64_RUN = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+=]{40,}(?![A-Za-z0-9/+=])")
 _SECRET_NAMES = (
@@ -81,10 +80,14 @@ def redact_url(url: object) -> str:
     text = os.fspath(url) if isinstance(url, os.PathLike) else str(url)
     if "://" not in text:
         return text  # a local path: no credentials ride in it
-    if text[:5].lower() == "s3://":
+    scheme, _, rest = text.partition("://")
+    authority = rest.split("/", 1)[0]
+    if "@" in authority:  # user info, masked to its last "@" (a pasted password's "?#@" too)
+        text = f"{scheme}://{MASK}@{rest[authority.rindex('@') + 1:]}"
+    if scheme.lower() == "s3":
         # An S3 key may hold a literal "?" that is part of its name, not a query: only the
         # values of secret-named pairs in it are masked.
-        return _mask_pairs(_USERINFO.sub(rf"\g<scheme>{MASK}@", text))
+        return _mask_pairs(text)
     try:
         parts = urlsplit(text)
         netloc = parts.netloc

@@ -74,7 +74,8 @@ class RunScope:
         Concurrent first calls for one key share a single creation.
 
         Raises:
-            RuntimeError: The scope is already closed.
+            RuntimeError: The scope is already closed, or closed while the resource opened
+                (the resource is closed then).
 
         Cancellation:
             Cancelling a caller that waits for another caller's creation leaves that creation
@@ -92,6 +93,10 @@ class RunScope:
         self._pending[key] = fut
         try:
             resource = await self._stack.enter_async_context(factory())
+            if self._closed:  # the run stopped while it opened: closed now, not leaked
+                await self.aclose()  # the close under way ends first
+                await self._stack.aclose()
+                raise RuntimeError("this run has stopped; its resources are closed")
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):
                 fut.cancel()

@@ -239,3 +239,15 @@ def test_redact_logs_masks_a_librarys_records_once_filtered(
     early.debug("plain %d", 7)
     assert [r.getMessage() for r in caplog.records] == [
         "headers: {'X-Amz-Security-Token': '***'}", "Authorization: ***", "plain 7"]
+
+
+@pytest.mark.parametrize("url", [
+    "https://user:hunter?2@host/a.jpg",  # a raw "?", "#" or "@" in a pasted password
+    "https://user:hunter#2@host/a.jpg",
+    "s3://user:hunter@2@bucket/key",
+    "http://user:hunter2@host",
+])
+def test_user_info_is_masked_whatever_its_password_holds(url: str) -> None:
+    for text in (redact_url(url), redact(f"GET {url}: 503")):
+        assert "hunter" not in text and "user" not in text, text
+        assert "host" in text or "bucket" in text, text

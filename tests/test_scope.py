@@ -64,3 +64,33 @@ async def test_a_cancel_landing_as_the_close_ends_is_not_swallowed(
     with pytest.raises(asyncio.CancelledError):
         await closing
     assert log == ["a"]
+
+
+class _SlowOpen:
+    """A resource whose opening waits for ``gate`` (an S3 client fetching credentials)."""
+
+    def __init__(self, gate: asyncio.Event, log: list[str]) -> None:
+        self.gate, self.log = gate, log
+
+    async def __aenter__(self) -> _SlowOpen:
+        await self.gate.wait()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.log.append("closed")
+
+
+async def test_a_resource_opened_while_the_scope_closes_is_closed_not_leaked(
+    async_leak_check: object,
+) -> None:
+    # Was: its close was pushed on a stack already closed, so it never ran (an unclosed
+    # client), and the caller got it as if the run went on.
+    gate, log = asyncio.Event(), list[str]()
+    scope = RunScope()
+    getting = asyncio.create_task(scope.get("s3", lambda: _SlowOpen(gate, log)))
+    await asyncio.sleep(0)
+    await scope.aclose()
+    gate.set()
+    with pytest.raises(RuntimeError, match="stopped"):
+        await getting
+    assert log == ["closed"]

@@ -248,8 +248,8 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
     """Print what the cache at ``PATH`` holds; exit 1 when there is none or it is unusable."""
     from ..cache import info
 
-    try:
-        result = info(args.path)
+    try:  # absolute: "." names its folder, whose writer's lock file sits beside it
+        result = info(os.path.abspath(args.path))
     except FileNotFoundError as exc:
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 1

@@ -19,6 +19,7 @@ from multiprocessing import spawn
 from typing import Any
 
 from .._errors import ConfigError
+from .._redact import describe_exception, describe_item
 from . import _reducers, _segments
 from ._worker_options import Processes, worker_setups
 
@@ -112,8 +113,8 @@ def boot_payload(fn: Callable[[Any], Any], size: int, spec: Processes, stage: st
         what = "init" if _pickles(fn) else "function"
         obj = spec.init if what == "init" else fn
         raise ConfigError(
-            f"stage {stage!r}: its {what} {obj!r:.100} cannot be sent to worker processes "
-            f"({type(exc).__name__}: {exc}); run the stage on threads "
+            f"stage {stage!r}: its {what} {describe_item(obj)} cannot be sent to worker "
+            f"processes ({describe_exception(exc)}); run the stage on threads "
             "(workers='threads'), or make it picklable"
         ) from None
 

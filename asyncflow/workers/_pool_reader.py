@@ -11,11 +11,12 @@ import contextlib
 import pickle
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
 from .._errors import WorkerError
-from .._redact import describe_item
+from .._redact import describe_exception, describe_item
 from . import _segments
 from ._fork import ReaderGate
 from ._jobs import Job, Slot, merge, settle
@@ -99,9 +100,12 @@ class PoolReader(ABC):
         job = self._next_job(slot)
         try:  # loaded in any case: that unlinks its segments
             _, values, failures, elapsed = _segments.loads(payload, segments)
-        except Exception as exc:
+        except Exception as exc:  # a class this process lacks, a failing __setstate__...
+            why = describe_exception(exc)
             if job is not None:
-                settle(job, None, exc)
+                self._fail_each(job, lambda item: (
+                    f"worker {slot.wid} of stage {self.stage!r} processed item {item}, but "
+                    f"its chunk's results could not be unpickled: {why}"))
             return
         if job is not None:
             settle(job, merge(job, values, failures, elapsed), None)
@@ -115,8 +119,14 @@ class PoolReader(ABC):
             job.by_value = True
             self._dispatch(job)
             return
-        failures: list[tuple[int, BaseException]] = [(i, WorkerError(
-            f"worker {slot.wid} of stage {self.stage!r} could not unpickle item "
-            f"{describe_item(item)}: {text}"
-        )) for i, item in enumerate(job.items)]
+        self._fail_each(job, lambda item: (
+            f"worker {slot.wid} of stage {self.stage!r} could not unpickle item {item}: {text}"))
+
+    @staticmethod
+    def _fail_each(job: Job, message: Callable[[str], str]) -> None:
+        """Settle ``job`` with each of its items failed: a :class:`WorkerError` with
+        ``message(the item, described)``, counted against the stage's failure budget."""
+        failures: list[tuple[int, BaseException]] = [
+            (i, WorkerError(message(describe_item(item)))) for i, item in enumerate(job.items)
+        ]
         settle(job, merge(job, [], failures, 0.0), None)

@@ -79,7 +79,7 @@ def dumps(
     Args:
         obj: What to send.
         name: Returns a fresh segment file name for each large buffer (``None``: every
-            buffer stays in the byte stream).
+            buffer stays in the byte stream, as it does when ``SHM_DIR`` has no room).
         by_value: Pickle classes and functions of ``__main__`` by value at once (cloudpickle),
             for a receiver that could not load them by reference.
 
@@ -98,7 +98,12 @@ def dumps(
             raise
         # Classes and functions of __main__ (a notebook cell) travel by value.
         payload, big = _pickle(obj, by_value=True, apart=name is not None)
-    return payload, write_segments(big, name) if name is not None else []
+    if name is None:
+        return payload, []
+    try:
+        return payload, write_segments(big, name)
+    except OSError:  # no room in SHM_DIR (a container's 64 MB /dev/shm): all in the pipe
+        return dumps(obj, by_value=by_value)
 
 
 def pickle_by_value(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:

@@ -228,6 +228,22 @@ def test_cache_info_describes_a_cache(tmp_path: Path, capsys: pytest.CaptureFixt
     assert data["usable"] is True and data["count"] == 10
 
 
+def test_cache_info_of_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Was: a raw ValueError traceback ("PosixPath('.') has an empty name"), for "." and "".
+    from asyncflow import Pipeline
+
+    path = tmp_path / "cache"
+    assert sum(1 for _ in Pipeline(range(3)).map(lambda i: (i,)).cache(path)) == 3
+    monkeypatch.chdir(path)
+    assert run(["cache", "info", "."]) == 0
+    assert "usable" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
+    assert run(["cache", "info", ""]) == 1
+    assert "no cache at" in capsys.readouterr().err
+
+
 def test_demo_table_counts_images_not_groups() -> None:
     """The demo's table as docs/profiling.md shows it: images in and out, internal hidden."""
     result = _cli("demo", "--images", "256", "--batch-size", "32", "--size", "64")

@@ -6,6 +6,7 @@ Stopping, worker deaths and persistent workers are in ``test_processes_lifecycle
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import operator
 import os
@@ -154,6 +155,29 @@ def test_large_inputs_go_to_the_workers_through_shared_memory(
     assert _my_segments() == []
 
 
+def _no_room(path: str, data: memoryview) -> int:
+    raise OSError(errno.ENOSPC, "No space left on device", path)
+
+
+def fill_shared_memory(info: WorkerInfo) -> None:
+    _segments._write_segment = _no_room  # as a container's full 64 MB /dev/shm answers
+
+
+def test_large_arrays_go_through_the_pipe_when_shared_memory_is_full(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Was: each input chunk failed with a bare OSError naming no item, and each worker died
+    # writing its result, its replacement took the chunk and died too, forever (a hang).
+    monkeypatch.setattr(_segments, "_write_segment", _no_room)
+    arrays = [np.full(BIG, i, dtype=np.float32) for i in range(4)]
+    pipe = Pipeline(arrays).map(operator.neg, concurrency=2,
+                                workers=Processes(init=fill_shared_memory))
+    out = list(pipe)
+    assert [float(a[0, 0]) for a in out] == [-float(i) for i in range(4)]
+    assert all(a.shape == BIG for a in out)
+    assert _my_segments() == []
+
+
 # -- 2. the function goes to each worker once ------------------------------------------------
 
 
@@ -268,6 +292,20 @@ def test_unpicklable_init_is_a_config_error_at_map_time() -> None:
     message = str(info.value)
     assert "init" in message and "init_with_lock" in message
     assert "workers='threads'" in message
+
+
+def fetch_with(url: str, lock: Any, x: int) -> int:
+    return x
+
+
+def test_an_unpicklable_function_is_named_without_its_secrets() -> None:
+    url = "https://user:hunter2@host/a.jpg?X-Amz-Signature=deadbeef00"
+    fn = partial(fetch_with, url, threading.Lock())
+    with pytest.raises(ConfigError) as info:
+        Pipeline(range(3)).map(fn, workers="processes")
+    message = str(info.value)
+    assert "functools.partial" in message and "workers='threads'" in message
+    assert "hunter2" not in message and "deadbeef00" not in message
 
 
 # -- 5. exceptions and unpicklable results ---------------------------------------------------
@@ -388,6 +426,40 @@ def test_failures_count_against_the_budget_and_the_rest_arrive(concurrency: int)
     assert stage.failures == 3
     kinds = sorted(r.error_type for r in stage.failed_items)
     assert kinds == ["NeedsTwoArguments", "ValueError", "WorkerError"]
+
+
+def _rebuild(x: int) -> int:
+    if worker_info() is None:  # in the parent: a class its workers have and it has not, say
+        raise ValueError(f"cannot rebuild {x}")
+    return x
+
+
+class RebuiltOnlyInWorkers:
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        return _rebuild, (self.x,)
+
+
+def unloadable_at_5(x: int) -> object:
+    return RebuiltOnlyInWorkers(x) if x == 5 else x
+
+
+def test_results_the_parent_cannot_unpickle_fail_their_items_within_the_budget() -> None:
+    # Was: a bare ValueError from deep in the pool's reader, naming no item, that ended the
+    # run whatever its budget.
+    pipe = Pipeline(range(10), buffer=1, max_failures=9).map(
+        unloadable_at_5, workers=Processes(), concurrency=1
+    )
+    out = list(pipe)
+    assert 5 not in out and set(out) < set(range(10))
+    [stage] = [s for s in pipe.stats().stages if s.name == "unloadable_at_5"]
+    assert stage.failures == 10 - len(out)
+    records = {r.item: r for r in stage.failed_items}
+    assert "5" in records and {r.error_type for r in records.values()} == {"WorkerError"}
+    assert "cannot rebuild 5" in records["5"].message
+    assert "could not be unpickled" in records["5"].message
 
 
 # -- 7. seeding and worker_info ---------------------------------------------------------------
