@@ -208,7 +208,8 @@ def cache(
         ConfigError: An option is invalid, or ``path`` is something other than a cache.
     """
     try:
-        where = Path(os.fspath(path)).expanduser()
+        # absolute: "." names its folder, whose writer's lock file sits beside it
+        where = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
     except TypeError:
         raise ConfigError(f"path must be a str or os.PathLike, got {path!r}") from None
     check_bool("wait", wait)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,7 @@ def info(path: str | Path) -> CacheInfo:
     Raises:
         FileNotFoundError: There is no cache at ``path``, nor one being written there.
     """
-    path = Path(path)
+    path = Path(os.path.abspath(path))  # "." names its folder (its lock sits beside it)
     writer = WriterLock(path).holder()
     unfinished = tuple(p.name for p in leftovers(path)) if writer is None else ()
     try:

@@ -38,6 +38,18 @@ def test_info_of_a_usable_cache(tmp_path: Path) -> None:
     json.dumps(result.to_dict())
 
 
+def test_a_cache_named_by_the_current_folder_is_described(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # "." (or "sub/..") has no name of its own: the writer's lock file beside it needs one.
+    from asyncflow import Pipeline
+
+    assert [int(x) for x in Pipeline(range(5)).cache(tmp_path / "c")] == list(range(5))
+    monkeypatch.chdir(tmp_path / "c")
+    assert info(".").usable and info("").count == 5
+    assert info(os.path.join("sub", "..")).count == 5  # the path need not exist on the way
+
+
 def test_info_of_a_damaged_cache_says_why(tmp_path: Path) -> None:
     write(tmp_path / "c", batches(10, 4))
     (tmp_path / "c" / "field1.npy").unlink()
