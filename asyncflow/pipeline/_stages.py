@@ -244,7 +244,7 @@ class UnbatchNode:
                 ordinal = ledger.begin()
                 try:
                     items = ledger.keep(ordinal, list(batch))
-                except TypeError as exc:  # not iterable
+                except Exception as exc:  # not iterable, or its iteration failed
                     self.ctx.item_failed(batch, exc)
                     continue
                 finally:
