@@ -41,10 +41,11 @@ def _expand_start(
     fn: Callable[[Any], Any], item: Any, limit: int, stop: threading.Event
 ) -> tuple[Any, list[Any], bool, Exception | None]:
     """Call a flat_map function and take the first chunk of its result (on a worker; closed
-    there if the run stopped meanwhile, as :func:`advance` does)."""
+    there if the run stopped meanwhile, as :func:`advance` does). An async iterable, or a
+    coroutine (awaited first), is returned as it is, for the loop."""
     result = fn(item)
-    if hasattr(result, "__aiter__"):
-        return aiter(result), [], False, None
+    if hasattr(result, "__aiter__") or inspect.isawaitable(result):
+        return result, [], False, None
     it = iter(result)
     return (it, *advance(it, limit, stop))
 
@@ -105,17 +106,16 @@ class FlatMapNode:
         running = False  # on a worker, which closes it if the run stops meanwhile
         try:
             if self.is_async:
-                result = self.spec.fn(item)
-                if inspect.isawaitable(result):
-                    result = await result
-                it = aiter(result) if hasattr(result, "__aiter__") else iter(result)
-                chunk, done, error = list[Any](), False, None
+                it, chunk, done, error = self.spec.fn(item), list[Any](), False, None
             else:
                 running = True
                 it, chunk, done, error = await ctx.run_sync(
                     _expand_start, self.spec.fn, item, SOURCE_CHUNK, ctx.stop
                 )
                 running = False
+            if inspect.isawaitable(it):  # an async def's, or a plain function's coroutine
+                it = await it
+            it = aiter(it) if hasattr(it, "__aiter__") else iter(it)
             if hasattr(it, "__anext__"):
                 try:
                     async for value in it:

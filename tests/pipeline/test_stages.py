@@ -108,6 +108,22 @@ def test_flat_map_accepts_lists_generators_and_async_generators() -> None:
     assert list(Pipeline(range(5)).flat_map(coro_list)) == [x for x in range(5) for _ in range(x)]
 
 
+def test_flat_map_awaits_a_coroutine_that_a_plain_function_returns() -> None:
+    # flat_map's type takes a function returning a coroutine; one that is not an `async def`
+    # itself (a lambda or a decorator's wrapper around one) was called on a thread and its
+    # coroutine iterated: every item failed with "'coroutine' object is not iterable"
+    async def rows(x: int) -> list[int]:
+        return [x] * x
+
+    async def pairs(x: int) -> _Pairs:
+        return _Pairs(x)
+
+    assert list(Pipeline(range(4)).flat_map(lambda x: rows(x))) == [1, 2, 2, 3, 3, 3]
+    assert list(Pipeline(range(2)).flat_map(lambda x: pairs(x), concurrency=2)) == [
+        (0, 0), (0, 1), (1, 0), (1, 1)
+    ]
+
+
 class _Pairs:
     """An async iterable that is not an async iterator: ``__aiter__`` makes a new one."""
 
