@@ -210,6 +210,8 @@ class MapNode:
             hand.measured(chunking.fit_bytes(items if self.filter else values))
         if not self._checked:
             self._check_result(values)
+        if self.filter:
+            values, failures = _truths(values, failures)
         await self._deliver(ticket, (items, values, failures), out)
         return True
 
@@ -267,6 +269,8 @@ class MapNode:
                             value = await Resume(value, signal)
                     elif inspect.isawaitable(value):
                         value = await value
+                    if self.filter:
+                        value = bool(value)  # an array's raises: the item's failure
                 except Exception as exc:
                     value = FAILED
                     failures.append((index - base, exc))
@@ -306,5 +310,22 @@ class MapNode:
 
 
 _Single = tuple[list[Any], list[Any], list[tuple[int, BaseException]]]
+
+
+def _truths(
+    values: list[Any], failures: list[tuple[int, BaseException]]
+) -> tuple[list[Any], list[tuple[int, BaseException]]]:
+    """A predicate's results as bools; one whose truth cannot be told (``bool`` of an array
+    raises) is its item's failure, counted and named as a failed call is."""
+    failed = dict(failures)
+    truths: list[Any] = []
+    for index, value in enumerate(values):
+        if value is not FAILED:
+            try:
+                value = bool(value)
+            except Exception as exc:
+                value, failed[index] = FAILED, exc
+        truths.append(value)
+    return truths, sorted(failed.items(), key=lambda pair: pair[0])
 
 _MAX_CHUNK, _PER_PROCESS = 512, 4  # the largest chunk; chunks in flight per worker process

@@ -235,10 +235,7 @@ class Run(Generic[T_co]):
             chunk = handoff.get_chunk(self._timeout)
         except TimeoutError:
             self.close()
-            raise StallError(
-                f"no item arrived within timeout={self._timeout} s; the pipeline is stalled "
-                f"(stats: {self.stats().bottleneck!r} is the busiest stage)"
-            ) from None
+            raise self._stalled() from None
         except BaseException:
             self.close()
             raise
@@ -246,6 +243,15 @@ class Run(Generic[T_co]):
             self.close()
             raise StopIteration
         return chunk
+
+    def _stalled(self) -> StallError:
+        """The error of a consumer that waited ``timeout`` seconds for an item in vain (the
+        run closed), naming the busiest stage where one is known."""
+        busiest = self.stats().bottleneck
+        where = "" if busiest is None else f" (stats: {busiest!r} is the busiest stage)"
+        return StallError(
+            f"no item arrived within timeout={self._timeout} s; the pipeline is stalled{where}"
+        )
 
     def __aiter__(self) -> Self:
         return self
@@ -272,7 +278,7 @@ class Run(Generic[T_co]):
             chunk = await handoff.aget_chunk(self._timeout)
         except TimeoutError:
             await self.aclose()
-            raise StallError(f"no item arrived within timeout={self._timeout} s") from None
+            raise self._stalled() from None
         except Exception:
             await self.aclose()
             raise

@@ -20,7 +20,7 @@ from ._stats import count_items, count_one
 __all__ = ["SourceNode"]
 
 
-def _advance(it: Any, limit: int, stop: Any) -> tuple[list[Any], bool, Exception | None]:
+def advance(it: Any, limit: int, stop: Any) -> tuple[list[Any], bool, Exception | None]:
     """:func:`next_chunk` on a worker; if the run stopped meanwhile, close the iterator here,
     since the loop cannot close a generator while this thread is running it."""
     items, done, error = next_chunk(it, limit)
@@ -130,7 +130,7 @@ class SourceNode:
                     return  # the run failed or is stopping
                 running = True
                 ctx.counters.in_flight = 1
-                items, done, error = await ctx.run_sync(_advance, it, limit, ctx.stop)
+                items, done, error = await ctx.run_sync(advance, it, limit, ctx.stop)
                 ctx.counters.in_flight = 0
                 running = False
                 if plan.skip.ranges:

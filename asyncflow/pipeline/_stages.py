@@ -12,15 +12,17 @@ import asyncio
 import contextlib
 import inspect
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ..workers import SOURCE_CHUNK, aclose_iterator, epoch_random, next_chunk
+from ..workers import SOURCE_CHUNK, aclose_iterator, epoch_random
 from ._channel import Channel, ChannelAborted
 from ._expansion import SplitLedger
 from ._ledger import FixedLedger, Passthrough, ShuffleLedger
 from ._node import NodeContext, Receiver, Sender, node_for
+from ._source_node import advance
 from ._spec import BatchSpec, FlatMapSpec, PrefetchSpec, ShuffleSpec, UnbatchSpec
 from ._stats import ItemGroup, count_items, count_one
 
@@ -36,14 +38,16 @@ _DRAIN = 4096
 
 
 def _expand_start(
-    fn: Callable[[Any], Any], item: Any, limit: int
+    fn: Callable[[Any], Any], item: Any, limit: int, stop: threading.Event
 ) -> tuple[Any, list[Any], bool, Exception | None]:
-    """Call a flat_map function and take the first chunk of its result (on a worker)."""
+    """Call a flat_map function and take the first chunk of its result (on a worker; closed
+    there if the run stopped meanwhile, as :func:`advance` does). An async iterable, or a
+    coroutine (awaited first), is returned as it is, for the loop."""
     result = fn(item)
-    if hasattr(result, "__aiter__"):
-        return aiter(result), [], False, None
+    if hasattr(result, "__aiter__") or inspect.isawaitable(result):
+        return result, [], False, None
     it = iter(result)
-    return (it, *next_chunk(it, limit))
+    return (it, *advance(it, limit, stop))
 
 
 @node_for(FlatMapSpec)
@@ -98,17 +102,20 @@ class FlatMapNode:
         start = time.perf_counter()
         ctx.counters.chunks += 1
         ctx.counters.in_flight += 1
+        it: Any = None
+        running = False  # on a worker, which closes it if the run stops meanwhile
         try:
             if self.is_async:
-                result = self.spec.fn(item)
-                if inspect.isawaitable(result):
-                    result = await result
-                it = aiter(result) if hasattr(result, "__aiter__") else iter(result)
-                chunk, done, error = list[Any](), False, None
+                it, chunk, done, error = self.spec.fn(item), list[Any](), False, None
             else:
+                running = True
                 it, chunk, done, error = await ctx.run_sync(
-                    _expand_start, self.spec.fn, item, SOURCE_CHUNK
+                    _expand_start, self.spec.fn, item, SOURCE_CHUNK, ctx.stop
                 )
+                running = False
+            if inspect.isawaitable(it):  # an async def's, or a plain function's coroutine
+                it = await it
+            it = aiter(it) if hasattr(it, "__aiter__") else iter(it)
             if hasattr(it, "__anext__"):
                 try:
                     async for value in it:
@@ -123,12 +130,18 @@ class FlatMapNode:
                     raise error
                 if done:
                     return
-                chunk, done, error = await ctx.run_sync(next_chunk, it, SOURCE_CHUNK)
+                running = True
+                chunk, done, error = await ctx.run_sync(advance, it, SOURCE_CHUNK, ctx.stop)
+                running = False
         except ChannelAborted:
             raise  # the run is stopping: not the item's failure
         except Exception as exc:
             ctx.item_failed(item, exc)
         finally:
+            # a generator left in part (the run stopped, or it failed) is closed now, not by
+            # the garbage collector: it may hold a file or a connection open
+            if not running and not hasattr(it, "__anext__") and hasattr(it, "close"):
+                it.close()
             ctx.counters.in_flight -= 1
             ctx.counters.busy += time.perf_counter() - start
 
@@ -231,7 +244,7 @@ class UnbatchNode:
                 ordinal = ledger.begin()
                 try:
                     items = ledger.keep(ordinal, list(batch))
-                except TypeError as exc:  # not iterable
+                except Exception as exc:  # not iterable, or its iteration failed
                     self.ctx.item_failed(batch, exc)
                     continue
                 finally:

@@ -382,3 +382,16 @@ def test_the_run_checks_every_stages_budget_at_its_end() -> None:
         list(skip_three(0.05))
     [exceeded] = info.value.exceptions
     assert exceeded.stage == "skip" and "over the budget" in str(exceeded)
+
+
+def test_unbatch_counts_an_item_whose_iteration_fails_against_the_budget() -> None:
+    # Only a TypeError (not iterable) was the item's failure: an item whose iteration raised
+    # anything else (a lazy batch whose read fails) ended the run, whatever the budget
+    def lazy(rows: int):
+        yield from range(rows)
+        raise Boom(f"row {rows} unreadable")
+
+    out = list(Pipeline([[1, 2], lazy(3), 7, [3]], max_failures=2).unbatch(name="rows"))
+    assert out == [1, 2, 3]
+    with pytest.raises(PipelineError, match=r"rows.*Boom: row 3 unreadable"):
+        list(Pipeline([[1, 2], lazy(3)]).unbatch(name="rows"))

@@ -108,3 +108,30 @@ def test_async_chunks_count_items_and_keep_failures_in_place() -> None:
     assert out == [1 / (x % 10) for x in range(100) if x % 10]
     stats = pipe.stats()["inv"]
     assert stats.items_in == 100 and stats.items_out == 90 and stats.failures == 10
+
+
+class _Ambiguous:
+    """A predicate's result whose truth cannot be told (as a NumPy array's)."""
+
+    def __bool__(self) -> bool:
+        raise ValueError("the truth value of an array is ambiguous")
+
+
+@pytest.mark.parametrize("kind", ["sync", "threads", "async", "async x2"])
+def test_a_filter_result_without_a_truth_value_is_the_items_failure(kind: str) -> None:
+    # bool() of the result ran on the loop, outside every item's try: the run failed whatever
+    # the budget, with a raw ValueError naming no item
+    def keep(x: int) -> object:
+        time.sleep(0.001 if kind == "threads" else 0)
+        return _Ambiguous() if x == 3 else x % 2
+
+    async def akeep(x: int) -> object:
+        return keep(x)
+
+    pipe = Pipeline(range(8), max_failures=1)
+    predicate = akeep if kind.startswith("async") else keep
+    concurrency = 2 if kind in ("threads", "async x2") else 1
+    run = pipe.filter(predicate, concurrency=concurrency, name="odd").open()
+    assert list(run) == [1, 5, 7]
+    [[record]] = run.failure_records()[1:]
+    assert record.item == "3" and record.error_type == "ValueError"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
 import traceback
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from asyncflow import Pipeline, PipelineError, Processes
+from asyncflow import Pipeline, PipelineError, Processes, StallError
 from tests.conftest import _children
 
 pytestmark = [pytest.mark.usefixtures("leak_check"), pytest.mark.timeout(120)]
@@ -109,3 +110,28 @@ def test_a_closed_run_keeps_its_figures_not_its_pipeline() -> None:
     assert run.delivered == 3
     assert run.stats().stages[0].items_out >= 3
     assert run.epoch == 0 and run.lineage is None and run.failure_records() == [[], []]
+
+
+def test_a_stall_error_names_the_busiest_stage_only_when_one_is_known() -> None:
+    # With no stage busy enough to name, `for` said "(stats: None is the busiest stage)";
+    # `async for` never named it, even when one was
+    async def late() -> Any:
+        yield 1
+        await asyncio.sleep(3)
+        yield 2
+
+    with pytest.raises(StallError) as info:
+        for _ in Pipeline(late).open(timeout=0.3):
+            pass
+    assert "None" not in str(info.value)
+
+    def slow(x: int) -> int:
+        time.sleep(2.0 if x == 1 else 0)
+        return x
+
+    async def consume() -> None:
+        async for _ in Pipeline(range(3), stop_timeout=3).map(slow).open(timeout=0.3):
+            pass
+
+    with pytest.raises(StallError, match="'slow' is the busiest stage"):
+        asyncio.run(consume())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import time
 from collections.abc import AsyncIterator
@@ -107,6 +108,22 @@ def test_flat_map_accepts_lists_generators_and_async_generators() -> None:
     assert list(Pipeline(range(5)).flat_map(coro_list)) == [x for x in range(5) for _ in range(x)]
 
 
+def test_flat_map_awaits_a_coroutine_that_a_plain_function_returns() -> None:
+    # flat_map's type takes a function returning a coroutine; one that is not an `async def`
+    # itself (a lambda or a decorator's wrapper around one) was called on a thread and its
+    # coroutine iterated: every item failed with "'coroutine' object is not iterable"
+    async def rows(x: int) -> list[int]:
+        return [x] * x
+
+    async def pairs(x: int) -> _Pairs:
+        return _Pairs(x)
+
+    assert list(Pipeline(range(4)).flat_map(lambda x: rows(x))) == [1, 2, 2, 3, 3, 3]
+    assert list(Pipeline(range(2)).flat_map(lambda x: pairs(x), concurrency=2)) == [
+        (0, 0), (0, 1), (1, 0), (1, 1)
+    ]
+
+
 class _Pairs:
     """An async iterable that is not an async iterator: ``__aiter__`` makes a new one."""
 
@@ -145,6 +162,29 @@ def test_flat_map_unordered_with_concurrency_yields_everything() -> None:
 
     out = list(Pipeline(range(40)).flat_map(expand, concurrency=4, ordered=False))
     assert sorted(out) == [(x, i) for x in range(40) for i in range(3)]
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_flat_map_closes_a_generator_left_in_part_when_the_run_stops(concurrency: int) -> None:
+    # A generator holding a shard's file open was closed only by the garbage collector (it
+    # sits in a reference cycle): its file stayed open after break, close() and errors.
+    closed: list[int] = []
+
+    def expand(x: int):
+        try:
+            yield from range(1000)
+        finally:
+            closed.append(x)
+
+    gc.disable()
+    try:
+        with Pipeline(range(3)).flat_map(expand, concurrency=concurrency).open() as run:
+            for i, _ in enumerate(run):
+                if i == 5:
+                    break
+        assert 0 in closed  # by the time close() returns, without a collection
+    finally:
+        gc.enable()
 
 
 def test_batch_and_drop_last() -> None:
