@@ -291,6 +291,26 @@ def test_conflicting_or_bad_arguments(kwargs: dict[str, Any]) -> None:
         DataLoader(list(range(4)), **kwargs)
 
 
+class _Count(tud.IterableDataset[int]):
+    def __iter__(self) -> Any:
+        return iter(range(4))
+
+
+@pytest.mark.parametrize("value, error", [(0, ConfigError), (1.5, TypeError)])
+@pytest.mark.parametrize("dataset", [list(range(4)), _Count()])
+def test_a_prefetch_factor_torchs_workers_refuse_is_refused_naming_it(
+    value: Any, error: type[Exception], dataset: Any
+) -> None:
+    # torch's worker iterator refuses 0 (and a float); ours fetched 2 ahead instead, or said
+    # "window must be an int" without naming the argument
+    with pytest.raises(error, match="prefetch_factor"):
+        DataLoader(dataset, num_workers=2, prefetch_factor=value)
+    loader = DataLoader(dataset, num_workers=2)
+    loader.prefetch_factor = value  # torch lets it be reassigned; the next epoch checks it
+    with pytest.raises(error, match="prefetch_factor"):
+        iter(loader)
+
+
 def test_cuda_device_without_cuda_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="CUDA"):
