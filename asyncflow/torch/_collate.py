@@ -3,6 +3,7 @@ a DataLoader's worker processes, torch's tensor collate stacking into asyncflow'
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -81,7 +82,10 @@ def _pad(
     lengths = torch.tensor([t.shape[0] for t in tensors], dtype=torch.int64)
     longest = int(lengths.max()) if tensors else 0
     longest = -(-longest // multiple_of) * multiple_of
-    out = torch.full((len(tensors), longest, *rest), pad_value, dtype=tensors[0].dtype)
+    # the samples' common dtype, as default_collate's stack promotes them (an int sample
+    # first must not truncate a float one)
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    out = torch.full((len(tensors), longest, *rest), pad_value, dtype=dtype)
     for row, t in zip(out, tensors, strict=True):
         row[: t.shape[0]].copy_(t)
     keep = torch.arange(longest).unsqueeze(0) < lengths.unsqueeze(1) if mask else None

@@ -315,7 +315,14 @@ class DataLoader(TorchDataLoader[T_co]):
 
     def _build(self, iterable_state: dict[str, Any] | None = None) -> None:
         """(Re)build what runs the epochs: a template pipeline whose persistent workers live
-        as long as the loader, or an iterable dataset's lanes."""
+        as long as the loader, or an iterable dataset's lanes.
+
+        Raises:
+            ConfigError: ``prefetch_factor`` is ``0``, which torch's workers refuse too (its
+                ``None`` means 2; torch's own check refuses a negative one).
+            ConfigTypeError: ``prefetch_factor`` is not an int.
+        """
+        check_int("prefetch_factor", self.prefetch_factor, 1, allow_none=True)
         if self._template is not None:
             self._template._pools.shutdown()  # workers restart from restored dataset states
         if self._iterable is not None:

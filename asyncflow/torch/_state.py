@@ -186,6 +186,7 @@ class EpochIterator(Iterator[Any], AsyncIterator[Any], AbstractContextManager["E
         self._serial = state.serial
         self._length = length
         self._timeout = timeout
+        self._halted = False  # closed, timed out or failed: no end of the epoch follows
 
     def __len__(self) -> int:
         return self._length
@@ -243,6 +244,7 @@ class EpochIterator(Iterator[Any], AsyncIterator[Any], AbstractContextManager["E
             raise
 
     def _timed_out(self) -> LoaderTimeout:
+        self._halted = True
         return LoaderTimeout(f"DataLoader timed out after {self._timeout} seconds")
 
     # -- delivering ------------------------------------------------------------------------
@@ -264,6 +266,7 @@ class EpochIterator(Iterator[Any], AsyncIterator[Any], AbstractContextManager["E
     def _reraise(self, exc: Exception) -> None:
         """Raise what a torch user expects for a run that failed: the stage's own exception
         (with the group's notes), and a timeout as torch's ``RuntimeError``."""
+        self._halted = True
         if not (isinstance(exc, PipelineError) and len(exc.exceptions) == 1):
             raise exc
         failure = exc.exceptions[0]
@@ -272,25 +275,33 @@ class EpochIterator(Iterator[Any], AsyncIterator[Any], AbstractContextManager["E
         failure.__suppress_context__ = True  # not "during handling of" its own group
         raise failure
 
-    def _ended(self) -> None:
-        if self._current():
+    def _stopped(self) -> bool:
+        """Whether the run was stopped before the call now made (by ``close()``, a timeout,
+        its failure): its ``StopIteration`` then ends this iterator, not the epoch, which
+        ``state_dict()`` keeps where it stood."""
+        return self._halted or (self._run is not None and self._run.closed)
+
+    def _ended(self, stopped: bool) -> None:
+        if self._current() and not stopped:
             self._state.in_epoch = False
 
     def __next__(self) -> Any:
+        stopped = self._stopped()
         try:
             item = self._pull()
         except StopIteration:
-            self._ended()
+            self._ended(stopped)
             raise
         except Exception as exc:
             self._reraise(exc)
         return self._delivered(item)
 
     async def __anext__(self) -> Any:
+        stopped = self._stopped()
         try:
             item = await self._apull()
         except StopAsyncIteration:
-            self._ended()
+            self._ended(stopped)
             raise
         except Exception as exc:
             self._reraise(exc)
@@ -298,11 +309,13 @@ class EpochIterator(Iterator[Any], AsyncIterator[Any], AbstractContextManager["E
 
     def close(self) -> None:
         """Stop the epoch's pipeline; the batches not yet received are dropped."""
+        self._halted = True
         if self._run is not None:
             self._run.close()
 
     async def aclose(self) -> None:
         """Like :meth:`close`, without blocking the event loop."""
+        self._halted = True
         if self._run is not None:
             await self._run.aclose()
 

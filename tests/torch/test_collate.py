@@ -84,6 +84,15 @@ def test_bare_tensor_samples_give_one_padded() -> None:
     assert pad_collate([1, 2]).tolist() == [1, 2]
 
 
+def test_samples_of_mixed_dtypes_pad_to_their_common_dtype_as_default_collate_stacks() -> None:
+    # an int sample first used to make the batch int64: 0.5 became 0, silently
+    out = pad_collate([{"x": np.array([1, 2])}, {"x": np.array([0.5])}])
+    assert out["x"].dtype == torch.float64
+    assert out["x"].tolist() == [[1.0, 2.0], [0.5, 0.0]]
+    same = pad_collate([np.array([1, 2]), np.array([0.5, 1.5])])
+    assert torch.equal(same.values, default_collate([np.array([1, 2]), np.array([0.5, 1.5])]))
+
+
 def test_works_as_a_dataloader_collate_fn() -> None:
     data = [{"x": torch.arange(n)} for n in (1, 4, 2, 3)]
     collate = functools.partial(pad_collate, mask=True)

@@ -237,6 +237,37 @@ def test_timeout_raises_a_stall_error(leak_check: None) -> None:
         list(loader)
 
 
+def test_an_epoch_stopped_by_a_timeout_or_close_is_not_ended(leak_check: None) -> None:
+    # its iterator ends, but state_dict() used to say "epoch over": a resume lost the rest
+    class Slow(Squares):
+        def __init__(self, n: int, stuck: bool) -> None:
+            super().__init__(n)
+            self.stuck = stuck
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            time.sleep(0.6 if self.stuck and i == 2 else 0)
+            return super().__getitem__(i)
+
+    loader = DataLoader(Slow(6, stuck=True), batch_size=1, timeout=0.2, num_workers=0)
+    epoch = iter(loader)
+    assert [next(epoch)["sq"].item() for _ in range(2)] == [0, 1]
+    with pytest.raises(StallError):
+        next(epoch)
+    with pytest.raises(StopIteration):  # the timeout stopped the run
+        next(epoch)
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches"], "between_epochs" in state) == (0, 2, False)
+    closed = iter(loader)
+    next(closed)
+    closed.close()
+    assert list(closed) == []
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches"], "between_epochs" in state) == (1, 1, False)
+    fresh = DataLoader(Slow(6, stuck=False), batch_size=1, num_workers=0)
+    fresh.load_state_dict(loader.state_dict())
+    assert [b["sq"].item() for b in fresh] == [1, 4, 9, 16, 25]
+
+
 def test_workers_are_threads_fetching_batches_concurrently() -> None:
     active, peak = 0, 0
     lock = threading.Lock()
@@ -289,6 +320,26 @@ def test_pin_memory_without_cuda_is_ignored_quietly() -> None:
 def test_conflicting_or_bad_arguments(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):  # torch's own checks raise ValueError; ours ConfigError
         DataLoader(list(range(4)), **kwargs)
+
+
+class _Count(tud.IterableDataset[int]):
+    def __iter__(self) -> Any:
+        return iter(range(4))
+
+
+@pytest.mark.parametrize("value, error", [(0, ConfigError), (1.5, TypeError)])
+@pytest.mark.parametrize("dataset", [list(range(4)), _Count()])
+def test_a_prefetch_factor_torchs_workers_refuse_is_refused_naming_it(
+    value: Any, error: type[Exception], dataset: Any
+) -> None:
+    # torch's worker iterator refuses 0 (and a float); ours fetched 2 ahead instead, or said
+    # "window must be an int" without naming the argument
+    with pytest.raises(error, match="prefetch_factor"):
+        DataLoader(dataset, num_workers=2, prefetch_factor=value)
+    loader = DataLoader(dataset, num_workers=2)
+    loader.prefetch_factor = value  # torch lets it be reassigned; the next epoch checks it
+    with pytest.raises(error, match="prefetch_factor"):
+        iter(loader)
 
 
 def test_cuda_device_without_cuda_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:

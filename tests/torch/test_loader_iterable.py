@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 import torch.utils.data as tud
 
-from asyncflow import DataLoader
+from asyncflow import DataLoader, StallError
 
 
 class Range(tud.IterableDataset[int]):
@@ -313,3 +314,29 @@ def test_stats_of_a_resumed_epoch_count_its_batches_and_name_ended_workers(
     assert stats["worker0/fetch"].items_out == stats.delivered == 2
     assert "worker 1's iterator had ended before this epoch resumed: no run" in stats.notes
     del resumed
+
+
+class _Stuck(tud.IterableDataset[int]):
+    """Six items; the third takes longer than the loader's timeout when ``stuck``."""
+
+    def __init__(self, stuck: bool) -> None:
+        self.stuck = stuck
+
+    def __iter__(self) -> Iterator[int]:
+        for i in range(6):
+            if self.stuck and i == 2:
+                time.sleep(0.6)
+            yield i
+
+
+def test_an_epoch_stopped_by_a_timeout_resumes_where_it_stood(leak_check: None) -> None:
+    # the iterator's StopIteration after the timeout used to end the epoch in state_dict()
+    loader = DataLoader(_Stuck(True), batch_size=1, timeout=0.2)
+    epoch = iter(loader)
+    assert [next(epoch).item(), next(epoch).item()] == [0, 1]
+    with pytest.raises(StallError):
+        next(epoch)
+    assert list(epoch) == []
+    fresh = DataLoader(_Stuck(False), batch_size=1)
+    fresh.load_state_dict(loader.state_dict())
+    assert [b.item() for b in fresh] == [2, 3, 4, 5]
